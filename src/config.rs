@@ -1,0 +1,280 @@
+//! Configuration: defaults, then an optional TOML file (`--config` or `NAMELIST_CONFIG`), then
+//! `NAMELIST_*` environment variables, layered by figment. Unknown keys in the file are an
+//! error (a typo must not silently fall back to a default). Environment variables are read
+//! by name (`NAMELIST_<KEY>` for each key below); other `NAMELIST_*` variables are ignored,
+//! because Kubernetes injects `<SERVICE>_PORT`-style variables for a Service named
+//! `namelist`, and are reported at start-up.
+//!
+//! Secrets (the Redis URL may carry a password) are kept in `SecretString` and never printed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::lists::{FailMode, ListSettings};
+
+/// Every setting of the service and the tools.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `host:port` to listen on.
+    pub listen: String,
+    /// One Redis (`redis://` or `rediss://`). Unset with no cluster nodes: embedded store.
+    #[serde(serialize_with = "redact")]
+    pub redis_url: Option<SecretString>,
+    /// Seed URLs of a Redis Cluster, comma-separated in the environment.
+    #[serde(deserialize_with = "comma_list")]
+    pub redis_cluster_nodes: Vec<String>,
+    /// Prefix of every key the service writes.
+    pub key_prefix: String,
+    /// Sizes the bucket count of a new keyspace (`ceil(n / 400)`). Unset: an existing
+    /// keyspace's recorded count is adopted and a new one is sized for 1,000,000 entries.
+    pub expected_entries: Option<u64>,
+    /// How long a cached answer may be used at most (the bound on staleness if an
+    /// invalidation is lost).
+    pub cache_ttl_ms: u64,
+    /// Most entries the local cache holds.
+    pub cache_capacity: u64,
+    /// `open`: answer from the cache, flagged degraded, when the store is slow or down;
+    /// `closed`: answer 503.
+    pub fail_mode: FailMode,
+    /// Deadline of a check's (or a lookup's) store work.
+    pub check_deadline_ms: u64,
+    /// Deadline of a write's store work.
+    pub write_deadline_ms: u64,
+    /// Timeout of one connection attempt to Redis.
+    pub connect_timeout_ms: u64,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Approximate cap of the audit stream, in records.
+    pub audit_max_len: usize,
+    /// Embedded store only: file to keep the lists in across restarts.
+    pub snapshot_path: Option<PathBuf>,
+    /// Embedded store only: how often to write the snapshot when something changed.
+    pub snapshot_interval_secs: u64,
+    /// HTTP worker threads; unset: one per CPU.
+    pub workers: Option<usize>,
+    /// `json` (one object per line) or `text`.
+    pub log_format: LogFormat,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// The number of entries a new keyspace is sized for when nothing is configured.
+pub const DEFAULT_EXPECTED_ENTRIES: u64 = 1_000_000;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            redis_url: None,
+            redis_cluster_nodes: Vec::new(),
+            key_prefix: "nl:".into(),
+            expected_entries: None,
+            cache_ttl_ms: 30_000,
+            cache_capacity: 1_000_000,
+            fail_mode: FailMode::Open,
+            check_deadline_ms: 20,
+            write_deadline_ms: 2_000,
+            connect_timeout_ms: 1_000,
+            max_body_bytes: 8 * 1024 * 1024,
+            audit_max_len: 100_000,
+            snapshot_path: None,
+            snapshot_interval_secs: 10,
+            workers: None,
+            log_format: LogFormat::Json,
+        }
+    }
+}
+
+fn redact<S: serde::Serializer>(v: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_some("[redacted]"),
+        None => s.serialize_none(),
+    }
+}
+
+/// Accepts `"a,b"` (environment) or `["a", "b"]` (file).
+fn comma_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+/// The keys `Settings` has, as environment variables read them.
+const KEYS: &[&str] = &[
+    "listen",
+    "redis_url",
+    "redis_cluster_nodes",
+    "key_prefix",
+    "expected_entries",
+    "cache_ttl_ms",
+    "cache_capacity",
+    "fail_mode",
+    "check_deadline_ms",
+    "write_deadline_ms",
+    "connect_timeout_ms",
+    "max_body_bytes",
+    "audit_max_len",
+    "snapshot_path",
+    "snapshot_interval_secs",
+    "workers",
+    "log_format",
+];
+
+/// Variables that are not settings but are read elsewhere.
+const OTHER_VARS: &[&str] = &["config", "tokens_file"];
+
+impl Settings {
+    /// Loads defaults → `file` (if any) → `NAMELIST_*` environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        fig = fig.merge(Env::prefixed("NAMELIST_").only(KEYS));
+        let settings: Settings = fig
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// `NAMELIST_*` variables that are neither settings nor known to the service.
+    pub fn unknown_env_vars() -> Vec<String> {
+        std::env::vars()
+            .filter_map(|(k, _)| k.strip_prefix("NAMELIST_").map(str::to_ascii_lowercase))
+            .filter(|k| !KEYS.contains(&k.as_str()) && !OTHER_VARS.contains(&k.as_str()))
+            .map(|k| format!("NAMELIST_{}", k.to_ascii_uppercase()))
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
+            return bad("key_prefix must be non-empty and hold no braces".into());
+        }
+        if self.check_deadline_ms == 0 || self.write_deadline_ms == 0 {
+            return bad("deadlines must be at least 1 ms".into());
+        }
+        if self.cache_ttl_ms == 0 {
+            return bad("cache_ttl_ms must be at least 1".into());
+        }
+        if self.max_body_bytes < 1024 {
+            return bad("max_body_bytes must be at least 1024".into());
+        }
+        if self.redis_url.is_some() && !self.redis_cluster_nodes.is_empty() {
+            return bad("set redis_url or redis_cluster_nodes, not both".into());
+        }
+        if let Some(url) = &self.redis_url {
+            let u = url.expose_secret();
+            if !(u.starts_with("redis://") || u.starts_with("rediss://") || u.starts_with("unix://")) {
+                return bad("redis_url must start with redis://, rediss:// or unix://".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The name-list service's tuning.
+    pub fn list_settings(&self) -> ListSettings {
+        ListSettings {
+            check_deadline: Duration::from_millis(self.check_deadline_ms),
+            write_deadline: Duration::from_millis(self.write_deadline_ms),
+            fail_mode: self.fail_mode,
+            cache_ttl: Duration::from_millis(self.cache_ttl_ms),
+            cache_capacity: self.cache_capacity,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_env() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "n.toml",
+                "listen = \"0.0.0.0:9000\"\ncache_ttl_ms = 5\nredis_cluster_nodes = [\"redis://a:1\"]",
+            )?;
+            jail.set_env("NAMELIST_CACHE_TTL_MS", "7");
+            jail.set_env("NAMELIST_FAIL_MODE", "closed");
+            jail.set_env("NAMELIST_SERVICE_HOST", "10.0.0.1");
+            let s = Settings::load(Some(Path::new("n.toml"))).unwrap();
+            assert_eq!(s.listen, "0.0.0.0:9000");
+            assert_eq!(s.cache_ttl_ms, 7, "the environment overrides the file");
+            assert_eq!(s.fail_mode, FailMode::Closed);
+            assert_eq!(s.redis_cluster_nodes, vec!["redis://a:1"]);
+            assert!(Settings::unknown_env_vars().contains(&"NAMELIST_SERVICE_HOST".to_owned()));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn cluster_nodes_from_env_are_comma_separated() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("NAMELIST_REDIS_CLUSTER_NODES", "redis://a:1, redis://b:2");
+            let s = Settings::load(None).unwrap();
+            assert_eq!(s.redis_cluster_nodes, vec!["redis://a:1", "redis://b:2"]);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_file_keys_and_bad_values_are_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("typo.toml", "cache_tll_ms = 5")?;
+            let err = Settings::load(Some(Path::new("typo.toml"))).unwrap_err();
+            assert!(err.to_string().contains("cache_tll_ms"), "{err}");
+            jail.set_env("NAMELIST_FAIL_MODE", "sideways");
+            assert!(Settings::load(None).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let s = Settings {
+            redis_url: Some(SecretString::from("redis://:hunter2@h:6379")),
+            ..Settings::default()
+        };
+        assert!(!format!("{s:?}").contains("hunter2"));
+        assert!(!serde_json::to_string(&s).unwrap().contains("hunter2"));
+    }
+}

@@ -1,0 +1,17 @@
+//! Domain types: every value that crosses the HTTP boundary is parsed into one of these before
+//! any handler or store sees it ("parse, don't validate"). A `ListName`, `Sandbox`, `Dimension`
+//! or normalised `Value` in hand is valid by construction.
+
+mod dimension;
+mod error;
+mod expiry;
+mod mask;
+mod names;
+mod value;
+
+pub use dimension::Dimension;
+pub use error::ValidationError;
+pub use expiry::{EPOCH_2020_MS, Expiry, now_ms};
+pub use mask::mask_value;
+pub use names::{ListName, Sandbox};
+pub use value::{IpFamily, IpValue, Value};

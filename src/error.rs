@@ -1,0 +1,104 @@
+//! The HTTP face of every error: one table from error to status and stable `code`, and the
+//! body `{"error": {"code": "...", "message": "..."}}` of API.md.
+//!
+//! | error                          | status | code                      |
+//! |--------------------------------|--------|---------------------------|
+//! | validation (`ValidationError`) | 400    | its own (`invalid_value`, `unknown_dimension`, ...) |
+//! | body not JSON                  | 400    | `invalid_json`            |
+//! | JSON of the wrong shape        | 400    | `invalid_body`            |
+//! | body over the limit            | 413    | `payload_too_large`       |
+//! | no such route                  | 404    | `not_found`               |
+//! | method not allowed             | 405    | `method_not_allowed`      |
+//! | store unreachable or too slow  | 503    | `store_unavailable` (+ `Retry-After: 1`) |
+//! | anything else                  | 500    | `internal`                |
+//!
+//! 5xx bodies stay opaque; the cause goes to the log. 4xx messages are returned to the caller
+//! but never logged (they may quote a value).
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+use crate::domain::ValidationError;
+use crate::lists::ListsError;
+use crate::store::StoreError;
+
+/// An error answered to an HTTP caller.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("{0}")]
+    InvalidBody(String),
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("no such resource")]
+    NotFound,
+    #[error("method not allowed on this resource")]
+    MethodNotAllowed,
+    #[error(transparent)]
+    Unavailable(StoreError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<ListsError> for ApiError {
+    fn from(e: ListsError) -> Self {
+        match e {
+            ListsError::Invalid(v) => ApiError::Invalid(v),
+            ListsError::Unavailable(s) => ApiError::Unavailable(s),
+        }
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid(v) => v.code,
+            ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::InvalidBody(_) => "invalid_body",
+            ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::NotFound => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Unavailable(_) => "store_unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid(_) | ApiError::InvalidJson(_) | ApiError::InvalidBody(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        let message = match self {
+            ApiError::Unavailable(e) => {
+                tracing::warn!(error = %e, "answering 503");
+                "the store did not answer in time; retry later".to_owned()
+            }
+            ApiError::Internal(e) => {
+                tracing::error!(error = %e, "internal error");
+                "internal error".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let mut res = HttpResponse::build(status);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            res.insert_header(("Retry-After", "1"));
+        }
+        res.json(json!({"error": {"code": self.code(), "message": message}}))
+    }
+}

@@ -1,0 +1,538 @@
+//! The name-list service: upsert, delete, look up and check entries, on any `Store`.
+//!
+//! Everything that decides *what is listed* lives here, once for every backend: expiry (an
+//! expired field answers "absent" and is deleted off the request path by compare-and-delete,
+//! so a refresh that raced it survives), IP ranges (one probe per registered prefix length),
+//! the cache in front of the store, the deadlines and the fail-open/fail-closed policy.
+//!
+//! Deadlines: a check's store work (registry and lookups together) gets `check_deadline`;
+//! when it is missed or the store fails, fail-open answers from the cache with
+//! `degraded: true` and fail-closed refuses (503). A write gets `write_deadline` and is
+//! acknowledged only if the store took it; whatever the outcome, the local cache drops the
+//! keys it touched, since a write that timed out may still have landed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::cache::{Cached, LookupCache, RegistryCache};
+use crate::domain::{
+    Dimension, Expiry, ListName, Sandbox, ValidationError, Value, mask_value, now_ms,
+};
+use crate::metrics::Metrics;
+use crate::store::{
+    AuditRecord, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch, code_is_live,
+};
+
+/// Most entries in one upsert or delete request.
+pub const MAX_ENTRIES_PER_REQUEST: usize = 10_000;
+/// Most subject values in one check.
+pub const MAX_CHECK_VALUES: usize = 64;
+/// Most lists in one check.
+pub const MAX_CHECK_LISTS: usize = 16;
+/// Most lookups (values × lists × prefix lengths) one check may fan out to.
+pub const MAX_CHECK_PROBES: usize = 4096;
+/// Longest `reason`, in bytes.
+pub const MAX_REASON_LEN: usize = 256;
+
+/// What to do when the store cannot answer a check in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum FailMode {
+    /// Answer from the cache alone, flagged `degraded: true`.
+    #[default]
+    Open,
+    /// Answer 503.
+    Closed,
+}
+
+/// Tuning of the service.
+#[derive(Debug, Clone)]
+pub struct ListSettings {
+    pub check_deadline: Duration,
+    pub write_deadline: Duration,
+    pub fail_mode: FailMode,
+    pub cache_ttl: Duration,
+    pub cache_capacity: u64,
+}
+
+/// Why a name-list operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListsError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    Unavailable(#[from] StoreError),
+}
+
+/// One entry to upsert.
+#[derive(Debug, Clone)]
+pub struct NewEntry {
+    pub dimension: Dimension,
+    pub value: Value,
+    pub sandbox: Sandbox,
+    pub expiry: Expiry,
+    pub reason: Option<String>,
+}
+
+/// One entry to delete or look up.
+#[derive(Debug, Clone)]
+pub struct EntryRef {
+    pub dimension: Dimension,
+    pub value: Value,
+    pub sandbox: Sandbox,
+}
+
+/// A check: every subject value against every list, in one sandbox.
+#[derive(Debug, Clone)]
+pub struct CheckQuery {
+    pub sandbox: Sandbox,
+    pub lists: Vec<ListName>,
+    /// Values per dimension, each already normalised for a check.
+    pub subjects: Vec<(Dimension, Vec<Value>)>,
+}
+
+/// One listed value a check found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Hit {
+    pub list: ListName,
+    pub dimension: Dimension,
+    /// The listed value as normalised; for a range hit, the range.
+    pub value: String,
+    pub expires_at: Option<i64>,
+}
+
+/// A check's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckOutcome {
+    pub hits: Vec<Hit>,
+    /// The store did not answer in time and the cache answered alone.
+    pub degraded: bool,
+}
+
+struct Probe {
+    list: usize,
+    dimension: usize,
+    shown: String,
+    key: EntryKey,
+}
+
+/// The name-list service of one instance.
+pub struct NameLists {
+    store: Arc<dyn Store>,
+    cache: Arc<LookupCache>,
+    registries: Arc<RegistryCache>,
+    settings: ListSettings,
+    metrics: Arc<Metrics>,
+    expired: mpsc::Sender<(EntryKey, u32)>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for NameLists {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl NameLists {
+    /// Builds the service and starts its background tasks (invalidation listener, lazy
+    /// expiry); they stop when it is dropped. Must run inside a Tokio runtime.
+    pub fn new(store: Arc<dyn Store>, settings: ListSettings, metrics: Arc<Metrics>) -> Self {
+        let cache = LookupCache::new(settings.cache_capacity, settings.cache_ttl);
+        let registries = RegistryCache::new(settings.cache_ttl);
+        let (expired, rx) = mpsc::channel(4096);
+        let tasks = vec![
+            tokio::spawn(crate::invalidation::listen(
+                store.clone(),
+                cache.clone(),
+                registries.clone(),
+                metrics.clone(),
+            )),
+            tokio::spawn(reclaim_expired(
+                store.clone(),
+                rx,
+                settings.write_deadline,
+                metrics.clone(),
+            )),
+        ];
+        Self {
+            store,
+            cache,
+            registries,
+            settings,
+            metrics,
+            expired,
+            tasks,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn cache(&self) -> &Arc<LookupCache> {
+        &self.cache
+    }
+
+    pub fn settings(&self) -> &ListSettings {
+        &self.settings
+    }
+
+    /// Runs one store call under a deadline, recording its latency and failure.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        deadline: Duration,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let r = match tokio::time::timeout(deadline, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(deadline)),
+        };
+        self.metrics
+            .store_calls
+            .with_label_values(&[op])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &r {
+            self.metrics.store_errors.with_label_values(&[op]).inc();
+            tracing::warn!(op, error = %e, "store call failed");
+        }
+        r
+    }
+
+    /// Queues an expired field for compare-and-delete, off the request path. If the queue is
+    /// full the field stays; the next read that finds it queues it again.
+    fn reclaim(&self, key: EntryKey, code: u32) {
+        let _ = self.expired.try_send((key, code));
+    }
+
+    /// Upserts entries of `list` (last write wins). Returns how many were written.
+    pub async fn upsert(
+        &self,
+        list: &ListName,
+        entries: Vec<NewEntry>,
+        actor: &str,
+    ) -> Result<usize, ListsError> {
+        if entries.len() > MAX_ENTRIES_PER_REQUEST {
+            return Err(too_many_entries(entries.len()).into());
+        }
+        let layout = self.store.layout();
+        let now = now_ms();
+        let mut batch = WriteBatch::default();
+        let mut scopes: HashSet<Scope> = HashSet::new();
+        for e in &entries {
+            let key = layout.entry_key(list, &e.dimension, &e.sandbox, &e.value);
+            batch.entries.push((key, e.expiry.code()));
+            if let Some(ip) = e.value.as_ip().filter(|ip| ip.is_range()) {
+                let scope = (list.clone(), e.sandbox.clone());
+                let len = PrefixLen {
+                    family: ip.family(),
+                    len: ip.prefix(),
+                };
+                if !batch.prefixes.contains(&(scope.clone(), len)) {
+                    batch.prefixes.push((scope.clone(), len));
+                }
+                scopes.insert(scope);
+            }
+            batch.audit.push(AuditRecord::entry(
+                now,
+                actor,
+                "upsert",
+                list,
+                &e.dimension,
+                &e.sandbox,
+                e.expiry.expires_at_ms(),
+                e.reason.as_deref(),
+                &key,
+                mask_value(&e.dimension, &e.value),
+            ));
+        }
+        let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
+        let result = self
+            .call("write", self.settings.write_deadline, self.store.write(batch))
+            .await;
+        self.cache.invalidate(&keys).await;
+        if !scopes.is_empty() {
+            self.registries
+                .invalidate(&scopes.into_iter().collect::<Vec<_>>())
+                .await;
+        }
+        result?;
+        self.metrics.entries_written.inc_by(entries.len() as u64);
+        tracing::info!(%list, count = entries.len(), actor, "entries upserted");
+        Ok(entries.len())
+    }
+
+    /// Deletes entries of `list`. Returns how many were present and live.
+    pub async fn remove(
+        &self,
+        list: &ListName,
+        entries: Vec<EntryRef>,
+        actor: &str,
+    ) -> Result<usize, ListsError> {
+        if entries.len() > MAX_ENTRIES_PER_REQUEST {
+            return Err(too_many_entries(entries.len()).into());
+        }
+        let layout = self.store.layout();
+        let now = now_ms();
+        let mut keys = Vec::with_capacity(entries.len());
+        let mut audit = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let key = layout.entry_key(list, &e.dimension, &e.sandbox, &e.value);
+            keys.push(key);
+            audit.push(AuditRecord::entry(
+                now,
+                actor,
+                "delete",
+                list,
+                &e.dimension,
+                &e.sandbox,
+                None,
+                None,
+                &key,
+                mask_value(&e.dimension, &e.value),
+            ));
+        }
+        // The same entry twice in one request is removed once.
+        let mut seen = HashSet::new();
+        let unique: Vec<EntryKey> = keys.iter().copied().filter(|k| seen.insert(*k)).collect();
+        let result = self
+            .call(
+                "remove",
+                self.settings.write_deadline,
+                self.store.remove(&unique, now, audit),
+            )
+            .await;
+        self.cache.invalidate(&unique).await;
+        let removed = result?.into_iter().filter(|r| *r).count();
+        self.metrics.entries_removed.inc_by(removed as u64);
+        tracing::info!(%list, requested = entries.len(), removed, actor, "entries deleted");
+        Ok(removed)
+    }
+
+    /// Looks one entry up in the store itself (no cache): the operator's view. `Some(expiry)`
+    /// when listed.
+    pub async fn lookup(
+        &self,
+        list: &ListName,
+        entry: &EntryRef,
+    ) -> Result<Option<Expiry>, ListsError> {
+        let key = self
+            .store
+            .layout()
+            .entry_key(list, &entry.dimension, &entry.sandbox, &entry.value);
+        let codes = self
+            .call(
+                "get",
+                self.settings.check_deadline,
+                self.store.get_many(&[key]),
+            )
+            .await?;
+        match codes.first().copied().flatten() {
+            Some(code) if code_is_live(code, now_ms()) => Ok(Some(Expiry::from_code(code))),
+            Some(code) => {
+                self.reclaim(key, code);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Checks every subject value against every list.
+    pub async fn check(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
+        let n_values: usize = q.subjects.iter().map(|(_, v)| v.len()).sum();
+        if n_values > MAX_CHECK_VALUES {
+            return Err(ValidationError::new(
+                "too_many_values",
+                format!("subjects hold {n_values} values; at most {MAX_CHECK_VALUES} per check"),
+            )
+            .into());
+        }
+        if q.lists.is_empty() || q.lists.len() > MAX_CHECK_LISTS {
+            return Err(ValidationError::new(
+                "invalid_lists",
+                format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
+            )
+            .into());
+        }
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.settings.check_deadline;
+        let trusted = self.cache.is_trusted();
+        let mut degraded = false;
+
+        // The prefix lengths in use, for IP subjects only.
+        let has_ip = q
+            .subjects
+            .iter()
+            .any(|(d, v)| *d == Dimension::Ip && !v.is_empty());
+        let scopes: Vec<Scope> = q
+            .lists
+            .iter()
+            .map(|l| (l.clone(), q.sandbox.clone()))
+            .collect();
+        let registries = if has_ip {
+            let fetched = tokio::time::timeout_at(
+                deadline,
+                self.registries.get(&self.store, &scopes, trusted),
+            )
+            .await;
+            match fetched {
+                Ok(Ok(r)) => r,
+                _ => {
+                    degraded = true;
+                    self.registries.get_cached(&scopes).await
+                }
+            }
+        } else {
+            Vec::new()
+        };
+
+        let probes = self.probes(q, &registries)?;
+        let mut seen = HashSet::new();
+        let keys: Vec<EntryKey> = probes
+            .iter()
+            .map(|p| p.key)
+            .filter(|k| seen.insert(*k))
+            .collect();
+
+        let mut known: HashMap<EntryKey, Option<u32>> = HashMap::with_capacity(keys.len());
+        let mut stale: HashMap<EntryKey, u32> = HashMap::new();
+        let mut missing = Vec::new();
+        for k in keys {
+            match self.cache.get(&k).await {
+                Some(c) if trusted => {
+                    known.insert(k, c.code());
+                }
+                Some(Cached::Listed(code)) => {
+                    stale.insert(k, code);
+                    missing.push(k);
+                }
+                _ => missing.push(k),
+            }
+        }
+        self.metrics.cache_hits.inc_by(known.len() as u64);
+        self.metrics.cache_misses.inc_by(missing.len() as u64);
+
+        if !missing.is_empty() && !degraded {
+            match self.cache.fetch(&self.store, missing, deadline).await {
+                Ok(fetched) => known.extend(fetched),
+                Err(e) => {
+                    self.metrics.store_errors.with_label_values(&["check"]).inc();
+                    tracing::warn!(error = %e, "check lookups failed");
+                    degraded = true;
+                }
+            }
+            self.metrics
+                .store_calls
+                .with_label_values(&["check"])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        if degraded {
+            if self.settings.fail_mode == FailMode::Closed {
+                self.metrics.refused_answers.inc();
+                return Err(StoreError::Timeout(self.settings.check_deadline).into());
+            }
+            self.metrics.degraded_answers.inc();
+            for (k, code) in stale {
+                known.entry(k).or_insert(Some(code));
+            }
+        }
+
+        let now = now_ms();
+        let mut hits = Vec::new();
+        let mut reported = HashSet::new();
+        for p in probes {
+            let Some(Some(code)) = known.get(&p.key).copied() else {
+                continue;
+            };
+            if !code_is_live(code, now) {
+                self.reclaim(p.key, code);
+                continue;
+            }
+            if reported.insert((p.list, p.dimension, p.key)) {
+                hits.push(Hit {
+                    list: q.lists[p.list].clone(),
+                    dimension: q.subjects[p.dimension].0.clone(),
+                    value: p.shown,
+                    expires_at: Expiry::from_code(code).expires_at_ms(),
+                });
+            }
+        }
+        Ok(CheckOutcome { hits, degraded })
+    }
+
+    /// Every (list × dimension × value × prefix length) lookup of a check.
+    fn probes(
+        &self,
+        q: &CheckQuery,
+        registries: &[Arc<Vec<PrefixLen>>],
+    ) -> Result<Vec<Probe>, ValidationError> {
+        let layout = self.store.layout();
+        let mut probes = Vec::new();
+        for (li, list) in q.lists.iter().enumerate() {
+            for (di, (dimension, values)) in q.subjects.iter().enumerate() {
+                for value in values {
+                    probes.push(Probe {
+                        list: li,
+                        dimension: di,
+                        shown: value.to_string(),
+                        key: layout.entry_key(list, dimension, &q.sandbox, value),
+                    });
+                    let (Some(ip), Some(lens)) = (value.as_ip(), registries.get(li)) else {
+                        continue;
+                    };
+                    for len in lens.iter().filter(|p| p.family == ip.family()) {
+                        let net = Value::Ip(ip.within(len.len));
+                        probes.push(Probe {
+                            list: li,
+                            dimension: di,
+                            shown: net.to_string(),
+                            key: layout.entry_key(list, dimension, &q.sandbox, &net),
+                        });
+                    }
+                }
+            }
+        }
+        if probes.len() > MAX_CHECK_PROBES {
+            return Err(ValidationError::new(
+                "too_many_lookups",
+                format!(
+                    "this check fans out to {} lookups (values x lists x IP prefix lengths in use); at most {MAX_CHECK_PROBES}",
+                    probes.len()
+                ),
+            ));
+        }
+        Ok(probes)
+    }
+}
+
+fn too_many_entries(n: usize) -> ValidationError {
+    ValidationError::new(
+        "too_many_entries",
+        format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
+    )
+}
+
+/// Deletes expired fields that reads found, one compare-and-delete at a time.
+async fn reclaim_expired(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<(EntryKey, u32)>,
+    deadline: Duration,
+    metrics: Arc<Metrics>,
+) {
+    while let Some((key, code)) = rx.recv().await {
+        match tokio::time::timeout(deadline, store.remove_if_unchanged(key, code)).await {
+            Ok(Ok(true)) => metrics.expired_reclaimed.inc(),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, fingerprint = %key.fingerprint(), "lazy expiry failed"),
+            Err(_) => tracing::debug!(fingerprint = %key.fingerprint(), "lazy expiry timed out"),
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The `namelist` binary: parse arguments, load configuration, start logging, serve.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use namelist::config::Settings;
+use namelist::startup::Application;
+
+#[derive(Parser)]
+#[command(version, about = "Name-list lookup service for real-time risk engines")]
+struct Cli {
+    /// TOML configuration file (settings in NAMELIST_* environment variables override it).
+    #[arg(long, global = true, env = "NAMELIST_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API (the default).
+    Serve,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
+    namelist::telemetry::init(settings.log_format);
+    let unknown = Settings::unknown_env_vars();
+    if !unknown.is_empty() {
+        tracing::info!(?unknown, "ignoring NAMELIST_* variables that are not settings");
+    }
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            let app = Application::build(settings)
+                .await
+                .context("starting the service")?;
+            app.run_until_stopped().await.context("serving")?;
+        }
+    }
+    Ok(())
+}

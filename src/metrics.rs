@@ -1,0 +1,142 @@
+//! Prometheus metrics of one service instance, rendered at `GET /metrics`. Each application
+//! owns its own registry (no globals), so several instances can live in one test process.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Every metric the service exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Request latency by route pattern (never the raw path: it may hold a phone number),
+    /// method and status.
+    pub http_requests: HistogramVec,
+    pub cache_hits: IntCounter,
+    pub cache_misses: IntCounter,
+    /// Store call latency and errors by operation.
+    pub store_calls: HistogramVec,
+    pub store_errors: IntCounterVec,
+    pub entries_written: IntCounter,
+    pub entries_removed: IntCounter,
+    /// Expired fields deleted by lazy expiry.
+    pub expired_reclaimed: IntCounter,
+    /// Checks answered fail-open from the cache alone.
+    pub degraded_answers: IntCounter,
+    /// Checks refused (fail-closed) because the store could not answer.
+    pub refused_answers: IntCounter,
+    /// 1 while the invalidation subscription is up.
+    pub subscription_up: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let http_requests = HistogramVec::new(
+            HistogramOpts::new(
+                "namelist_http_request_duration_seconds",
+                "HTTP request latency by route, method and status",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route", "method", "status"],
+        )
+        .expect("valid metric");
+        let store_calls = HistogramVec::new(
+            HistogramOpts::new(
+                "namelist_store_call_duration_seconds",
+                "Store call latency by operation",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["op"],
+        )
+        .expect("valid metric");
+        let store_errors = IntCounterVec::new(
+            Opts::new(
+                "namelist_store_errors_total",
+                "Store calls that failed or missed their deadline, by operation",
+            ),
+            &["op"],
+        )
+        .expect("valid metric");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        let m = Self {
+            http_requests,
+            cache_hits: counter("namelist_cache_hits_total", "Lookups answered by the local cache"),
+            cache_misses: counter(
+                "namelist_cache_misses_total",
+                "Lookups the local cache could not answer",
+            ),
+            store_calls,
+            store_errors,
+            entries_written: counter("namelist_entries_written_total", "Entries upserted"),
+            entries_removed: counter(
+                "namelist_entries_removed_total",
+                "Entries deleted that were present and live",
+            ),
+            expired_reclaimed: counter(
+                "namelist_expired_reclaimed_total",
+                "Expired fields deleted by lazy expiry",
+            ),
+            degraded_answers: counter(
+                "namelist_degraded_answers_total",
+                "Checks answered fail-open from the cache because the store did not answer in time",
+            ),
+            refused_answers: counter(
+                "namelist_refused_answers_total",
+                "Checks answered 503 (fail-closed) because the store did not answer in time",
+            ),
+            subscription_up: IntGauge::new(
+                "namelist_invalidation_subscription_up",
+                "1 while the cache invalidation subscription is up",
+            )
+            .expect("valid metric"),
+            registry,
+        };
+        m.register_all();
+        m
+    }
+
+    fn register_all(&self) {
+        let r = &self.registry;
+        let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.http_requests.clone()),
+            Box::new(self.cache_hits.clone()),
+            Box::new(self.cache_misses.clone()),
+            Box::new(self.store_calls.clone()),
+            Box::new(self.store_errors.clone()),
+            Box::new(self.entries_written.clone()),
+            Box::new(self.entries_removed.clone()),
+            Box::new(self.expired_reclaimed.clone()),
+            Box::new(self.degraded_answers.clone()),
+            Box::new(self.refused_answers.clone()),
+            Box::new(self.subscription_up.clone()),
+        ];
+        for c in all {
+            r.register(c).expect("metric names are unique");
+        }
+    }
+
+    /// Registers a collector owned elsewhere (e.g. the velocity module's).
+    pub fn register(&self, c: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(c).expect("metric names are unique");
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding to a Vec cannot fail");
+        String::from_utf8(buf).expect("Prometheus text is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,37 @@
+//! Operations endpoints: `/healthz` (the process is up), `/readyz` (the store answers),
+//! `/metrics` (Prometheus text). None needs a token.
+
+use std::time::Duration;
+
+use actix_web::{HttpResponse, web};
+use serde_json::json;
+
+use crate::lists::NameLists;
+use crate::metrics::Metrics;
+
+/// `GET /healthz`
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: 200 only while the store answers a ping within a second.
+pub async fn readyz(lists: web::Data<NameLists>) -> HttpResponse {
+    let store = lists.store();
+    match tokio::time::timeout(Duration::from_secs(1), store.ping()).await {
+        Ok(Ok(())) => HttpResponse::Ok().json(json!({"status": "ready", "store": store.kind()})),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "not ready");
+            HttpResponse::ServiceUnavailable()
+                .json(json!({"status": "unavailable", "store": store.kind()}))
+        }
+        Err(_) => HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unavailable", "store": store.kind()})),
+    }
+}
+
+/// `GET /metrics`
+pub async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(metrics.render())
+}

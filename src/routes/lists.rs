@@ -1,0 +1,179 @@
+//! `/v1/lists/{list}/entries`: upsert, delete and look up name-list entries. The request
+//! bodies are parsed here into domain types; every entry is validated before anything is
+//! written, so a bad entry anywhere leaves the store unchanged.
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::json::JsonBody;
+use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
+use crate::error::ApiError;
+use crate::lists::{EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpsertBody {
+    entries: Vec<UpsertItem>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpsertItem {
+    dimension: String,
+    value: String,
+    sandbox: Option<String>,
+    ttl_seconds: Option<u64>,
+    expires_at: Option<i64>,
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteBody {
+    entries: Vec<RefItem>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefItem {
+    dimension: String,
+    value: String,
+    sandbox: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupQuery {
+    sandbox: Option<String>,
+}
+
+fn list_name(raw: String) -> Result<ListName, ApiError> {
+    ListName::try_from(raw).map_err(|e| e.at("path").into())
+}
+
+fn check_count(n: usize) -> Result<(), ApiError> {
+    if n > MAX_ENTRIES_PER_REQUEST {
+        return Err(ValidationError::new(
+            "too_many_entries",
+            format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn entry_ref(
+    i: usize,
+    dimension: String,
+    value: &str,
+    sandbox: Option<String>,
+) -> Result<EntryRef, ValidationError> {
+    let dimension = Dimension::try_from(dimension).map_err(|e| e.at(format!("entries[{i}].dimension")))?;
+    let value = Value::parse_entry(&dimension, value).map_err(|e| e.at(format!("entries[{i}].value")))?;
+    let sandbox = Sandbox::parse_or_default(sandbox).map_err(|e| e.at(format!("entries[{i}].sandbox")))?;
+    Ok(EntryRef {
+        dimension,
+        value,
+        sandbox,
+    })
+}
+
+fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, ValidationError> {
+    let r = entry_ref(i, item.dimension, &item.value, item.sandbox)?;
+    let expiry = match (item.expires_at, item.ttl_seconds) {
+        (Some(_), Some(_)) => {
+            return Err(ValidationError::new(
+                "invalid_expiry",
+                "give at most one of expires_at and ttl_seconds",
+            )
+            .at(format!("entries[{i}]")));
+        }
+        (Some(at), None) => Expiry::at_ms(at, now).map_err(|e| e.at(format!("entries[{i}].expires_at")))?,
+        (None, Some(ttl)) => {
+            Expiry::after_ttl(ttl, now).map_err(|e| e.at(format!("entries[{i}].ttl_seconds")))?
+        }
+        (None, None) => Expiry::Never,
+    };
+    if let Some(r) = &item.reason
+        && r.len() > MAX_REASON_LEN
+    {
+        return Err(ValidationError::new(
+            "invalid_reason",
+            format!("reason is longer than {MAX_REASON_LEN} bytes"),
+        )
+        .at(format!("entries[{i}].reason")));
+    }
+    Ok(NewEntry {
+        dimension: r.dimension,
+        value: r.value,
+        sandbox: r.sandbox,
+        expiry,
+        reason: item.reason,
+    })
+}
+
+/// `POST /v1/lists/{list}/entries`
+pub async fn upsert(
+    lists: web::Data<NameLists>,
+    list: web::Path<String>,
+    body: JsonBody<UpsertBody>,
+) -> Result<HttpResponse, ApiError> {
+    let list = list_name(list.into_inner())?;
+    let items = body.0.entries;
+    check_count(items.len())?;
+    let now = now_ms();
+    let entries = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| new_entry(i, item, now))
+        .collect::<Result<Vec<_>, _>>()?;
+    let written = lists.upsert(&list, entries, "anonymous").await?;
+    Ok(HttpResponse::Ok().json(json!({ "written": written })))
+}
+
+/// `DELETE /v1/lists/{list}/entries`
+pub async fn remove(
+    lists: web::Data<NameLists>,
+    list: web::Path<String>,
+    body: JsonBody<DeleteBody>,
+) -> Result<HttpResponse, ApiError> {
+    let list = list_name(list.into_inner())?;
+    let items = body.0.entries;
+    check_count(items.len())?;
+    let entries = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox))
+        .collect::<Result<Vec<_>, _>>()?;
+    let removed = lists.remove(&list, entries, "anonymous").await?;
+    Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
+}
+
+/// `GET /v1/lists/{list}/entries/{dimension}/{value}?sandbox=S`: the exact entry (a range
+/// is looked up by its own value, e.g. `10.1.2.0/24`, not by an address inside it).
+pub async fn lookup(
+    lists: web::Data<NameLists>,
+    path: web::Path<(String, String, String)>,
+    query: web::Query<LookupQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (list, dimension, value) = path.into_inner();
+    let list = list_name(list)?;
+    let dimension = Dimension::try_from(dimension).map_err(|e| e.at("path"))?;
+    let value = Value::parse_entry(&dimension, &value).map_err(|e| e.at("path"))?;
+    let sandbox = Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
+    let found = lists
+        .lookup(
+            &list,
+            &EntryRef {
+                dimension,
+                value,
+                sandbox,
+            },
+        )
+        .await?;
+    Ok(HttpResponse::Ok().json(match found {
+        Some(expiry) => json!({"listed": true, "expires_at": expiry.expires_at_ms()}),
+        None => json!({"listed": false}),
+    }))
+}

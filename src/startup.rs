@@ -1,0 +1,220 @@
+//! Building and running the application: open the store, start the service's background
+//! tasks, bind the listener and serve. Tests use `Application::build` with port 0.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
+use secrecy::ExposeSecret;
+
+use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, Settings};
+use crate::lists::NameLists;
+use crate::metrics::Metrics;
+use crate::routes;
+use crate::routes::json::BodyLimit;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::{Layout, Store, StoreError};
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("opening the store: {0}")]
+    Store(#[from] StoreError),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// The opened store, and the embedded one again if that is what it is (for snapshots).
+pub struct OpenedStore {
+    pub store: Arc<dyn Store>,
+    pub memory: Option<Arc<MemoryStore>>,
+}
+
+/// Opens the configured store: Redis when a URL is set, else the embedded one.
+pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError> {
+    if !settings.redis_cluster_nodes.is_empty() {
+        return Err(StartupError::Unsupported(
+            "Redis Cluster is not supported by this build yet; set NAMELIST_REDIS_URL".into(),
+        ));
+    }
+    match &settings.redis_url {
+        Some(url) => {
+            let (store, report) = RedisStore::open(RedisOptions {
+                url: url.expose_secret().to_owned(),
+                prefix: settings.key_prefix.clone(),
+                expected_entries: settings.expected_entries,
+                default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
+                connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+                response_timeout: Duration::from_millis(settings.write_deadline_ms),
+                audit_max_len: settings.audit_max_len,
+            })
+            .await?;
+            tracing::info!(
+                store = "redis",
+                prefix = settings.key_prefix,
+                buckets = report.buckets,
+                created = report.created,
+                "keyspace open"
+            );
+            for w in &report.warnings {
+                tracing::warn!("{w}");
+                eprintln!("WARNING: {w}");
+            }
+            Ok(OpenedStore {
+                store: Arc::new(store),
+                memory: None,
+            })
+        }
+        None => {
+            let recorded = match &settings.snapshot_path {
+                Some(p) => MemoryStore::snapshot_buckets(p)?,
+                None => None,
+            };
+            let buckets = match (settings.expected_entries, recorded) {
+                (Some(e), _) => Layout::buckets_for(e),
+                (None, Some(b)) => b,
+                (None, None) => Layout::buckets_for(DEFAULT_EXPECTED_ENTRIES),
+            };
+            let store = Arc::new(MemoryStore::open(
+                Layout::new(settings.key_prefix.clone(), buckets),
+                settings.audit_max_len,
+                settings.snapshot_path.clone(),
+            )?);
+            tracing::info!(
+                store = "memory",
+                buckets,
+                snapshot = ?settings.snapshot_path,
+                "embedded store open (no NAMELIST_REDIS_URL): for development and tests"
+            );
+            Ok(OpenedStore {
+                store: store.clone(),
+                memory: Some(store),
+            })
+        }
+    }
+}
+
+/// A built application, bound and ready to run.
+pub struct Application {
+    port: u16,
+    server: actix_web::dev::Server,
+    lists: web::Data<NameLists>,
+    memory: Option<Arc<MemoryStore>>,
+    snapshotter: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Application {
+    /// Opens the store and binds the listener (`listen` may use port 0).
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let opened = open_store(&settings).await?;
+        let metrics = Arc::new(Metrics::new());
+        let lists = web::Data::new(NameLists::new(
+            opened.store,
+            settings.list_settings(),
+            metrics.clone(),
+        ));
+        let listener = TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {
+            addr: settings.listen.clone(),
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind {
+                addr: settings.listen.clone(),
+                source,
+            })?
+            .port();
+        let metrics = web::Data::from(metrics);
+        let limit = web::Data::new(BodyLimit(settings.max_body_bytes));
+        let app_lists = lists.clone();
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .app_data(app_lists.clone())
+                .app_data(metrics.clone())
+                .app_data(limit.clone())
+                .app_data(web::QueryConfig::default().error_handler(routes::query_error))
+                .wrap(from_fn(routes::observe))
+                .configure(routes::configure)
+                .default_service(web::to(routes::not_found))
+        })
+        .shutdown_timeout(25)
+        .client_request_timeout(Duration::from_secs(10))
+        .max_connections(10_000);
+        if let Some(w) = settings.workers {
+            server = server.workers(w);
+        }
+        let server = server
+            .listen(listener)
+            .map_err(|source| StartupError::Bind {
+                addr: settings.listen.clone(),
+                source,
+            })?
+            .run();
+
+        let snapshotter = opened.memory.as_ref().filter(|_| settings.snapshot_path.is_some()).map(|m| {
+            let m = m.clone();
+            let every = Duration::from_secs(settings.snapshot_interval_secs.max(1));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let m = m.clone();
+                    match tokio::task::spawn_blocking(move || m.save_snapshot()).await {
+                        Ok(Err(e)) => tracing::error!(error = %e, "snapshot failed"),
+                        Err(e) => tracing::error!(error = %e, "snapshot task failed"),
+                        Ok(Ok(_)) => {}
+                    }
+                }
+            })
+        });
+        tracing::info!(port, "listening");
+        Ok(Self {
+            port,
+            server,
+            lists,
+            memory: opened.memory,
+            snapshotter,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The service behind the routes (for tests and embedding).
+    pub fn lists(&self) -> web::Data<NameLists> {
+        self.lists.clone()
+    }
+
+    /// A handle that stops the server (gracefully when `graceful`).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until stopped (SIGTERM/SIGINT drain in-flight requests for up to 25 s), then
+    /// writes the embedded store's snapshot.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let result = self.server.await;
+        if let Some(t) = self.snapshotter {
+            t.abort();
+        }
+        if let Some(m) = self.memory {
+            match m.save_snapshot() {
+                Ok(true) => tracing::info!("snapshot written"),
+                Ok(false) => {}
+                Err(e) => tracing::error!(error = %e, "final snapshot failed"),
+            }
+        }
+        result
+    }
+}

@@ -1,0 +1,332 @@
+//! Storage layout, format version 1: exactly what goes into Redis, and why. Both stores, the
+//! service and the operator tools derive every key, field and message from this module.
+//!
+//! # Entries
+//! An entry (list, dimension, value, sandbox) is reduced to its *canonical bytes*
+//!
+//! ```text
+//! <list> "\n" <dimension> "\n" <sandbox> "\n" <normalised value>
+//! ```
+//!
+//! The first three have alphabets without `\n` and the value comes last, so the join is
+//! unambiguous whatever bytes the value holds.
+//!
+//! | what   | Redis                                  | why |
+//! |--------|----------------------------------------|-----|
+//! | key    | `<prefix>b:<crc32(canonical) % N>`     | a few hundred entries per hash so Redis keeps it a listpack |
+//! | field  | `xxh3_64(canonical)` as a **signed** decimal i64 | an integer listpack element: 10 B, where the unsigned text would be a 22 B string |
+//! | value  | expiry in whole seconds since 2020-01-01T00:00:00Z, rounded up; `0` = never | a 32-bit integer element: 6 B until 2088 (ms would be 10 B) |
+//!
+//! So an entry costs 16 B of listpack, plus the bucket's share of allocator rounding and of
+//! the key itself. With a mean of 400 entries a bucket is ~6.4 KB; jemalloc rounds it to the
+//! next size class (6 KiB, 7 KiB or 8 KiB), which averages ~17.4 B per entry, and the key,
+//! its object and dict entry add ~0.2 B per entry: ~17.6 B per entry (see README, measured).
+//! Two different entries share a slot only if both their crc32 bucket and 64-bit field
+//! collide: about n²/2⁶⁵ over n entries in one bucket, i.e. never in practice.
+//!
+//! # The bucket count N
+//! `N = ceil(expected_entries / 400)`, fixed when the keyspace is created and recorded in
+//! `<prefix>meta` (a hash: `format`, `buckets`, `created_ms`). With a mean of 400 fields, a
+//! bucket reaching Redis's default `hash-max-listpack-entries` of 512 is a 5.6σ event. A
+//! service whose configured N disagrees with the recorded one refuses to start: the same
+//! entry would hash to a different bucket and silently vanish.
+//!
+//! # IP ranges
+//! A CIDR entry is an entry whose value is the masked network (`10.1.2.0/24`); a single
+//! address has no `/len`. The prefix lengths in use for (list, sandbox) live in the set
+//! `<prefix>p:<list>:<sandbox>` (members `4/24`, `6/48`), so a check of an address probes the
+//! address itself plus one network per registered length: never a scan. Lengths are only
+//! added; a length with no entries left costs one extra (cheap, cached) probe.
+//!
+//! # Audit trail and invalidation
+//! Every upsert and delete appends one record per entry to the capped stream `<prefix>audit`
+//! (`XADD MAXLEN ~`): when, who, op, list, dimension, sandbox, expiry, reason, the
+//! fingerprint (the field, as 16 hex digits) and the masked value; never the raw value.
+//! Every write publishes an [`Invalidation`] (postcard-encoded) on the channel `<prefix>inv`
+//! so every instance drops what it cached for those fields.
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::domain::{Dimension, IpFamily, ListName, Sandbox, Value};
+
+/// The layout version recorded in `<prefix>meta`. A service that finds another one stops.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Mean fields per bucket the bucket count is sized for.
+pub const MAX_MEAN_FILL: u64 = 400;
+
+/// Where one entry lives: its bucket and its field in that bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct EntryKey {
+    pub bucket: u32,
+    pub field: i64,
+}
+
+impl EntryKey {
+    /// The fingerprint shown in logs and the audit trail instead of the value: the field as 16
+    /// hex digits. (An unkeyed hash of a low-entropy value such as a phone number can be
+    /// reversed by brute force; it keeps values out of logs, it is not encryption.)
+    pub fn fingerprint(&self) -> String {
+        format!("{:016x}", self.field as u64)
+    }
+}
+
+/// A (list, sandbox) pair: the scope of an IP prefix-length registry.
+pub type Scope = (ListName, Sandbox);
+
+/// One IP prefix length in use in a scope, shorter than a full address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PrefixLen {
+    pub family: IpFamily,
+    pub len: u8,
+}
+
+impl PrefixLen {
+    /// The registry member, `4/24` or `6/48`.
+    pub fn member(&self) -> String {
+        format!("{}/{}", self.family.tag(), self.len)
+    }
+
+    /// Parses a registry member; `None` for anything this version did not write.
+    pub fn parse_member(s: &str) -> Option<Self> {
+        let (fam, len) = s.split_once('/')?;
+        let family = match fam {
+            "4" => IpFamily::V4,
+            "6" => IpFamily::V6,
+            _ => return None,
+        };
+        let len: u8 = len.parse().ok()?;
+        (len < family.max_prefix()).then_some(Self { family, len })
+    }
+}
+
+/// Key names and the bucket function of one keyspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    prefix: String,
+    buckets: u32,
+}
+
+impl Layout {
+    pub fn new(prefix: impl Into<String>, buckets: u32) -> Self {
+        assert!(buckets > 0, "a keyspace needs at least one bucket");
+        Self {
+            prefix: prefix.into(),
+            buckets,
+        }
+    }
+
+    /// The bucket count for a new keyspace expected to hold `expected_entries`.
+    pub fn buckets_for(expected_entries: u64) -> u32 {
+        let n = expected_entries.div_ceil(MAX_MEAN_FILL).max(1);
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    /// Where the entry (list, dimension, sandbox, value) lives.
+    pub fn entry_key(
+        &self,
+        list: &ListName,
+        dimension: &Dimension,
+        sandbox: &Sandbox,
+        value: &Value,
+    ) -> EntryKey {
+        self.key_of(&canonical(list, dimension, sandbox, value))
+    }
+
+    /// Where the entry with these canonical bytes lives.
+    pub fn key_of(&self, canonical: &[u8]) -> EntryKey {
+        EntryKey {
+            bucket: crc32fast::hash(canonical) % self.buckets,
+            field: xxh3_64(canonical) as i64,
+        }
+    }
+
+    pub fn bucket_key(&self, bucket: u32) -> String {
+        format!("{}b:{bucket}", self.prefix)
+    }
+
+    /// The pattern that matches every bucket key (for `SCAN MATCH`).
+    pub fn bucket_pattern(&self) -> String {
+        format!("{}b:*", self.prefix)
+    }
+
+    pub fn meta_key(&self) -> String {
+        format!("{}meta", self.prefix)
+    }
+
+    pub fn registry_key(&self, list: &ListName, sandbox: &Sandbox) -> String {
+        format!("{}p:{list}:{sandbox}", self.prefix)
+    }
+
+    pub fn audit_key(&self) -> String {
+        format!("{}audit", self.prefix)
+    }
+
+    pub fn channel(&self) -> String {
+        format!("{}inv", self.prefix)
+    }
+}
+
+/// The canonical bytes of an entry (see the module docs).
+pub fn canonical(list: &ListName, dimension: &Dimension, sandbox: &Sandbox, value: &Value) -> Vec<u8> {
+    let value = value.to_string();
+    let mut out = Vec::with_capacity(
+        list.as_str().len() + dimension.as_str().len() + sandbox.as_str().len() + value.len() + 3,
+    );
+    for part in [list.as_str(), dimension.as_str(), sandbox.as_str()] {
+        out.extend_from_slice(part.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(value.as_bytes());
+    out
+}
+
+/// What a write tells every instance to drop from its cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Invalidation {
+    /// These entries changed.
+    Keys(Vec<EntryKey>),
+    /// The prefix-length registries of these scopes changed.
+    Scopes(Vec<(String, String)>),
+    /// Entries were written in bulk (import): drop every cached miss and every registry.
+    Bulk,
+}
+
+impl Invalidation {
+    /// The message body: postcard, after a version byte.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![FORMAT_VERSION as u8];
+        out.extend(postcard::to_stdvec(self).expect("encoding to a Vec cannot fail"));
+        out
+    }
+
+    /// Decodes a message body; `None` for a message this version cannot read.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        match bytes.split_first() {
+            Some((&v, rest)) if u32::from(v) == FORMAT_VERSION => postcard::from_bytes(rest).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// One audit record: ordered (name, value) pairs, as they go into the stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub fields: Vec<(String, String)>,
+}
+
+impl AuditRecord {
+    /// The record of one upserted or deleted entry. `value_masked` must already be masked.
+    #[allow(clippy::too_many_arguments)]
+    pub fn entry(
+        at_ms: i64,
+        actor: &str,
+        op: &str,
+        list: &ListName,
+        dimension: &Dimension,
+        sandbox: &Sandbox,
+        expires_at_ms: Option<i64>,
+        reason: Option<&str>,
+        key: &EntryKey,
+        value_masked: String,
+    ) -> Self {
+        let mut fields = vec![
+            ("at".to_owned(), at_ms.to_string()),
+            ("who".to_owned(), actor.to_owned()),
+            ("op".to_owned(), op.to_owned()),
+            ("list".to_owned(), list.to_string()),
+            ("dimension".to_owned(), dimension.to_string()),
+            ("sandbox".to_owned(), sandbox.to_string()),
+            (
+                "expires_at".to_owned(),
+                expires_at_ms.map_or_else(|| "never".to_owned(), |t| t.to_string()),
+            ),
+            ("fingerprint".to_owned(), key.fingerprint()),
+            ("value".to_owned(), value_masked),
+        ];
+        if let Some(r) = reason {
+            fields.push(("reason".to_owned(), r.to_owned()));
+        }
+        Self { fields }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(layout: &Layout, list: &str, dim: &str, sandbox: &str, value: &str) -> EntryKey {
+        let dim: Dimension = dim.parse().unwrap();
+        let value = Value::parse_entry(&dim, value).unwrap();
+        layout.entry_key(&list.parse().unwrap(), &dim, &sandbox.parse().unwrap(), &value)
+    }
+
+    #[test]
+    fn same_identity_same_key_however_typed() {
+        let l = Layout::new("nl:", 2500);
+        assert_eq!(
+            key(&l, "black", "phone", "loan", "+86 138-0000-0000"),
+            key(&l, "black", "phone", "loan", "+8613800000000")
+        );
+        assert_ne!(
+            key(&l, "black", "phone", "loan", "+8613800000000"),
+            key(&l, "black", "phone", "default", "+8613800000000")
+        );
+    }
+
+    #[test]
+    fn canonical_join_is_unambiguous() {
+        let d = Dimension::Uid;
+        let a = canonical(
+            &"a".parse().unwrap(),
+            &d,
+            &"b".parse().unwrap(),
+            &Value::Text("c\nd".into()),
+        );
+        assert_eq!(a, b"a\nuid\nb\nc\nd");
+    }
+
+    #[test]
+    fn bucket_count_keeps_mean_fill_at_most_400() {
+        assert_eq!(Layout::buckets_for(0), 1);
+        assert_eq!(Layout::buckets_for(400), 1);
+        assert_eq!(Layout::buckets_for(401), 2);
+        assert_eq!(Layout::buckets_for(1_000_000), 2500);
+        assert_eq!(Layout::buckets_for(50_000_000_000), 125_000_000);
+    }
+
+    #[test]
+    fn registry_members() {
+        for p in [
+            PrefixLen { family: IpFamily::V4, len: 24 },
+            PrefixLen { family: IpFamily::V6, len: 0 },
+        ] {
+            assert_eq!(PrefixLen::parse_member(&p.member()), Some(p));
+        }
+        assert_eq!(PrefixLen::parse_member("4/32"), None);
+        assert_eq!(PrefixLen::parse_member("5/8"), None);
+    }
+
+    #[test]
+    fn invalidation_round_trip() {
+        let m = Invalidation::Keys(vec![EntryKey { bucket: 7, field: -3 }]);
+        assert_eq!(Invalidation::decode(&m.encode()), Some(m));
+        assert_eq!(Invalidation::decode(b"\x09junk"), None);
+    }
+}

@@ -1,0 +1,473 @@
+//! The Redis store: the layout of `layout` on a single Redis node.
+//!
+//! One multiplexed `ConnectionManager` carries every command (it pipelines concurrent callers
+//! and reconnects by itself after a failure); pub/sub uses its own connection. Reads are
+//! pipelined `HGET`s, one round trip per call. An upsert is one `MULTI`/`EXEC` pipeline
+//! (registry `SADD`s first, so a range is never stored before a reader would probe it; then
+//! multi-field `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`), so a write
+//! is taken whole or not at all. Deletes and lazy expiry are Lua scripts, one per bucket,
+//! called by SHA (loaded at start-up and again after a `NOSCRIPT`).
+//!
+//! No call here has its own deadline beyond the connection's response timeout: the service
+//! wraps every call in the deadline that fits it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+
+use super::layout::{FORMAT_VERSION, MAX_MEAN_FILL};
+use super::{
+    AuditRecord, EntryKey, Invalidation, InvalidationStream, Layout, PrefixLen, Scope, Store,
+    StoreError, StoreResult, WriteBatch,
+};
+use crate::domain::{EPOCH_2020_MS, now_ms};
+
+/// Creates the meta hash if it is missing; returns (format, buckets, created?).
+const OPEN_KEYSPACE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3])
+  return {ARGV[1], ARGV[2], 1}
+end
+local m = redis.call('HMGET', KEYS[1], 'format', 'buckets')
+return {m[1], m[2], 0}
+";
+
+/// Deletes fields of one bucket; per field 1 if it was present and live at ARGV[1]
+/// (milliseconds since 2020), else 0.
+const REMOVE: &str = r"
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  local live = 0
+  if v then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    local c = tonumber(v)
+    if c == 0 or c * 1000 > now then live = 1 end
+  end
+  out[#out + 1] = live
+end
+return out
+";
+
+/// Compare-and-delete: deletes the field only if it still holds ARGV[2].
+const REMOVE_IF_UNCHANGED: &str = r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+";
+
+/// How to reach Redis and which keyspace to open.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    pub url: String,
+    pub prefix: String,
+    /// Sizes a new keyspace; when set, must agree with an existing one.
+    pub expected_entries: Option<u64>,
+    /// Sizes a new keyspace when `expected_entries` is unset.
+    pub default_expected_entries: u64,
+    pub connect_timeout: Duration,
+    /// Upper bound on any single response; callers apply tighter deadlines.
+    pub response_timeout: Duration,
+    pub audit_max_len: usize,
+}
+
+/// What opening the keyspace found, for the start-up log.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    pub created: bool,
+    pub buckets: u32,
+    /// Problems worth a loud warning that do not stop the service.
+    pub warnings: Vec<String>,
+}
+
+/// The Redis store.
+pub struct RedisStore {
+    client: Client,
+    conn: ConnectionManager,
+    layout: Layout,
+    audit_max_len: usize,
+    remove: Script,
+    remove_if_unchanged: Script,
+    pubsub_timeout: Duration,
+}
+
+fn unavailable(e: RedisError) -> StoreError {
+    if e.kind() == ErrorKind::Parse || e.kind() == ErrorKind::UnexpectedReturnType {
+        StoreError::Corrupt(e.to_string())
+    } else {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// The smallest `hash-max-listpack-entries` that keeps buckets of this mean fill listpacks:
+/// five standard deviations of a Poisson fill above the mean.
+pub fn min_listpack_entries(mean_fill: f64) -> u64 {
+    (mean_fill + 5.0 * mean_fill.sqrt()).ceil() as u64
+}
+
+impl RedisStore {
+    /// Connects, opens (or creates) the keyspace and checks the server's listpack limit.
+    pub async fn open(opts: RedisOptions) -> StoreResult<(Self, OpenReport)> {
+        let client = Client::open(opts.url.as_str())
+            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.response_timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(500));
+        let mut conn = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(unavailable)?;
+
+        let wanted = Layout::buckets_for(opts.expected_entries.unwrap_or(opts.default_expected_entries));
+        let layout = Layout::new(opts.prefix.clone(), wanted);
+        let (format, buckets, created): (Option<String>, Option<String>, i64) =
+            Script::new(OPEN_KEYSPACE)
+                .key(layout.meta_key())
+                .arg(FORMAT_VERSION)
+                .arg(wanted)
+                .arg(now_ms())
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        let meta = layout.meta_key();
+        let format: u32 = format
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| StoreError::Keyspace(format!("{meta} has no readable format field")))?;
+        if format != FORMAT_VERSION {
+            return Err(StoreError::Keyspace(format!(
+                "{meta} records layout format {format}; this build knows format {FORMAT_VERSION} only: use a matching build or another key prefix"
+            )));
+        }
+        let buckets: u32 = buckets
+            .and_then(|b| b.parse().ok())
+            .filter(|&b| b > 0)
+            .ok_or_else(|| StoreError::Keyspace(format!("{meta} has no readable buckets field")))?;
+        if let Some(expected) = opts.expected_entries
+            && buckets != wanted
+        {
+            return Err(StoreError::Keyspace(format!(
+                "{meta} records {buckets} buckets but expected_entries = {expected} gives {wanted}: \
+                 the bucket count is fixed when a keyspace is created. Unset NAMELIST_EXPECTED_ENTRIES \
+                 to adopt the recorded count, or use a new key prefix and re-import"
+            )));
+        }
+        let layout = Layout::new(opts.prefix, buckets);
+
+        let mut warnings = Vec::new();
+        let mean = opts
+            .expected_entries
+            .map_or(MAX_MEAN_FILL as f64, |e| e as f64 / f64::from(buckets));
+        let needed = min_listpack_entries(mean);
+        let limit: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("hash-max-listpack-entries")
+            .query_async(&mut conn)
+            .await;
+        match limit.ok().and_then(|v| v.get(1).and_then(|s| s.parse::<u64>().ok())) {
+            Some(limit) if limit < needed => warnings.push(format!(
+                "hash-max-listpack-entries is {limit} but buckets of a mean fill of {mean:.0} need at least {needed}: \
+                 full buckets will convert to hashtables and cost several times the memory. Raise it (CONFIG SET \
+                 hash-max-listpack-entries 512) or size the keyspace for more buckets"
+            )),
+            Some(_) => {}
+            None => warnings.push(
+                "could not read hash-max-listpack-entries (CONFIG GET refused?): bucket encoding unverified; run `namelist-tools audit`".to_owned(),
+            ),
+        }
+
+        let store = Self {
+            client,
+            conn,
+            layout,
+            audit_max_len: opts.audit_max_len,
+            remove: Script::new(REMOVE),
+            remove_if_unchanged: Script::new(REMOVE_IF_UNCHANGED),
+            pubsub_timeout: opts.connect_timeout,
+        };
+        store.load_scripts().await?;
+        Ok((
+            store,
+            OpenReport {
+                created: created == 1,
+                buckets,
+                warnings,
+            },
+        ))
+    }
+
+    async fn load_scripts(&self) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        for s in [&self.remove, &self.remove_if_unchanged] {
+            s.load_async(&mut conn).await.map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// A clone of the command connection, for tools that run their own commands.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, record: &AuditRecord) {
+        let cmd = pipe
+            .cmd("XADD")
+            .arg(self.layout.audit_key())
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.audit_max_len)
+            .arg("*");
+        for (name, value) in &record.fields {
+            cmd.arg(name).arg(value);
+        }
+        cmd.ignore();
+    }
+
+    fn publish_cmd(&self, pipe: &mut redis::Pipeline, message: &Invalidation) {
+        pipe.cmd("PUBLISH")
+            .arg(self.layout.channel())
+            .arg(message.encode())
+            .ignore();
+    }
+
+    /// One `EVALSHA REMOVE` per bucket of `keys`; (bucket, the keys' positions in order).
+    fn removal_calls(&self, keys: &[EntryKey]) -> Vec<(u32, Vec<usize>)> {
+        let mut by_bucket: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_bucket.entry(k.bucket).or_default().push(i);
+        }
+        by_bucket.into_iter().collect()
+    }
+
+    fn add_removals(
+        &self,
+        pipe: &mut redis::Pipeline,
+        keys: &[EntryKey],
+        calls: &[(u32, Vec<usize>)],
+        now_rel_ms: i64,
+    ) {
+        for (bucket, idx) in calls {
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(self.remove.get_hash())
+                .arg(1)
+                .arg(self.layout.bucket_key(*bucket))
+                .arg(now_rel_ms);
+            for &i in idx {
+                cmd.arg(keys[i].field);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for k in keys {
+            pipe.hget(self.layout.bucket_key(k.bucket), k.field);
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
+        if scopes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (list, sandbox) in scopes {
+            pipe.smembers(self.layout.registry_key(list, sandbox));
+        }
+        let mut conn = self.conn.clone();
+        let raw: Vec<Vec<String>> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+        Ok(raw
+            .into_iter()
+            .map(|members| {
+                let mut v: Vec<PrefixLen> =
+                    members.iter().filter_map(|m| PrefixLen::parse_member(m)).collect();
+                v.sort();
+                v
+            })
+            .collect())
+    }
+
+    async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut scopes = Vec::new();
+        for ((list, sandbox), len) in &batch.prefixes {
+            pipe.sadd(self.layout.registry_key(list, sandbox), len.member()).ignore();
+            scopes.push((list.to_string(), sandbox.to_string()));
+        }
+        let mut by_bucket: BTreeMap<u32, Vec<(i64, u32)>> = BTreeMap::new();
+        for (k, code) in &batch.entries {
+            by_bucket.entry(k.bucket).or_default().push((k.field, *code));
+        }
+        for (bucket, pairs) in &by_bucket {
+            pipe.hset_multiple(self.layout.bucket_key(*bucket), pairs).ignore();
+        }
+        for record in &batch.audit {
+            self.xadd(&mut pipe, record);
+        }
+        if !scopes.is_empty() {
+            scopes.sort();
+            scopes.dedup();
+            self.publish_cmd(&mut pipe, &Invalidation::Scopes(scopes));
+        }
+        let keys = batch.entries.iter().map(|(k, _)| *k).collect();
+        self.publish_cmd(&mut pipe, &Invalidation::Keys(keys));
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn remove(
+        &self,
+        keys: &[EntryKey],
+        now_ms: i64,
+        audit: Vec<AuditRecord>,
+    ) -> StoreResult<Vec<bool>> {
+        let calls = self.removal_calls(keys);
+        let now_rel = now_ms - EPOCH_2020_MS;
+        let invalidation = Invalidation::Keys(keys.to_vec());
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        self.add_removals(&mut pipe, keys, &calls, now_rel);
+        for record in &audit {
+            self.xadd(&mut pipe, record);
+        }
+        self.publish_cmd(&mut pipe, &invalidation);
+        let mut conn = self.conn.clone();
+        let mut results: Vec<redis::RedisResult<Vec<i64>>> =
+            pipe.query_async(&mut conn).await.map_err(unavailable)?;
+        results.truncate(calls.len());
+
+        if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
+            // The script cache was flushed (a restart): load and redo the deletions, then
+            // publish again so no instance refetches between the two. The audit is written.
+            self.load_scripts().await?;
+            let mut pipe = redis::pipe();
+            self.add_removals(&mut pipe, keys, &calls, now_rel);
+            self.publish_cmd(&mut pipe, &invalidation);
+            results = pipe
+                .query_async::<Vec<Vec<i64>>>(&mut conn)
+                .await
+                .map_err(unavailable)?
+                .into_iter()
+                .map(Ok)
+                .collect();
+        }
+
+        let mut removed = vec![false; keys.len()];
+        for ((_, idx), result) in calls.iter().zip(results) {
+            let flags = result.map_err(unavailable)?;
+            for (&i, flag) in idx.iter().zip(flags) {
+                removed[i] |= flag == 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .remove_if_unchanged
+            .key(self.layout.bucket_key(key.bucket))
+            .arg(key.field)
+            .arg(code)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
+    }
+
+    async fn subscribe(&self) -> StoreResult<InvalidationStream> {
+        let connect = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.subscribe(self.layout.channel()).await?;
+            Ok::<_, RedisError>(pubsub)
+        };
+        let pubsub = tokio::time::timeout(self.pubsub_timeout, connect)
+            .await
+            .map_err(|_| StoreError::Timeout(self.pubsub_timeout))?
+            .map_err(unavailable)?;
+        let (mut sink, stream) = pubsub.split();
+        // A half-open connection delivers nothing and never errors: ping it, and end the
+        // stream when a ping goes unanswered.
+        let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
+        let timeout = self.pubsub_timeout;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let ping = tokio::time::timeout(timeout, sink.ping::<String>()).await;
+                if !matches!(ping, Ok(Ok(_))) {
+                    let _ = dead_tx.send(());
+                    return;
+                }
+            }
+        });
+        Ok(stream
+            .take_until(dead_rx)
+            .filter_map(|msg| async move { Invalidation::decode(msg.get_payload_bytes()) })
+            .boxed())
+    }
+
+    async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        conn.publish::<_, _, ()>(self.layout.channel(), message.encode())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
+        let mut conn = self.conn.clone();
+        let raw: Vec<(String, Vec<String>)> = redis::cmd("XREVRANGE")
+            .arg(self.layout.audit_key())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(raw
+            .into_iter()
+            .rev()
+            .map(|(_, kv)| AuditRecord {
+                fields: kv
+                    .chunks(2)
+                    .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
+                    .collect(),
+            })
+            .collect())
+    }
+}
