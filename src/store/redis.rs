@@ -422,13 +422,19 @@ impl Store for RedisStore {
         let (mut sink, stream) = pubsub.split();
         // A half-open connection delivers nothing and never errors: ping it, and end the
         // stream when a ping goes unanswered.
-        let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
+        let (mut dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
         let timeout = self.pubsub_timeout;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
             loop {
-                tick.tick().await;
-                let ping = tokio::time::timeout(timeout, sink.ping::<String>()).await;
+                tokio::select! {
+                    // The subscriber dropped the stream: stop pinging.
+                    _ = dead_tx.closed() => return,
+                    _ = tick.tick() => {}
+                }
+                // In subscribed mode PING answers ["pong", ""], not +PONG.
+                let ping = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
                 if !matches!(ping, Ok(Ok(_))) {
                     let _ = dead_tx.send(());
                     return;
