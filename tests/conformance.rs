@@ -1,0 +1,765 @@
+//! The conformance suite: one set of behaviours that every `Store` backend must show through
+//! the name-list service (cache included). Each case runs on the embedded store and on a
+//! real `redis-server` of its own.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
+use namelist::lists::{
+    CheckQuery, EntryRef, FailMode, ListSettings, ListsError, NameLists, NewEntry,
+};
+use namelist::metrics::Metrics;
+use namelist::store::memory::MemoryStore;
+use namelist::store::redis::{RedisOptions, RedisStore};
+use namelist::store::{Layout, Store};
+
+use common::{RedisServer, unique_prefix};
+
+struct Harness {
+    lists: NameLists,
+    store: Arc<dyn Store>,
+    _redis: Option<RedisServer>,
+}
+
+fn settings() -> ListSettings {
+    ListSettings {
+        check_deadline: Duration::from_millis(500),
+        write_deadline: Duration::from_secs(2),
+        fail_mode: FailMode::Open,
+        cache_ttl: Duration::from_secs(60),
+        cache_capacity: 10_000,
+    }
+}
+
+async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>) -> Harness {
+    let lists = NameLists::new(store.clone(), settings(), Arc::new(Metrics::new()));
+    for _ in 0..500 {
+        if lists.cache().is_trusted() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        lists.cache().is_trusted(),
+        "invalidation subscription is up"
+    );
+    Harness {
+        lists,
+        store,
+        _redis: redis,
+    }
+}
+
+async fn memory() -> Harness {
+    let store = MemoryStore::open(Layout::new(unique_prefix(), 64), 1000, None).unwrap();
+    ready(Arc::new(store), None).await
+}
+
+async fn redis() -> Harness {
+    let server = RedisServer::start();
+    let (store, _) = RedisStore::open(RedisOptions {
+        url: server.url(),
+        prefix: unique_prefix(),
+        expected_entries: Some(64 * 400),
+        default_expected_entries: 1_000_000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        audit_max_len: 1000,
+    })
+    .await
+    .unwrap();
+    ready(Arc::new(store), Some(server)).await
+}
+
+fn list(s: &str) -> ListName {
+    s.parse().unwrap()
+}
+
+fn sandbox(s: &str) -> Sandbox {
+    s.parse().unwrap()
+}
+
+fn new(dim: &str, value: &str, sb: &str, expiry: Expiry) -> NewEntry {
+    let dimension: Dimension = dim.parse().unwrap();
+    NewEntry {
+        value: Value::parse_entry(&dimension, value).unwrap(),
+        dimension,
+        sandbox: sandbox(sb),
+        expiry,
+        reason: None,
+    }
+}
+
+fn entry_ref(dim: &str, value: &str, sb: &str) -> EntryRef {
+    let dimension: Dimension = dim.parse().unwrap();
+    EntryRef {
+        value: Value::parse_entry(&dimension, value).unwrap(),
+        dimension,
+        sandbox: sandbox(sb),
+    }
+}
+
+fn query(sb: &str, lists: &[&str], subjects: &[(&str, &[&str])]) -> CheckQuery {
+    CheckQuery {
+        sandbox: sandbox(sb),
+        lists: lists.iter().map(|l| list(l)).collect(),
+        subjects: subjects
+            .iter()
+            .map(|(d, vs)| {
+                let d: Dimension = d.parse().unwrap();
+                let vs = vs
+                    .iter()
+                    .map(|v| Value::parse_check(&d, v).unwrap())
+                    .collect();
+                (d, vs)
+            })
+            .collect(),
+    }
+}
+
+/// The hits of a check as sorted (list, dimension, value) triples.
+async fn hits(h: &Harness, q: &CheckQuery) -> Vec<(String, String, String)> {
+    let out = h.lists.check(q).await.expect("check succeeds");
+    assert!(!out.degraded, "a healthy store never degrades");
+    let mut v: Vec<_> = out
+        .hits
+        .into_iter()
+        .map(|hit| (hit.list.to_string(), hit.dimension.to_string(), hit.value))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A check of one address against `black` in the default sandbox.
+fn ip_check(ip: &str) -> CheckQuery {
+    query("default", &["black"], &[("ip", &[ip])])
+}
+
+fn triple(l: &str, d: &str, v: &str) -> (String, String, String) {
+    (l.into(), d.into(), v.into())
+}
+
+fn ttl(secs: u64) -> Expiry {
+    Expiry::after_ttl(secs, now_ms()).unwrap()
+}
+
+/// An expiry `ms` from now (rounded up to the next whole second by the encoding).
+fn soon(ms: i64) -> Expiry {
+    Expiry::at_ms(now_ms() + ms, now_ms()).unwrap()
+}
+
+async fn sleep_past(e: Expiry) {
+    let at = e.expires_at_ms().unwrap();
+    let wait = (at - now_ms() + 50).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+}
+
+async fn upsert_lookup_and_check(h: &Harness) {
+    let black = list("black");
+    let written = h
+        .lists
+        .upsert(
+            &black,
+            vec![
+                new("phone", "+86 138-0000-0000", "loan", Expiry::Never),
+                new("device", "d1", "loan", ttl(3600)),
+            ],
+            "tester",
+        )
+        .await
+        .unwrap();
+    assert_eq!(written, 2);
+
+    let phone = h
+        .lists
+        .lookup(&black, &entry_ref("phone", "+8613800000000", "loan"))
+        .await
+        .unwrap();
+    assert_eq!(phone, Some(Expiry::Never), "phone is listed forever");
+    let device = h
+        .lists
+        .lookup(&black, &entry_ref("device", "d1", "loan"))
+        .await
+        .unwrap();
+    let at = device
+        .and_then(Expiry::expires_at_ms)
+        .expect("device listed with an expiry");
+    let now = now_ms();
+    assert!(
+        at > now + 3_598_000 && at <= now + 3_601_000,
+        "expiry about an hour out: {at} vs {now}"
+    );
+
+    let q = query(
+        "loan",
+        &["black", "grey"],
+        &[
+            ("phone", &["+86 (138) 0000 0000"]),
+            ("device", &["d1", "d2"]),
+        ],
+    );
+    assert_eq!(
+        hits(h, &q).await,
+        vec![
+            triple("black", "device", "d1"),
+            triple("black", "phone", "+8613800000000")
+        ]
+    );
+    let out = h.lists.check(&q).await.unwrap();
+    let phone_hit = out
+        .hits
+        .iter()
+        .find(|x| x.dimension == Dimension::Phone)
+        .unwrap();
+    assert_eq!(
+        phone_hit.expires_at, None,
+        "never-expiring hit has a null expiry"
+    );
+    let device_hit = out
+        .hits
+        .iter()
+        .find(|x| x.dimension == Dimension::Device)
+        .unwrap();
+    assert_eq!(device_hit.expires_at, Some(at));
+
+    let grey_only = query("loan", &["grey"], &[("phone", &["+8613800000000"])]);
+    assert!(
+        hits(h, &grey_only).await.is_empty(),
+        "lists are isolated from each other"
+    );
+}
+
+async fn refresh_last_write_wins(h: &Harness) {
+    let black = list("black");
+    let r = entry_ref("uid", "u-refresh", "default");
+    let q = query("default", &["black"], &[("uid", &["u-refresh"])]);
+    h.lists
+        .upsert(
+            &black,
+            vec![new("uid", "u-refresh", "default", ttl(60))],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        h.lists.lookup(&black, &r).await.unwrap(),
+        Some(Expiry::At(_))
+    ));
+    assert_eq!(
+        h.lists.check(&q).await.unwrap().hits[0]
+            .expires_at
+            .is_some(),
+        true
+    );
+
+    h.lists
+        .upsert(
+            &black,
+            vec![new("uid", "u-refresh", "default", Expiry::Never)],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.lists.lookup(&black, &r).await.unwrap(),
+        Some(Expiry::Never)
+    );
+    assert_eq!(
+        h.lists.check(&q).await.unwrap().hits[0].expires_at,
+        None,
+        "the cache saw the refresh"
+    );
+
+    let later = ttl(7200);
+    let batch = vec![
+        new("uid", "u-refresh", "default", ttl(10)),
+        new("uid", "u-refresh", "default", later),
+    ];
+    h.lists.upsert(&black, batch, "t").await.unwrap();
+    assert_eq!(
+        h.lists.lookup(&black, &r).await.unwrap(),
+        Some(later),
+        "last in a batch wins"
+    );
+}
+
+async fn delete_counts_present_and_live(h: &Harness) {
+    let black = list("black");
+    let expiring = soon(200);
+    h.lists
+        .upsert(
+            &black,
+            vec![
+                new("device", "a", "default", Expiry::Never),
+                new("device", "b", "default", Expiry::Never),
+                new("device", "old", "default", expiring),
+            ],
+            "t",
+        )
+        .await
+        .unwrap();
+    let q = query("default", &["black"], &[("device", &["a", "b"])]);
+    assert_eq!(hits(h, &q).await.len(), 2, "both listed (and now cached)");
+    sleep_past(expiring).await;
+
+    let removed = h
+        .lists
+        .remove(
+            &black,
+            vec![
+                entry_ref("device", "a", "default"),
+                entry_ref("device", "never-listed", "default"),
+                entry_ref("device", "a", "default"),
+                entry_ref("device", "old", "default"),
+            ],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        removed, 1,
+        "only the present, live entry counts; duplicates once; expired not"
+    );
+    assert_eq!(hits(h, &q).await, vec![triple("black", "device", "b")]);
+    assert_eq!(
+        h.lists
+            .lookup(&black, &entry_ref("device", "a", "default"))
+            .await
+            .unwrap(),
+        None
+    );
+    let again = h
+        .lists
+        .remove(&black, vec![entry_ref("device", "a", "default")], "t")
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+    let key = h.store.layout().entry_key(
+        &black,
+        &Dimension::Device,
+        &sandbox("default"),
+        &Value::Text("old".into()),
+    );
+    assert_eq!(
+        h.store.get_many(&[key]).await.unwrap(),
+        vec![None],
+        "the expired field was deleted too"
+    );
+}
+
+async fn expiry_with_short_ttls(h: &Harness) {
+    let black = list("black");
+    let e = soon(300);
+    h.lists
+        .upsert(
+            &black,
+            vec![new("imei", "490154203237518", "default", e)],
+            "t",
+        )
+        .await
+        .unwrap();
+    let r = entry_ref("imei", "49-015420-323751-8", "default");
+    let q = query("default", &["black"], &[("imei", &["490154203237518"])]);
+    assert_eq!(h.lists.lookup(&black, &r).await.unwrap(), Some(e));
+    let out = h.lists.check(&q).await.unwrap();
+    assert_eq!(out.hits.len(), 1);
+    assert_eq!(out.hits[0].expires_at, e.expires_at_ms());
+    sleep_past(e).await;
+    assert_eq!(
+        h.lists.lookup(&black, &r).await.unwrap(),
+        None,
+        "expired: not listed"
+    );
+    assert!(
+        hits(h, &q).await.is_empty(),
+        "expired: the cached hit ended with the entry"
+    );
+}
+
+async fn sandbox_isolation(h: &Harness) {
+    let black = list("black");
+    h.lists
+        .upsert(
+            &black,
+            vec![
+                new("uid", "shared", "loan", Expiry::Never),
+                new("uid", "shared", "pay", Expiry::Never),
+                new("ip", "10.9.0.0/16", "loan", Expiry::Never),
+            ],
+            "t",
+        )
+        .await
+        .unwrap();
+    let q = |sb: &str| {
+        query(
+            sb,
+            &["black"],
+            &[("uid", &["shared"]), ("ip", &["10.9.1.1"])],
+        )
+    };
+    assert_eq!(
+        hits(h, &q("loan")).await,
+        vec![
+            triple("black", "ip", "10.9.0.0/16"),
+            triple("black", "uid", "shared")
+        ]
+    );
+    assert_eq!(
+        hits(h, &q("pay")).await,
+        vec![triple("black", "uid", "shared")]
+    );
+    assert!(hits(h, &q("default")).await.is_empty());
+    assert_eq!(
+        h.lists
+            .remove(&black, vec![entry_ref("uid", "shared", "pay")], "t")
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(hits(h, &q("pay")).await.is_empty());
+    assert_eq!(
+        hits(h, &q("loan")).await.len(),
+        2,
+        "deleting in one sandbox leaves the others"
+    );
+}
+
+async fn ipv4_ranges(h: &Harness) {
+    let black = list("black");
+    h.lists
+        .upsert(
+            &black,
+            vec![
+                new("ip", "10.1.2.77/24", "default", Expiry::Never),
+                new("ip", "10.0.0.0/8", "default", Expiry::Never),
+                new("ip", "192.168.1.7", "default", Expiry::Never),
+                new("ip", "172.16.0.0/12", "other", Expiry::Never),
+            ],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        hits(h, &ip_check("10.1.2.3")).await,
+        vec![
+            triple("black", "ip", "10.0.0.0/8"),
+            triple("black", "ip", "10.1.2.0/24")
+        ]
+    );
+    assert_eq!(
+        hits(h, &ip_check("10.2.0.1")).await,
+        vec![triple("black", "ip", "10.0.0.0/8")]
+    );
+    assert!(hits(h, &ip_check("11.0.0.1")).await.is_empty());
+    assert_eq!(
+        hits(h, &ip_check("192.168.1.7")).await,
+        vec![triple("black", "ip", "192.168.1.7")]
+    );
+    assert!(hits(h, &ip_check("192.168.1.8")).await.is_empty());
+    assert!(
+        hits(h, &ip_check("172.16.5.5")).await.is_empty(),
+        "a range in another sandbox"
+    );
+    assert_eq!(
+        hits(h, &ip_check("::ffff:10.1.2.3")).await.len(),
+        2,
+        "an IPv4-mapped address is the IPv4 address"
+    );
+    let found = h
+        .lists
+        .lookup(&black, &entry_ref("ip", "10.1.2.0/24", "default"))
+        .await
+        .unwrap();
+    assert_eq!(
+        found,
+        Some(Expiry::Never),
+        "a range is looked up by its own value"
+    );
+
+    // A range added later is seen at once (the prefix registry cache is invalidated).
+    h.lists
+        .upsert(
+            &black,
+            vec![new("ip", "11.0.0.0/9", "default", Expiry::Never)],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        hits(h, &ip_check("11.0.0.1")).await,
+        vec![triple("black", "ip", "11.0.0.0/9")]
+    );
+}
+
+async fn ipv6_ranges(h: &Harness) {
+    let black = list("black");
+    h.lists
+        .upsert(
+            &black,
+            vec![
+                new("ip", "2001:db8:1::/48", "default", Expiry::Never),
+                new("ip", "2001:DB8:1:2:ffff::/64", "default", Expiry::Never),
+                new("ip", "2001:db8::1", "default", Expiry::Never),
+                new("ip", "0.0.0.0/1", "default", Expiry::Never),
+            ],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        hits(h, &ip_check("2001:db8:1:2::99")).await,
+        vec![
+            triple("black", "ip", "2001:db8:1:2::/64"),
+            triple("black", "ip", "2001:db8:1::/48")
+        ]
+    );
+    assert_eq!(
+        hits(h, &ip_check("2001:db8:1:3::1")).await,
+        vec![triple("black", "ip", "2001:db8:1::/48")]
+    );
+    assert_eq!(
+        hits(h, &ip_check("2001:0db8:0000::0001")).await,
+        vec![triple("black", "ip", "2001:db8::1")]
+    );
+    assert!(hits(h, &ip_check("2001:db8:2::1")).await.is_empty());
+    assert!(
+        hits(h, &ip_check("::1")).await.is_empty(),
+        "an IPv4 range never matches an IPv6 address"
+    );
+}
+
+async fn multi_valued_subjects(h: &Harness) {
+    let black = list("black");
+    let grey = list("grey");
+    h.lists
+        .upsert(
+            &black,
+            vec![
+                new("ip", "172.16.0.1", "default", Expiry::Never),
+                new("phone", "13900000000", "default", Expiry::Never),
+            ],
+            "t",
+        )
+        .await
+        .unwrap();
+    h.lists
+        .upsert(
+            &grey,
+            vec![new(
+                "wifi_mac",
+                "aa:bb:cc:dd:ee:ff",
+                "default",
+                Expiry::Never,
+            )],
+            "t",
+        )
+        .await
+        .unwrap();
+    let q = query(
+        "default",
+        &["black", "grey"],
+        &[
+            ("ip", &["10.1.2.3", "172.16.0.1"]),
+            ("phone", &["13800000000", "139-0000-0000"]),
+            ("wifi_mac", &["AA-BB-CC-DD-EE-FF", "00:11:22:33:44:55"]),
+        ],
+    );
+    assert_eq!(
+        hits(h, &q).await,
+        vec![
+            triple("black", "ip", "172.16.0.1"),
+            triple("black", "phone", "13900000000"),
+            triple("grey", "wifi_mac", "aa:bb:cc:dd:ee:ff"),
+        ]
+    );
+}
+
+async fn lazy_delete_removes_the_field(h: &Harness) {
+    let black = list("black");
+    let e = soon(200);
+    h.lists
+        .upsert(&black, vec![new("uid", "lazy", "default", e)], "t")
+        .await
+        .unwrap();
+    let key = h.store.layout().entry_key(
+        &black,
+        &Dimension::Uid,
+        &sandbox("default"),
+        &Value::Text("lazy".into()),
+    );
+    sleep_past(e).await;
+    assert_eq!(
+        h.store.get_many(&[key]).await.unwrap(),
+        vec![Some(e.code())],
+        "still stored after expiry"
+    );
+    let q = query("default", &["black"], &[("uid", &["lazy"])]);
+    assert!(
+        hits(h, &q).await.is_empty(),
+        "an expired field answers absent"
+    );
+    let mut gone = false;
+    for _ in 0..200 {
+        if h.store.get_many(&[key]).await.unwrap() == vec![None] {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        gone,
+        "the read deleted the expired field off the request path"
+    );
+
+    // Compare-and-delete keeps a refreshed entry.
+    let fresh = ttl(600);
+    h.lists
+        .upsert(&black, vec![new("uid", "lazy", "default", fresh)], "t")
+        .await
+        .unwrap();
+    assert!(
+        !h.store.remove_if_unchanged(key, e.code()).await.unwrap(),
+        "a refresh survives"
+    );
+    assert_eq!(
+        h.store.get_many(&[key]).await.unwrap(),
+        vec![Some(fresh.code())]
+    );
+    assert!(
+        h.store
+            .remove_if_unchanged(key, fresh.code())
+            .await
+            .unwrap()
+    );
+    assert_eq!(h.store.get_many(&[key]).await.unwrap(), vec![None]);
+}
+
+async fn audit_trail_masks_values(h: &Harness) {
+    let black = list("black");
+    let mut e = new("phone", "13800000000", "loan", ttl(60));
+    e.reason = Some("chargeback 2026-11".into());
+    h.lists.upsert(&black, vec![e], "alice").await.unwrap();
+    h.lists
+        .remove(
+            &black,
+            vec![entry_ref("phone", "138 0000 0000", "loan")],
+            "bob",
+        )
+        .await
+        .unwrap();
+    let key = h.store.layout().entry_key(
+        &black,
+        &Dimension::Phone,
+        &sandbox("loan"),
+        &Value::Text("13800000000".into()),
+    );
+    let tail = h.store.audit_tail(2).await.unwrap();
+    assert_eq!(tail.len(), 2);
+    let (up, del) = (&tail[0], &tail[1]);
+    for (rec, op, who) in [(up, "upsert", "alice"), (del, "delete", "bob")] {
+        assert_eq!(rec.get("op"), Some(op));
+        assert_eq!(rec.get("who"), Some(who));
+        assert_eq!(rec.get("list"), Some("black"));
+        assert_eq!(rec.get("dimension"), Some("phone"));
+        assert_eq!(rec.get("sandbox"), Some("loan"));
+        assert_eq!(rec.get("value"), Some("138****0000"));
+        assert_eq!(rec.get("fingerprint"), Some(key.fingerprint().as_str()));
+        assert!(rec.get("at").and_then(|t| t.parse::<i64>().ok()).is_some());
+        assert!(
+            rec.fields.iter().all(|(_, v)| !v.contains("13800000000")),
+            "no raw value in {rec:?}"
+        );
+    }
+    assert_eq!(up.get("reason"), Some("chargeback 2026-11"));
+    assert!(up.get("expires_at").unwrap().parse::<i64>().is_ok());
+}
+
+async fn own_writes_are_seen_through_the_cache(h: &Harness) {
+    let black = list("black");
+    let q = query("default", &["black"], &[("device", &["fresh"])]);
+    assert!(hits(h, &q).await.is_empty());
+    assert!(hits(h, &q).await.is_empty(), "the miss is now cached");
+    h.lists
+        .upsert(
+            &black,
+            vec![new("device", "fresh", "default", Expiry::Never)],
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(hits(h, &q).await, vec![triple("black", "device", "fresh")]);
+    h.lists
+        .remove(&black, vec![entry_ref("device", "fresh", "default")], "t")
+        .await
+        .unwrap();
+    assert!(hits(h, &q).await.is_empty());
+}
+
+async fn limits_change_nothing(h: &Harness) {
+    let black = list("black");
+    let many: Vec<NewEntry> = (0..10_001)
+        .map(|i| new("uid", &format!("u{i}"), "default", Expiry::Never))
+        .collect();
+    let err = h.lists.upsert(&black, many, "t").await.unwrap_err();
+    assert!(
+        matches!(err, ListsError::Invalid(ref v) if v.code == "too_many_entries"),
+        "{err:?}"
+    );
+    assert_eq!(
+        h.lists
+            .lookup(&black, &entry_ref("uid", "u0", "default"))
+            .await
+            .unwrap(),
+        None
+    );
+    let values: Vec<String> = (0..65).map(|i| format!("d{i}")).collect();
+    let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+    let err = h
+        .lists
+        .check(&query("default", &["black"], &[("device", &refs)]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ListsError::Invalid(ref v) if v.code == "too_many_values"),
+        "{err:?}"
+    );
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::memory().await).await;
+                }
+            )*
+        }
+        mod redis_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    upsert_lookup_and_check,
+    refresh_last_write_wins,
+    delete_counts_present_and_live,
+    expiry_with_short_ttls,
+    sandbox_isolation,
+    ipv4_ranges,
+    ipv6_ranges,
+    multi_valued_subjects,
+    lazy_delete_removes_the_field,
+    audit_trail_masks_values,
+    own_writes_are_seen_through_the_cache,
+    limits_change_nothing,
+);
