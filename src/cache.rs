@@ -239,7 +239,9 @@ impl LookupCache {
                 Ok(codes) if codes.len() == keys.len() => {
                     let now = now_ms();
                     for (k, code) in keys.iter().zip(&codes) {
-                        this.entries.insert(*k, Cached::from_stored(*code, now)).await;
+                        this.entries
+                            .insert(*k, Cached::from_stored(*code, now))
+                            .await;
                     }
                     for (k, e) in keys.iter().zip(started) {
                         if this.epoch(k).load(Ordering::Acquire) != e {
@@ -280,7 +282,10 @@ pub struct RegistryCache {
 impl RegistryCache {
     pub fn new(ttl: Duration) -> Arc<Self> {
         Arc::new(Self {
-            entries: Cache::builder().max_capacity(100_000).time_to_live(ttl).build(),
+            entries: Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(ttl)
+                .build(),
             epoch: AtomicU64::new(0),
         })
     }
@@ -294,7 +299,11 @@ impl RegistryCache {
     ) -> Result<Vec<Arc<Vec<PrefixLen>>>, StoreError> {
         let mut out: Vec<Option<Arc<Vec<PrefixLen>>>> = Vec::with_capacity(scopes.len());
         for s in scopes {
-            out.push(if trusted { self.entries.get(s).await } else { None });
+            out.push(if trusted {
+                self.entries.get(s).await
+            } else {
+                None
+            });
         }
         let missing: Vec<Scope> = scopes
             .iter()

@@ -203,7 +203,10 @@ impl Settings {
         }
         if let Some(url) = &self.redis_url {
             let u = url.expose_secret();
-            if !(u.starts_with("redis://") || u.starts_with("rediss://") || u.starts_with("unix://")) {
+            if !(u.starts_with("redis://")
+                || u.starts_with("rediss://")
+                || u.starts_with("unix://"))
+            {
                 return bad("redis_url must start with redis://, rediss:// or unix://".into());
             }
         }

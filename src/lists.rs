@@ -256,7 +256,11 @@ impl NameLists {
         }
         let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
         let result = self
-            .call("write", self.settings.write_deadline, self.store.write(batch))
+            .call(
+                "write",
+                self.settings.write_deadline,
+                self.store.write(batch),
+            )
             .await;
         self.cache.invalidate(&keys).await;
         if !scopes.is_empty() {
@@ -324,10 +328,10 @@ impl NameLists {
         list: &ListName,
         entry: &EntryRef,
     ) -> Result<Option<Expiry>, ListsError> {
-        let key = self
-            .store
-            .layout()
-            .entry_key(list, &entry.dimension, &entry.sandbox, &entry.value);
+        let key =
+            self.store
+                .layout()
+                .entry_key(list, &entry.dimension, &entry.sandbox, &entry.value);
         let codes = self
             .call(
                 "get",
@@ -424,7 +428,10 @@ impl NameLists {
             match self.cache.fetch(&self.store, missing, deadline).await {
                 Ok(fetched) => known.extend(fetched),
                 Err(e) => {
-                    self.metrics.store_errors.with_label_values(&["check"]).inc();
+                    self.metrics
+                        .store_errors
+                        .with_label_values(&["check"])
+                        .inc();
                     tracing::warn!(error = %e, "check lookups failed");
                     degraded = true;
                 }
@@ -531,7 +538,9 @@ async fn reclaim_expired(
         match tokio::time::timeout(deadline, store.remove_if_unchanged(key, code)).await {
             Ok(Ok(true)) => metrics.expired_reclaimed.inc(),
             Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, fingerprint = %key.fingerprint(), "lazy expiry failed"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, fingerprint = %key.fingerprint(), "lazy expiry failed")
+            }
             Err(_) => tracing::debug!(fingerprint = %key.fingerprint(), "lazy expiry timed out"),
         }
     }

@@ -30,7 +30,10 @@ async fn main() -> anyhow::Result<()> {
     namelist::telemetry::init(settings.log_format);
     let unknown = Settings::unknown_env_vars();
     if !unknown.is_empty() {
-        tracing::info!(?unknown, "ignoring NAMELIST_* variables that are not settings");
+        tracing::info!(
+            ?unknown,
+            "ignoring NAMELIST_* variables that are not settings"
+        );
     }
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {

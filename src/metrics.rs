@@ -65,7 +65,10 @@ impl Metrics {
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
         let m = Self {
             http_requests,
-            cache_hits: counter("namelist_cache_hits_total", "Lookups answered by the local cache"),
+            cache_hits: counter(
+                "namelist_cache_hits_total",
+                "Lookups answered by the local cache",
+            ),
             cache_misses: counter(
                 "namelist_cache_misses_total",
                 "Lookups the local cache could not answer",

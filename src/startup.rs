@@ -123,10 +123,11 @@ impl Application {
             settings.list_settings(),
             metrics.clone(),
         ));
-        let listener = TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {
-            addr: settings.listen.clone(),
-            source,
-        })?;
+        let listener =
+            TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {
+                addr: settings.listen.clone(),
+                source,
+            })?;
         let port = listener
             .local_addr()
             .map_err(|source| StartupError::Bind {
@@ -161,22 +162,26 @@ impl Application {
             })?
             .run();
 
-        let snapshotter = opened.memory.as_ref().filter(|_| settings.snapshot_path.is_some()).map(|m| {
-            let m = m.clone();
-            let every = Duration::from_secs(settings.snapshot_interval_secs.max(1));
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tick.tick().await;
-                    let m = m.clone();
-                    match tokio::task::spawn_blocking(move || m.save_snapshot()).await {
-                        Ok(Err(e)) => tracing::error!(error = %e, "snapshot failed"),
-                        Err(e) => tracing::error!(error = %e, "snapshot task failed"),
-                        Ok(Ok(_)) => {}
+        let snapshotter = opened
+            .memory
+            .as_ref()
+            .filter(|_| settings.snapshot_path.is_some())
+            .map(|m| {
+                let m = m.clone();
+                let every = Duration::from_secs(settings.snapshot_interval_secs.max(1));
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    loop {
+                        tick.tick().await;
+                        let m = m.clone();
+                        match tokio::task::spawn_blocking(move || m.save_snapshot()).await {
+                            Ok(Err(e)) => tracing::error!(error = %e, "snapshot failed"),
+                            Err(e) => tracing::error!(error = %e, "snapshot task failed"),
+                            Ok(Ok(_)) => {}
+                        }
                     }
-                }
-            })
-        });
+                })
+            });
         tracing::info!(port, "listening");
         Ok(Self {
             port,

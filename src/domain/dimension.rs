@@ -121,7 +121,14 @@ mod tests {
             "merchant_id".parse::<Dimension>().unwrap(),
             Dimension::Custom("merchant_id".into())
         );
-        for bad in ["", "Phone", "1abc", "a-b", "a b", &format!("a{}", "b".repeat(32))] {
+        for bad in [
+            "",
+            "Phone",
+            "1abc",
+            "a-b",
+            "a b",
+            &format!("a{}", "b".repeat(32)),
+        ] {
             let err = bad.parse::<Dimension>().unwrap_err();
             assert_eq!(err.code, "unknown_dimension", "{bad:?}");
         }

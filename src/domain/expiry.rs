@@ -28,7 +28,11 @@ pub enum Expiry {
 impl Expiry {
     /// Decodes the stored integer (`0` = never).
     pub fn from_code(code: u32) -> Self {
-        if code == 0 { Expiry::Never } else { Expiry::At(code) }
+        if code == 0 {
+            Expiry::Never
+        } else {
+            Expiry::At(code)
+        }
     }
 
     /// The stored integer.
@@ -51,7 +55,10 @@ impl Expiry {
         let since = expires_at_ms - EPOCH_2020_MS;
         let secs = (since + 999).div_euclid(1000).max(1);
         u32::try_from(secs).map(Expiry::At).map_err(|_| {
-            ValidationError::new("invalid_expiry", "expires_at is too far in the future (after 2156)")
+            ValidationError::new(
+                "invalid_expiry",
+                "expires_at is too far in the future (after 2156)",
+            )
         })
     }
 
@@ -68,7 +75,12 @@ impl Expiry {
             .and_then(|s| s.checked_mul(1000))
             .and_then(|d| d.checked_add(now_ms))
             .ok_or_else(|| ValidationError::new("invalid_expiry", "ttl_seconds is too large"))?;
-        Self::at_ms(ms, now_ms).map_err(|e| ValidationError::new("invalid_expiry", e.message.replace("expires_at", "ttl_seconds")))
+        Self::at_ms(ms, now_ms).map_err(|e| {
+            ValidationError::new(
+                "invalid_expiry",
+                e.message.replace("expires_at", "ttl_seconds"),
+            )
+        })
     }
 
     /// Unix ms at which the entry stops being listed; `None` for never.
@@ -104,9 +116,18 @@ mod tests {
     #[test]
     fn rejects_past_and_out_of_range() {
         assert_eq!(Expiry::at_ms(NOW, NOW).unwrap_err().code, "expiry_in_past");
-        assert_eq!(Expiry::at_ms(i64::MAX, NOW).unwrap_err().code, "invalid_expiry");
-        assert_eq!(Expiry::after_ttl(0, NOW).unwrap_err().code, "invalid_expiry");
-        assert_eq!(Expiry::after_ttl(u64::MAX, NOW).unwrap_err().code, "invalid_expiry");
+        assert_eq!(
+            Expiry::at_ms(i64::MAX, NOW).unwrap_err().code,
+            "invalid_expiry"
+        );
+        assert_eq!(
+            Expiry::after_ttl(0, NOW).unwrap_err().code,
+            "invalid_expiry"
+        );
+        assert_eq!(
+            Expiry::after_ttl(u64::MAX, NOW).unwrap_err().code,
+            "invalid_expiry"
+        );
     }
 
     #[test]

@@ -153,7 +153,10 @@ mod tests {
             assert!(ok.parse::<ListName>().is_ok(), "{ok} should be a list name");
         }
         for bad in ["", "Black", "a b", "a:b", "a\nb", &"a".repeat(33)] {
-            assert!(bad.parse::<ListName>().is_err(), "{bad:?} should be rejected");
+            assert!(
+                bad.parse::<ListName>().is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 
@@ -163,7 +166,10 @@ mod tests {
             assert!(ok.parse::<Sandbox>().is_ok(), "{ok} should be a sandbox");
         }
         for bad in ["", "a.b", "a/b", "é", &"a".repeat(65)] {
-            assert!(bad.parse::<Sandbox>().is_err(), "{bad:?} should be rejected");
+            assert!(
+                bad.parse::<Sandbox>().is_err(),
+                "{bad:?} should be rejected"
+            );
         }
         assert_eq!(Sandbox::parse_or_default(None).unwrap().as_str(), "default");
     }

@@ -30,7 +30,9 @@ pub enum Value {
 }
 
 /// IPv4 or IPv6.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum IpFamily {
     V4,
     V6,
@@ -168,7 +170,8 @@ impl Value {
 }
 
 fn phone(raw: &str) -> Result<String, &'static str> {
-    const WHY: &str = "expected 5-20 digits, optionally with a leading +, after removing spaces, -, ( and )";
+    const WHY: &str =
+        "expected 5-20 digits, optionally with a leading +, after removing spaces, -, ( and )";
     let mut out = String::with_capacity(raw.len());
     for (i, c) in raw.chars().enumerate() {
         match c {
@@ -187,7 +190,11 @@ fn phone(raw: &str) -> Result<String, &'static str> {
 
 fn id_card(raw: &str) -> Result<String, &'static str> {
     let up = raw.to_ascii_uppercase();
-    if (4..=32).contains(&up.len()) && up.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()) {
+    if (4..=32).contains(&up.len())
+        && up
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
+    {
         Ok(up)
     } else {
         Err("expected 4-32 characters of 0-9 and A-Z")
@@ -204,8 +211,7 @@ fn imei(raw: &str) -> Result<String, &'static str> {
 }
 
 fn wifi_mac(raw: &str) -> Result<String, &'static str> {
-    const WHY: &str =
-        "expected 12 hex digits as aa:bb:cc:dd:ee:ff, aa-bb-cc-dd-ee-ff, aabb.ccdd.eeff or aabbccddeeff";
+    const WHY: &str = "expected 12 hex digits as aa:bb:cc:dd:ee:ff, aa-bb-cc-dd-ee-ff, aabb.ccdd.eeff or aabbccddeeff";
     let groups: Vec<&str> = if raw.contains(':') {
         raw.split(':').collect()
     } else if raw.contains('-') {
@@ -243,7 +249,9 @@ fn wifi_mac(raw: &str) -> Result<String, &'static str> {
 
 fn ip(raw: &str, allow_range: bool) -> Result<IpValue, &'static str> {
     let (addr_text, prefix_text) = match raw.split_once('/') {
-        Some(_) if !allow_range => return Err("expected a single address; ranges are allowed only in entries"),
+        Some(_) if !allow_range => {
+            return Err("expected a single address; ranges are allowed only in entries");
+        }
         Some((a, p)) => (a, Some(p)),
         None => (raw, None),
     };

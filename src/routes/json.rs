@@ -38,7 +38,8 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             }
             let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
             while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| ApiError::InvalidJson(format!("reading body: {e}")))?;
+                let chunk =
+                    chunk.map_err(|e| ApiError::InvalidJson(format!("reading body: {e}")))?;
                 if body.len() + chunk.len() > limit {
                     return Err(ApiError::PayloadTooLarge { limit });
                 }
@@ -52,7 +53,9 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
 /// Decodes a JSON document, naming the path of a value of the wrong shape.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::InvalidJson("request body is empty; expected a JSON object".into()));
+        return Err(ApiError::InvalidJson(
+            "request body is empty; expected a JSON object".into(),
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -106,7 +109,9 @@ mod tests {
         assert_eq!(e.code(), "invalid_body");
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
         assert_eq!(
-            decode::<serde_json::Value>(deep.as_bytes()).unwrap_err().code(),
+            decode::<serde_json::Value>(deep.as_bytes())
+                .unwrap_err()
+                .code(),
             "invalid_json",
             "nesting beyond serde_json's recursion limit is refused"
         );

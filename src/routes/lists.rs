@@ -69,9 +69,12 @@ fn entry_ref(
     value: &str,
     sandbox: Option<String>,
 ) -> Result<EntryRef, ValidationError> {
-    let dimension = Dimension::try_from(dimension).map_err(|e| e.at(format!("entries[{i}].dimension")))?;
-    let value = Value::parse_entry(&dimension, value).map_err(|e| e.at(format!("entries[{i}].value")))?;
-    let sandbox = Sandbox::parse_or_default(sandbox).map_err(|e| e.at(format!("entries[{i}].sandbox")))?;
+    let dimension =
+        Dimension::try_from(dimension).map_err(|e| e.at(format!("entries[{i}].dimension")))?;
+    let value =
+        Value::parse_entry(&dimension, value).map_err(|e| e.at(format!("entries[{i}].value")))?;
+    let sandbox =
+        Sandbox::parse_or_default(sandbox).map_err(|e| e.at(format!("entries[{i}].sandbox")))?;
     Ok(EntryRef {
         dimension,
         value,
@@ -89,7 +92,9 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
             )
             .at(format!("entries[{i}]")));
         }
-        (Some(at), None) => Expiry::at_ms(at, now).map_err(|e| e.at(format!("entries[{i}].expires_at")))?,
+        (Some(at), None) => {
+            Expiry::at_ms(at, now).map_err(|e| e.at(format!("entries[{i}].expires_at")))?
+        }
         (None, Some(ttl)) => {
             Expiry::after_ttl(ttl, now).map_err(|e| e.at(format!("entries[{i}].ttl_seconds")))?
         }
@@ -161,7 +166,8 @@ pub async fn lookup(
     let list = list_name(list)?;
     let dimension = Dimension::try_from(dimension).map_err(|e| e.at("path"))?;
     let value = Value::parse_entry(&dimension, &value).map_err(|e| e.at("path"))?;
-    let sandbox = Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
+    let sandbox =
+        Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
     let found = lists
         .lookup(
             &list,

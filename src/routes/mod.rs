@@ -49,7 +49,10 @@ async fn method_not_allowed() -> Result<HttpResponse, ApiError> {
 }
 
 /// Query-string and path extraction errors, as JSON 400s.
-pub fn query_error(err: actix_web::error::QueryPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {
+pub fn query_error(
+    err: actix_web::error::QueryPayloadError,
+    _: &actix_web::HttpRequest,
+) -> actix_web::Error {
     ApiError::InvalidBody(format!("query string: {err}")).into()
 }
 

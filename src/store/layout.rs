@@ -177,7 +177,12 @@ impl Layout {
 }
 
 /// The canonical bytes of an entry (see the module docs).
-pub fn canonical(list: &ListName, dimension: &Dimension, sandbox: &Sandbox, value: &Value) -> Vec<u8> {
+pub fn canonical(
+    list: &ListName,
+    dimension: &Dimension,
+    sandbox: &Sandbox,
+    value: &Value,
+) -> Vec<u8> {
     let value = value.to_string();
     let mut out = Vec::with_capacity(
         list.as_str().len() + dimension.as_str().len() + sandbox.as_str().len() + value.len() + 3,
@@ -274,7 +279,12 @@ mod tests {
     fn key(layout: &Layout, list: &str, dim: &str, sandbox: &str, value: &str) -> EntryKey {
         let dim: Dimension = dim.parse().unwrap();
         let value = Value::parse_entry(&dim, value).unwrap();
-        layout.entry_key(&list.parse().unwrap(), &dim, &sandbox.parse().unwrap(), &value)
+        layout.entry_key(
+            &list.parse().unwrap(),
+            &dim,
+            &sandbox.parse().unwrap(),
+            &value,
+        )
     }
 
     #[test]
@@ -314,8 +324,14 @@ mod tests {
     #[test]
     fn registry_members() {
         for p in [
-            PrefixLen { family: IpFamily::V4, len: 24 },
-            PrefixLen { family: IpFamily::V6, len: 0 },
+            PrefixLen {
+                family: IpFamily::V4,
+                len: 24,
+            },
+            PrefixLen {
+                family: IpFamily::V6,
+                len: 0,
+            },
         ] {
             assert_eq!(PrefixLen::parse_member(&p.member()), Some(p));
         }
@@ -325,7 +341,10 @@ mod tests {
 
     #[test]
     fn invalidation_round_trip() {
-        let m = Invalidation::Keys(vec![EntryKey { bucket: 7, field: -3 }]);
+        let m = Invalidation::Keys(vec![EntryKey {
+            bucket: 7,
+            field: -3,
+        }]);
         assert_eq!(Invalidation::decode(&m.encode()), Some(m));
         assert_eq!(Invalidation::decode(b"\x09junk"), None);
     }

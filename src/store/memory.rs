@@ -239,7 +239,11 @@ impl Store for MemoryStore {
             let mut st = self.lock();
             let removed = keys
                 .iter()
-                .map(|k| st.entries.remove(k).is_some_and(|c| code_is_live(c, now_ms)))
+                .map(|k| {
+                    st.entries
+                        .remove(k)
+                        .is_some_and(|c| code_is_live(c, now_ms))
+                })
                 .collect();
             self.append_audit(&mut st, audit);
             removed
@@ -262,9 +266,10 @@ impl Store for MemoryStore {
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
         let rx = self.invalidations.subscribe();
         // A lagging receiver has missed messages: end the stream so the cache is dropped.
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.ok().map(|m| (m, rx))
-        })
+        Ok(futures::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.ok().map(|m| (m, rx)) },
+        )
         .boxed())
     }
 

@@ -130,7 +130,10 @@ impl RedisStore {
             .await
             .map_err(unavailable)?;
 
-        let wanted = Layout::buckets_for(opts.expected_entries.unwrap_or(opts.default_expected_entries));
+        let wanted = Layout::buckets_for(
+            opts.expected_entries
+                .unwrap_or(opts.default_expected_entries),
+        );
         let layout = Layout::new(opts.prefix.clone(), wanted);
         let (format, buckets, created): (Option<String>, Option<String>, i64) =
             Script::new(OPEN_KEYSPACE)
@@ -283,7 +286,10 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await.map_err(unavailable)?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
         Ok(())
     }
 
@@ -312,8 +318,10 @@ impl Store for RedisStore {
         Ok(raw
             .into_iter()
             .map(|members| {
-                let mut v: Vec<PrefixLen> =
-                    members.iter().filter_map(|m| PrefixLen::parse_member(m)).collect();
+                let mut v: Vec<PrefixLen> = members
+                    .iter()
+                    .filter_map(|m| PrefixLen::parse_member(m))
+                    .collect();
                 v.sort();
                 v
             })
@@ -325,15 +333,20 @@ impl Store for RedisStore {
         pipe.atomic();
         let mut scopes = Vec::new();
         for ((list, sandbox), len) in &batch.prefixes {
-            pipe.sadd(self.layout.registry_key(list, sandbox), len.member()).ignore();
+            pipe.sadd(self.layout.registry_key(list, sandbox), len.member())
+                .ignore();
             scopes.push((list.to_string(), sandbox.to_string()));
         }
         let mut by_bucket: BTreeMap<u32, Vec<(i64, u32)>> = BTreeMap::new();
         for (k, code) in &batch.entries {
-            by_bucket.entry(k.bucket).or_default().push((k.field, *code));
+            by_bucket
+                .entry(k.bucket)
+                .or_default()
+                .push((k.field, *code));
         }
         for (bucket, pairs) in &by_bucket {
-            pipe.hset_multiple(self.layout.bucket_key(*bucket), pairs).ignore();
+            pipe.hset_multiple(self.layout.bucket_key(*bucket), pairs)
+                .ignore();
         }
         for record in &batch.audit {
             self.xadd(&mut pipe, record);

@@ -56,7 +56,10 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("could not start redis-server ({}); is it installed?", redis_server_bin().display());
+        panic!(
+            "could not start redis-server ({}); is it installed?",
+            redis_server_bin().display()
+        );
     }
 
     fn spawn(&mut self) -> bool {
@@ -228,7 +231,9 @@ impl TestApp {
 /// Builds and runs the app; returns once it listens and its cache invalidation
 /// subscription is up (so tests about invalidation start from a known state).
 pub async fn spawn_app(settings: Settings) -> TestApp {
-    let app = Application::build(settings).await.expect("application starts");
+    let app = Application::build(settings)
+        .await
+        .expect("application starts");
     let port = app.port();
     let lists = app.lists();
     let handle = app.handle();
