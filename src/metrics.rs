@@ -10,6 +10,9 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// The store operations latency and errors are recorded under.
+pub const STORE_OPS: &[&str] = &["check", "get", "write", "remove"];
+
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
@@ -100,6 +103,11 @@ impl Metrics {
             registry,
         };
         m.register_all();
+        // Export a zero for every store operation from the start, so a dashboard's rate()
+        // has a series before the first error.
+        for op in STORE_OPS {
+            m.store_errors.with_label_values(&[op]);
+        }
         m
     }
 

@@ -1,0 +1,661 @@
+//! The HTTP contract of API.md on the real application (port 0) and a real `redis-server`:
+//! every endpoint, every error code, and the store left unchanged by every bad request.
+
+mod common;
+
+use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use serde_json::{Value, json};
+
+async fn app_on(redis: &RedisServer) -> TestApp {
+    let mut settings = redis_settings(redis);
+    settings.max_body_bytes = 1024 * 1024;
+    spawn_app(settings).await
+}
+
+/// Asserts the exact error shape of API.md and returns the message.
+async fn expect_error(res: reqwest::Response, status: u16, code: &str) -> String {
+    assert_eq!(res.status().as_u16(), status, "status for {code}");
+    let retry_after = res.headers().get("retry-after").cloned();
+    let body: Value = res.json().await.expect("error body is JSON");
+    let obj = body.as_object().expect("error body is an object");
+    assert_eq!(obj.len(), 1, "only `error` in {body}");
+    let err = obj["error"].as_object().expect("`error` is an object");
+    assert_eq!(err.len(), 2, "only code and message in {body}");
+    assert_eq!(err["code"], code, "code in {body}");
+    if status == 503 {
+        assert_eq!(retry_after.as_ref().map(|v| v.to_str().unwrap()), Some("1"));
+    }
+    err["message"]
+        .as_str()
+        .expect("message is a string")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_round_trips() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    let future = namelist::domain::now_ms() + 86_400_000;
+
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [
+                {"dimension": "phone", "value": "+86 138-0000-0000", "sandbox": "loan",
+                 "ttl_seconds": 86400, "reason": "chargeback 2026-11"},
+                {"dimension": "ip", "value": "10.1.2.0/24", "expires_at": future, "sandbox": "loan"},
+                {"dimension": "device", "value": "d000001"}
+            ]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"written": 3}));
+
+    // Lookups: exact entries, the range by its own value (encoded or raw slash).
+    let body: Value = app
+        .get("/v1/lists/black/entries/device/d000001")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body, json!({"listed": true, "expires_at": null}));
+    for path in [
+        "/v1/lists/black/entries/ip/10.1.2.0%2F24?sandbox=loan",
+        "/v1/lists/black/entries/ip/10.1.2.0/24?sandbox=loan",
+    ] {
+        let body: Value = app.get(path).await.json().await.unwrap();
+        let at = future.div_euclid(1000) * 1000 + if future % 1000 == 0 { 0 } else { 1000 };
+        assert_eq!(body, json!({"listed": true, "expires_at": at}), "{path}");
+    }
+    let body: Value = app
+        .get("/v1/lists/black/entries/phone/%2B8613800000000?sandbox=loan")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["listed"], true);
+    let body: Value = app
+        .get("/v1/lists/black/entries/phone/%2B8613800000000")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body, json!({"listed": false}), "another sandbox");
+
+    // The risk engine's check.
+    let body = app
+        .check(&json!({"sandbox": "loan", "lists": ["black", "grey"],
+            "subjects": {"uid": "u1", "phone": "+8613800000000", "device": "d1",
+                         "imei": "490154203237518", "ip": ["10.1.2.3", "2001:db8::1"],
+                         "wifi_mac": "AA-BB-CC-DD-EE-FF"}}))
+        .await;
+    assert_eq!(
+        body.as_object().unwrap().len(),
+        2,
+        "hits and degraded only: {body}"
+    );
+    assert_eq!(body["degraded"], false);
+    let mut hits = body["hits"].as_array().unwrap().clone();
+    hits.sort_by_key(|h| h["dimension"].as_str().unwrap().to_owned());
+    assert_eq!(hits.len(), 2, "{body}");
+    assert_eq!(
+        hits[0],
+        json!({"list": "black", "dimension": "ip", "value": "10.1.2.0/24",
+               "expires_at": hits[0]["expires_at"]})
+    );
+    assert!(hits[0]["expires_at"].as_i64().unwrap() >= future);
+    assert_eq!(hits[1]["dimension"], "phone");
+    assert_eq!(hits[1]["value"], "+8613800000000");
+
+    // Delete: only present, live entries count.
+    let res = app
+        .delete(
+            "/v1/lists/black/entries",
+            &json!({"entries": [
+                {"dimension": "device", "value": "d000001"},
+                {"dimension": "device", "value": "never-there"}
+            ]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
+    let body: Value = app
+        .get("/v1/lists/black/entries/device/d000001")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body, json!({"listed": false}));
+
+    // Operations.
+    let res = app.get("/healthz").await;
+    assert_eq!(res.status(), 200);
+    let res = app.get("/readyz").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["store"], "redis");
+    let res = app.get("/metrics").await;
+    assert_eq!(res.status(), 200);
+    let text = res.text().await.unwrap();
+    for needle in [
+        "namelist_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/check\",status=\"200\"",
+        "namelist_cache_misses_total",
+        "namelist_cache_hits_total",
+        "namelist_store_call_duration_seconds",
+        "namelist_store_errors_total",
+        "namelist_entries_written_total 3",
+        "namelist_entries_removed_total 1",
+    ] {
+        assert!(text.contains(needle), "/metrics lacks {needle}");
+    }
+    assert!(!text.contains("13800000000"), "no identifier in metrics");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_entries_in_one_request() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    let entries: Vec<Value> = (0..10_000)
+        .map(|i| json!({"dimension": "uid", "value": format!("user-{i}"), "ttl_seconds": 3600}))
+        .collect();
+    let res = app
+        .post("/v1/lists/black/entries", &json!({ "entries": entries }))
+        .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.json::<Value>().await.unwrap(),
+        json!({"written": 10_000})
+    );
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"uid": ["user-0", "user-9999", "user-10000"]}}))
+        .await;
+    let values: Vec<&str> = body["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(values, vec!["user-0", "user-9999"]);
+}
+
+/// A bad request: what is sent and what must come back.
+struct Bad {
+    method: &'static str,
+    path: &'static str,
+    body: Vec<u8>,
+    status: u16,
+    code: &'static str,
+    /// Pieces the message must contain (where the problem is).
+    says: &'static [&'static str],
+}
+
+fn bad(
+    method: &'static str,
+    path: &'static str,
+    body: Value,
+    status: u16,
+    code: &'static str,
+    says: &'static [&'static str],
+) -> Bad {
+    Bad {
+        method,
+        path,
+        body: serde_json::to_vec(&body).unwrap(),
+        status,
+        code,
+        says,
+    }
+}
+
+fn raw(
+    method: &'static str,
+    path: &'static str,
+    body: &[u8],
+    status: u16,
+    code: &'static str,
+) -> Bad {
+    Bad {
+        method,
+        path,
+        body: body.to_vec(),
+        status,
+        code,
+        says: &[],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_request_is_a_4xx_and_changes_nothing() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    let past = namelist::domain::now_ms() - 1000;
+    let post = "/v1/lists/black/entries";
+    let ok_entry = json!({"dimension": "uid", "value": "fine"});
+    let too_many: Vec<Value> = (0..10_001)
+        .map(|i| json!({"dimension": "uid", "value": format!("u{i}")}))
+        .collect();
+    let over_limit = {
+        let big: Vec<Value> = (0..9_000)
+            .map(|i| json!({"dimension": "uid", "value": format!("{i:0>120}")}))
+            .collect();
+        json!({ "entries": big })
+    };
+    let values: Vec<String> = (0..65).map(|i| format!("d{i}")).collect();
+
+    let cases = vec![
+        raw("POST", post, b"{\"entries\": [", 400, "invalid_json"),
+        raw("POST", post, b"", 400, "invalid_json"),
+        raw("POST", post, b"\xff\xfe{}", 400, "invalid_json"),
+        raw(
+            "POST",
+            post,
+            b"{\"entries\": []} trailing",
+            400,
+            "invalid_json",
+        ),
+        raw("POST", post, &[b'['; 5000], 400, "invalid_body"),
+        raw("POST", post, b"[]", 400, "invalid_body"),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [ok_entry, {"dimension": "uid", "value": "x", "ttl": 5}]}),
+            400,
+            "invalid_body",
+            &["entries[1]", "ttl"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [ok_entry, {"dimension": "uid", "value": 5}]}),
+            400,
+            "invalid_body",
+            &["entries[1].value"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [ok_entry, ok_entry, {"dimension": "Phone!", "value": "1"}]}),
+            400,
+            "unknown_dimension",
+            &["entries[2].dimension", "Phone!"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [ok_entry, ok_entry, ok_entry, {"dimension": "phone", "value": "12ab"}]}),
+            400,
+            "invalid_value",
+            &["entries[3].value", "phone"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "imei", "value": "123"}]}),
+            400,
+            "invalid_value",
+            &["entries[0].value", "imei"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "ip", "value": "10.0.0.0/33"}]}),
+            400,
+            "invalid_value",
+            &["entries[0].value", "ip"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "   "}]}),
+            400,
+            "invalid_value",
+            &["entries[0].value"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x".repeat(257)}]}),
+            400,
+            "invalid_value",
+            &["entries[0].value"],
+        ),
+        bad(
+            "POST",
+            "/v1/lists/Black/entries",
+            json!({"entries": [ok_entry]}),
+            400,
+            "invalid_list",
+            &["Black"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "sandbox": "a b"}]}),
+            400,
+            "invalid_sandbox",
+            &["entries[0].sandbox"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "ttl_seconds": 5, "expires_at": past + 10_000_000}]}),
+            400,
+            "invalid_expiry",
+            &["entries[0]"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "expires_at": past}]}),
+            400,
+            "expiry_in_past",
+            &["entries[0].expires_at"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "ttl_seconds": 0}]}),
+            400,
+            "invalid_expiry",
+            &["entries[0].ttl_seconds"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "ttl_seconds": -5}]}),
+            400,
+            "invalid_body",
+            &["entries[0].ttl_seconds"],
+        ),
+        raw(
+            "POST",
+            post,
+            b"{\"entries\": [{\"dimension\": \"uid\", \"value\": \"x\", \"ttl_seconds\": 1e400}]}",
+            400,
+            "invalid_json",
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "ttl_seconds": 99_999_999_999u64}]}),
+            400,
+            "invalid_expiry",
+            &["entries[0].ttl_seconds"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({"entries": [{"dimension": "uid", "value": "x", "reason": "r".repeat(257)}]}),
+            400,
+            "invalid_reason",
+            &["entries[0].reason"],
+        ),
+        bad(
+            "POST",
+            post,
+            json!({ "entries": too_many }),
+            400,
+            "too_many_entries",
+            &["10001"],
+        ),
+        bad("POST", post, over_limit, 413, "payload_too_large", &[]),
+        bad(
+            "DELETE",
+            post,
+            json!({"entries": [ok_entry, {"dimension": "wifi_mac", "value": "zz"}]}),
+            400,
+            "invalid_value",
+            &["entries[1].value", "wifi_mac"],
+        ),
+        bad(
+            "DELETE",
+            post,
+            json!({"entries": [{"dimension": "uid"}]}),
+            400,
+            "invalid_body",
+            &["value"],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"lists": ["black"], "subjects": {"ip": "10.0.0.0/8"}}),
+            400,
+            "invalid_value",
+            &["subjects.ip[0]", "ranges"],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"lists": ["black"], "subjects": {"Phone": "1"}}),
+            400,
+            "unknown_dimension",
+            &["subjects.Phone"],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"lists": ["black"], "subjects": {"device": values}}),
+            400,
+            "too_many_values",
+            &["65"],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"lists": [], "subjects": {}}),
+            400,
+            "invalid_lists",
+            &[],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"subjects": {}}),
+            400,
+            "invalid_body",
+            &["lists"],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"lists": ["black"], "subjects": {"uid": 7}}),
+            400,
+            "invalid_body",
+            &["subjects"],
+        ),
+        bad(
+            "POST",
+            "/v1/check",
+            json!({"lists": ["black"], "sandbox": "", "subjects": {}}),
+            400,
+            "invalid_sandbox",
+            &["sandbox"],
+        ),
+        bad(
+            "GET",
+            "/v1/lists/black/entries/Phone/1",
+            json!(null),
+            400,
+            "unknown_dimension",
+            &[],
+        ),
+        bad(
+            "GET",
+            "/v1/lists/black/entries/phone/abc",
+            json!(null),
+            400,
+            "invalid_value",
+            &["phone"],
+        ),
+        bad(
+            "GET",
+            "/v1/lists/black/entries/uid/u1?sandbox=a%20b",
+            json!(null),
+            400,
+            "invalid_sandbox",
+            &[],
+        ),
+        bad(
+            "GET",
+            "/v1/lists/black/entries/uid/u1?sandbx=x",
+            json!(null),
+            400,
+            "invalid_body",
+            &["query"],
+        ),
+        bad(
+            "GET",
+            "/v1/nothing-here",
+            json!(null),
+            404,
+            "not_found",
+            &[],
+        ),
+        bad(
+            "GET",
+            "/v1/check",
+            json!(null),
+            405,
+            "method_not_allowed",
+            &[],
+        ),
+        bad(
+            "PUT",
+            post,
+            json!({"entries": []}),
+            405,
+            "method_not_allowed",
+            &[],
+        ),
+    ];
+
+    let before = redis.digest();
+    for case in cases {
+        let url = app.url(case.path);
+        let req = match case.method {
+            "GET" => app.client.get(url),
+            "POST" => app.client.post(url),
+            "DELETE" => app.client.delete(url),
+            "PUT" => app.client.put(url),
+            m => panic!("method {m}"),
+        };
+        let req = if case.method == "GET" {
+            req
+        } else {
+            req.header("content-type", "application/json")
+                .body(case.body.clone())
+        };
+        let res = req.send().await.expect("request");
+        let message = expect_error(res, case.status, case.code).await;
+        for piece in case.says {
+            assert!(
+                message.contains(piece),
+                "{} {}: message {message:?} should name {piece:?}",
+                case.method,
+                case.path
+            );
+        }
+        assert_eq!(
+            redis.digest(),
+            before,
+            "{} {} ({}) changed the store",
+            case.method,
+            case.path,
+            case.code
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_are_normalised_before_matching() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    let res = app
+        .post(
+            "/v1/lists/grey/entries",
+            &json!({"entries": [
+                {"dimension": "wifi_mac", "value": "aabb.ccdd.eeff"},
+                {"dimension": "id_card", "value": " 11010519491231002x "},
+                {"dimension": "imei", "value": "49-015420-323751-8"},
+                {"dimension": "ip", "value": "::ffff:192.0.2.1"},
+                {"dimension": "merchant", "value": " 商户-42 "}
+            ]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let body = app
+        .check(&json!({"lists": ["grey"], "subjects": {
+            "wifi_mac": "AA:BB:CC:DD:EE:FF", "id_card": "11010519491231002X",
+            "imei": "490154203237518", "ip": "192.0.2.1", "merchant": "商户-42"}}))
+        .await;
+    let mut got: Vec<(String, String)> = body["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["dimension"].as_str().unwrap().into(),
+                h["value"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("id_card".into(), "11010519491231002X".into()),
+            ("imei".into(), "490154203237518".into()),
+            ("ip".into(), "192.0.2.1".into()),
+            ("merchant".into(), "商户-42".into()),
+            ("wifi_mac".into(), "aa:bb:cc:dd:ee:ff".into()),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_are_listpacks_with_integer_fields() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    let entries: Vec<Value> = (0..2_000)
+        .map(|i| json!({"dimension": "device", "value": format!("dev-{i}"), "ttl_seconds": 86_400 * 30}))
+        .collect();
+    let res = app
+        .post("/v1/lists/black/entries", &json!({ "entries": entries }))
+        .await;
+    assert_eq!(res.status(), 200);
+    let mut conn = redis.conn();
+    let prefix = app.lists.store().layout().prefix().to_owned();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}b:*"))
+        .query(&mut conn)
+        .unwrap();
+    assert!(!keys.is_empty());
+    let mut fields = 0;
+    for key in &keys {
+        let enc: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(enc, "listpack", "{key}");
+        let all: Vec<(String, String)> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+        for (f, v) in all {
+            assert!(
+                f.parse::<i64>().is_ok(),
+                "field {f} is a signed decimal i64"
+            );
+            let code: u32 = v.parse().expect("value is an integer");
+            assert!(
+                code > 0 && code < (1 << 31),
+                "expiry in seconds since 2020: {code}"
+            );
+            fields += 1;
+        }
+    }
+    assert_eq!(fields, 2_000);
+    let meta: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("{prefix}meta"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(meta["format"], "1");
+    assert_eq!(meta["buckets"], "2500");
+}
