@@ -1,0 +1,123 @@
+//! Two application instances on one Redis: a write on one is seen by the other through
+//! pub/sub invalidation, long before the cache TTL would let it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use serde_json::{Value, json};
+
+async fn listed(app: &TestApp, device: &str) -> bool {
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"device": device}}))
+        .await;
+    !body["hits"].as_array().unwrap().is_empty()
+}
+
+/// Polls `app` every 2 ms until `device` is (or is not) listed; the time it took.
+async fn until(app: &TestApp, device: &str, want: bool, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if listed(app, device).await == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "instance B still answers listed={} after {:?}",
+            !want,
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn cache_hits(app: &TestApp) -> u64 {
+    let text = app.get("/metrics").await.text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("namelist_cache_hits_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_is_seen_on_b_within_100ms() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    // A TTL far beyond the test: only an invalidation can explain B changing its answer.
+    settings.cache_ttl_ms = 600_000;
+    let a = spawn_app(settings.clone()).await;
+    let b = spawn_app(settings).await;
+
+    assert!(!listed(&b, "d-inv").await);
+    let hits_before = cache_hits(&b).await;
+    assert!(!listed(&b, "d-inv").await);
+    assert!(
+        cache_hits(&b).await > hits_before,
+        "B answers the miss from its cache"
+    );
+
+    let res = a
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-inv"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let seen = until(&b, "d-inv", true, Duration::from_millis(100)).await;
+    eprintln!("upsert on A seen on B after {seen:?}");
+
+    assert!(listed(&b, "d-inv").await, "B caches the hit");
+    let res = a
+        .delete(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-inv"}]}),
+        )
+        .await;
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
+    let seen = until(&b, "d-inv", false, Duration::from_millis(100)).await;
+    eprintln!("delete on A seen on B after {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_subscription_is_restored_and_loses_nothing() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.cache_ttl_ms = 600_000;
+    let a = spawn_app(settings.clone()).await;
+    let b = spawn_app(settings).await;
+    assert!(!listed(&b, "d-gap").await, "the miss is cached on B");
+
+    // Cut every subscriber off, then write at once: B may miss the message, but it must
+    // not keep answering from what it cached before the gap.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(killed, 2, "both instances had a subscription");
+    let res = a
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-gap"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let seen = until(&b, "d-gap", true, Duration::from_millis(1500)).await;
+    eprintln!("write during the gap seen on B after {seen:?}");
+
+    // The subscription is back: invalidations flow again.
+    let started = Instant::now();
+    while !b.lists.cache().is_trusted() {
+        assert!(started.elapsed() < Duration::from_secs(3), "B resubscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!listed(&b, "d-after").await);
+    a.post(
+        "/v1/lists/black/entries",
+        &json!({"entries": [{"dimension": "device", "value": "d-after"}]}),
+    )
+    .await;
+    until(&b, "d-after", true, Duration::from_millis(100)).await;
+}
