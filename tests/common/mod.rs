@@ -231,6 +231,9 @@ impl TestApp {
 /// Builds and runs the app; returns once it listens and its cache invalidation
 /// subscription is up (so tests about invalidation start from a known state).
 pub async fn spawn_app(settings: Settings) -> TestApp {
+    if std::env::var_os("NAMELIST_TEST_LOG").is_some() {
+        namelist::telemetry::init(LogFormat::Text);
+    }
     let app = Application::build(settings)
         .await
         .expect("application starts");

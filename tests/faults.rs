@@ -1,0 +1,290 @@
+//! Sabotage: Redis killed (SIGKILL) or paused (`DEBUG SLEEP`) under a stream of checks.
+//! Every answer must come within the check deadline (plus the HTTP round trip), fail-open
+//! as `degraded: true` with the cached hits, fail-closed as 503 + `Retry-After`; writes are
+//! refused, never falsely acknowledged; and the service recovers when Redis is back,
+//! without a restart of its own.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use namelist::lists::FailMode;
+use serde_json::{Value, json};
+
+const DEADLINE_MS: u64 = 20;
+/// Allowance for the HTTP round trip and scheduling on a busy 2-core CI machine.
+const SLACK_MS: u64 = 60;
+
+#[derive(Debug, Clone)]
+struct Answer {
+    at: Instant,
+    took: Duration,
+    status: u16,
+    degraded: Option<bool>,
+    listed_hit: bool,
+    retry_after: bool,
+}
+
+/// Sends checks back to back until `stop`, recording every answer.
+async fn stream_checks(app: Arc<TestApp>, stop: Arc<AtomicBool>) -> Vec<Answer> {
+    let mut out = Vec::new();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        // One cached hit, one cached miss, one value never seen (needs the store).
+        let body = json!({"lists": ["black"], "subjects": {"device": ["d-hit", "d-miss", format!("fresh-{i}")]}});
+        let started = Instant::now();
+        let res = app.post("/v1/check", &body).await;
+        let took = started.elapsed();
+        let status = res.status().as_u16();
+        let retry_after = res.headers().contains_key("retry-after");
+        let body: Value = res.json().await.unwrap_or(Value::Null);
+        out.push(Answer {
+            at: started,
+            took,
+            status,
+            degraded: body["degraded"].as_bool(),
+            listed_hit: body["hits"]
+                .as_array()
+                .is_some_and(|h| h.iter().any(|h| h["value"] == "d-hit")),
+            retry_after,
+        });
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    out
+}
+
+async fn setup(mode: FailMode) -> (RedisServer, Arc<TestApp>) {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.fail_mode = mode;
+    settings.check_deadline_ms = DEADLINE_MS;
+    settings.write_deadline_ms = 300;
+    settings.connect_timeout_ms = 200;
+    let app = Arc::new(spawn_app(settings).await);
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-hit"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    // Warm the cache: the hit and the miss are now known locally.
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"device": ["d-hit", "d-miss"]}}))
+        .await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1);
+    (redis, app)
+}
+
+async fn write_status(app: &TestApp, value: &str) -> (u16, Duration) {
+    let started = Instant::now();
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": value}]}),
+        )
+        .await;
+    (res.status().as_u16(), started.elapsed())
+}
+
+async fn outage(mode: FailMode) {
+    let (mut redis, app) = setup(mode).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checks = tokio::spawn(stream_checks(app.clone(), stop.clone()));
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed_at = Instant::now();
+    // Process management blocks: keep it off the runtime's worker (and the app's tasks).
+    tokio::task::block_in_place(|| redis.kill());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, took) = write_status(&app, "written-while-down").await;
+    assert_eq!(status, 503, "a write while Redis is down is refused");
+    assert!(
+        took < Duration::from_millis(300 + SLACK_MS),
+        "refused within the write deadline: {took:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let restarted_at = Instant::now();
+    tokio::task::block_in_place(|| redis.restart());
+
+    // Recovery: answers are whole again, without restarting the service.
+    let mut recovered_at = None;
+    while restarted_at.elapsed() < Duration::from_secs(10) {
+        let body = app
+            .post(
+                "/v1/check",
+                &json!({"lists": ["black"], "subjects": {"device": "probe"}}),
+            )
+            .await;
+        if body.status() == 200 && body.json::<Value>().await.unwrap()["degraded"] == false {
+            recovered_at = Some(Instant::now());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recovered_at = recovered_at.expect("the service recovers once Redis is back");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers = checks.await.unwrap();
+
+    let (status, _) = write_status(&app, "written-after").await;
+    assert_eq!(status, 200, "writes succeed again");
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"device": "written-after"}}))
+        .await;
+    assert_eq!(
+        body["hits"].as_array().unwrap().len(),
+        1,
+        "and are read back"
+    );
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(
+        !keys.is_empty(),
+        "the write after recovery is in the restarted Redis"
+    );
+
+    let during: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.at > killed_at + Duration::from_millis(50) && a.at < restarted_at)
+        .collect();
+    assert!(
+        during.len() > 20,
+        "the stream kept going during the outage: {}",
+        during.len()
+    );
+    let slowest = answers.iter().map(|a| a.took).max().unwrap();
+    eprintln!(
+        "{mode:?}: {} answers, {} during the outage, slowest {slowest:?}, recovered {:?} after restart",
+        answers.len(),
+        during.len(),
+        recovered_at - restarted_at
+    );
+    for a in answers
+        .iter()
+        .filter(|a| a.took > Duration::from_millis(DEADLINE_MS + SLACK_MS))
+    {
+        eprintln!(
+            "slow: {:?} after kill: {:?} status {}",
+            a.took,
+            a.at.checked_duration_since(killed_at),
+            a.status
+        );
+    }
+    for a in &answers {
+        assert!(
+            a.took < Duration::from_millis(DEADLINE_MS + SLACK_MS),
+            "an answer took {:?} (status {})",
+            a.took,
+            a.status
+        );
+        assert!(a.status == 200 || a.status == 503, "status {}", a.status);
+    }
+    for a in &during {
+        match mode {
+            FailMode::Open => {
+                assert_eq!(a.status, 200);
+                assert_eq!(
+                    a.degraded,
+                    Some(true),
+                    "fail-open answers are flagged degraded"
+                );
+                assert!(a.listed_hit, "the cached hit is still reported");
+            }
+            FailMode::Closed => {
+                assert_eq!(a.status, 503, "fail-closed refuses");
+                assert!(a.retry_after, "503 carries Retry-After");
+            }
+        }
+    }
+    let before: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.at + a.took < killed_at)
+        .collect();
+    assert!(!before.is_empty());
+    assert!(
+        before
+            .iter()
+            .all(|a| a.status == 200 && a.degraded == Some(false))
+    );
+    let after: Vec<&Answer> = answers.iter().filter(|a| a.at > recovered_at).collect();
+    assert!(!after.is_empty());
+    assert!(
+        after
+            .iter()
+            .all(|a| a.status == 200 && a.degraded == Some(false))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_fail_open() {
+    outage(FailMode::Open).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_fail_closed() {
+    outage(FailMode::Closed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_answers_within_the_deadline() {
+    let (redis, app) = setup(FailMode::Open).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checks = tokio::spawn(stream_checks(app.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let paused_at = Instant::now();
+    let url = redis.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.5")
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = write_status(&app, "written-while-paused").await;
+    sleeper.join().unwrap();
+    let resumed_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers = checks.await.unwrap();
+
+    // The pause (500 ms) outlasts the write deadline (300 ms): the write was refused and
+    // must not be claimed; it may still land once Redis wakes up (not acknowledged ≠ not
+    // applied), so the caller retries an idempotent upsert.
+    assert_eq!(
+        status, 503,
+        "a write that missed its deadline is not acknowledged"
+    );
+    let during: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.at > paused_at + Duration::from_millis(20) && a.at + a.took < resumed_at)
+        .collect();
+    assert!(
+        during.len() > 10,
+        "checks kept flowing during the pause: {}",
+        during.len()
+    );
+    for a in &answers {
+        assert!(
+            a.took < Duration::from_millis(DEADLINE_MS + SLACK_MS),
+            "an answer took {:?}",
+            a.took
+        );
+    }
+    for a in &during {
+        assert_eq!(a.degraded, Some(true));
+        assert!(a.listed_hit, "the cached hit is still reported");
+    }
+    let last = answers.last().unwrap();
+    assert_eq!(
+        last.degraded,
+        Some(false),
+        "answers are whole again after the pause"
+    );
+}
