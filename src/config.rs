@@ -226,6 +226,8 @@ impl Settings {
 }
 
 #[cfg(test)]
+// figment's Jail closures return its own (large) error type.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

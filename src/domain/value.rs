@@ -173,10 +173,10 @@ fn phone(raw: &str) -> Result<String, &'static str> {
     const WHY: &str =
         "expected 5-20 digits, optionally with a leading +, after removing spaces, -, ( and )";
     let mut out = String::with_capacity(raw.len());
-    for (i, c) in raw.chars().enumerate() {
+    for c in raw.chars() {
         match c {
             ' ' | '-' | '(' | ')' => {}
-            '+' if i == 0 => out.push('+'),
+            '+' if out.is_empty() => out.push('+'),
             '0'..='9' => out.push(c),
             _ => return Err(WHY),
         }
@@ -310,6 +310,9 @@ mod tests {
         let cases: &[(Dimension, &str, Option<&str>)] = &[
             (Phone, "+86 138-0000-0000", Some("+8613800000000")),
             (Phone, " (010) 1234-5678 ", Some("01012345678")),
+            (Phone, "(+86) 138-0000-0000", Some("+8613800000000")),
+            (Phone, "1+2345678", None),
+            (Phone, "++12345678", None),
             (Phone, "1234", None),
             (Phone, "12+345678", None),
             (Phone, "123456789012345678901", None),
