@@ -348,3 +348,186 @@ impl RegistryCache {
         self.entries.invalidate_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{
+        AuditRecord, Invalidation, InvalidationStream, Layout, StoreResult, WriteBatch,
+    };
+
+    /// A real (embedded) store whose reads are slow and counted.
+    struct SlowStore {
+        inner: MemoryStore,
+        reads: AtomicUsize,
+        delay: Duration,
+    }
+
+    #[async_trait]
+    impl Store for SlowStore {
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+        fn layout(&self) -> &Layout {
+            self.inner.layout()
+        }
+        async fn ping(&self) -> StoreResult<()> {
+            self.inner.ping().await
+        }
+        async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            self.inner.get_many(keys).await
+        }
+        async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
+            self.inner.prefix_lengths(scopes).await
+        }
+        async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
+            self.inner.write(batch).await
+        }
+        async fn remove(
+            &self,
+            keys: &[EntryKey],
+            now_ms: i64,
+            audit: Vec<AuditRecord>,
+        ) -> StoreResult<Vec<bool>> {
+            self.inner.remove(keys, now_ms, audit).await
+        }
+        async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
+            self.inner.remove_if_unchanged(key, code).await
+        }
+        async fn subscribe(&self) -> StoreResult<InvalidationStream> {
+            self.inner.subscribe().await
+        }
+        async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
+            self.inner.publish(message).await
+        }
+        async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
+            self.inner.audit_tail(count).await
+        }
+    }
+
+    fn slow(delay_ms: u64) -> Arc<SlowStore> {
+        Arc::new(SlowStore {
+            inner: MemoryStore::open(Layout::new("c:", 8), 10, None).unwrap(),
+            reads: AtomicUsize::new(0),
+            delay: Duration::from_millis(delay_ms),
+        })
+    }
+
+    fn key(n: i64) -> EntryKey {
+        EntryKey {
+            bucket: 1,
+            field: n,
+        }
+    }
+
+    fn deadline() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(2)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_for_one_key_are_coalesced() {
+        let slow = slow(50);
+        let store: Arc<dyn Store> = slow.clone();
+        let cache = LookupCache::new(1000, Duration::from_secs(60));
+        let fetches = (0..50).map(|_| {
+            let (cache, store) = (cache.clone(), store.clone());
+            tokio::spawn(async move { cache.fetch(&store, vec![key(7)], deadline()).await })
+        });
+        for r in join_all(fetches).await {
+            assert_eq!(r.unwrap().unwrap().get(&key(7)), Some(&None));
+        }
+        assert_eq!(
+            slow.reads.load(Ordering::SeqCst),
+            1,
+            "one store read for 50 callers"
+        );
+        assert_eq!(
+            cache.get(&key(7)).await,
+            Some(Cached::Absent),
+            "the miss is cached"
+        );
+
+        // A caller wanting an in-flight key and a new one joins the first and reads the rest.
+        let first = {
+            let (cache, store) = (cache.clone(), store.clone());
+            tokio::spawn(async move { cache.fetch(&store, vec![key(8)], deadline()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let both = cache
+            .fetch(&store, vec![key(8), key(9)], deadline())
+            .await
+            .unwrap();
+        assert_eq!(both.len(), 2);
+        first.await.unwrap().unwrap();
+        assert_eq!(
+            slow.reads.load(Ordering::SeqCst),
+            3,
+            "key 8 once, key 9 once"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_invalidation_during_a_fetch_is_not_undone_by_it() {
+        let slow = slow(50);
+        let store: Arc<dyn Store> = slow.clone();
+        let cache = LookupCache::new(1000, Duration::from_secs(60));
+        let fetch = {
+            let (cache, store) = (cache.clone(), store.clone());
+            tokio::spawn(async move { cache.fetch(&store, vec![key(1), key(2)], deadline()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A write lands while the read is in flight.
+        cache.invalidate(&[key(1)]).await;
+        fetch.await.unwrap().unwrap();
+        assert_eq!(cache.get(&key(1)).await, None, "the stale read was dropped");
+        assert_eq!(
+            cache.get(&key(2)).await,
+            Some(Cached::Absent),
+            "the untouched key is cached"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missed_deadline_fails_every_waiter_and_frees_the_key() {
+        let slow = slow(200);
+        let store: Arc<dyn Store> = slow.clone();
+        let cache = LookupCache::new(1000, Duration::from_secs(60));
+        let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+        let err = cache.fetch(&store, vec![key(3)], soon).await.unwrap_err();
+        assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
+        assert!(
+            cache.inflight.lock().unwrap().is_empty(),
+            "no fetch left registered"
+        );
+        assert_eq!(
+            cache.get(&key(3)).await,
+            None,
+            "nothing cached from a failed read"
+        );
+    }
+
+    #[tokio::test]
+    async fn hits_never_outlive_the_entry() {
+        let cache = LookupCache::new(1000, Duration::from_secs(60));
+        let in_a_second = ((now_ms() - EPOCH_2020_MS) / 1000 + 1) as u32;
+        let lifetime = Lifetime {
+            ttl: Duration::from_secs(60),
+        };
+        assert!(lifetime.of(&Cached::Listed(in_a_second)) <= Duration::from_secs(1));
+        assert_eq!(lifetime.of(&Cached::Listed(0)), Duration::from_secs(60));
+        assert_eq!(lifetime.of(&Cached::Absent), Duration::from_secs(60));
+        cache
+            .entries
+            .insert(key(5), Cached::Listed(in_a_second))
+            .await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(cache.get(&key(5)).await, None);
+    }
+}
