@@ -1,0 +1,11 @@
+//! `namelist-tools import` (being written).
+
+use super::Global;
+
+/// Placeholder arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub async fn run(_global: &Global, _args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("import is not implemented yet")
+}

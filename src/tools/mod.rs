@@ -1,0 +1,80 @@
+//! The operator tools behind `namelist-tools` (`tools/main.rs` only parses arguments). They
+//! live in the library so that they share the service's normalisation and storage layout
+//! (one implementation, never a copy) and so that tests and benches can drive them.
+//!
+//! Unlike the service, the tools report errors with `anyhow` and context: they end in a
+//! message to an operator, not in an HTTP status.
+//!
+//! Every tool reads the Redis URL and key prefix the way the service does (defaults, then the
+//! `--config` file, then `NAMELIST_*` variables), and command-line flags override both.
+
+pub mod audit;
+pub mod gen_data;
+pub mod import;
+pub mod sweep;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use secrecy::{ExposeSecret, SecretString};
+
+use crate::config::{DEFAULT_EXPECTED_ENTRIES, Settings};
+use crate::store::redis::{RedisOptions, RedisStore};
+
+/// Options every tool shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Global {
+    /// TOML configuration file, as the service reads it.
+    #[arg(long, global = true, env = "NAMELIST_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Redis URL (overrides NAMELIST_REDIS_URL and the config file).
+    #[arg(long, global = true)]
+    pub redis_url: Option<String>,
+    /// Key prefix (overrides NAMELIST_KEY_PREFIX and the config file).
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// Expected entries of a keyspace this run creates (overrides NAMELIST_EXPECTED_ENTRIES).
+    #[arg(long, global = true)]
+    pub expected_entries: Option<u64>,
+}
+
+impl Global {
+    /// The service's settings with the command-line overrides applied.
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        let mut s = Settings::load(self.config.as_deref())?;
+        if let Some(url) = &self.redis_url {
+            s.redis_url = Some(SecretString::from(url.clone()));
+        }
+        if let Some(p) = &self.prefix {
+            s.key_prefix = p.clone();
+        }
+        if let Some(e) = self.expected_entries {
+            s.expected_entries = Some(e);
+        }
+        Ok(s)
+    }
+
+    /// Opens the keyspace the service would open, with generous timeouts for bulk work.
+    pub async fn open(&self) -> anyhow::Result<(RedisStore, Settings)> {
+        let settings = self.settings()?;
+        let Some(url) = &settings.redis_url else {
+            bail!("no Redis configured: set NAMELIST_REDIS_URL or pass --redis-url");
+        };
+        let (store, report) = RedisStore::open(RedisOptions {
+            url: url.expose_secret().to_owned(),
+            prefix: settings.key_prefix.clone(),
+            expected_entries: settings.expected_entries,
+            default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
+            connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+            response_timeout: Duration::from_secs(60),
+            audit_max_len: settings.audit_max_len,
+        })
+        .await
+        .context("opening the keyspace")?;
+        for w in &report.warnings {
+            eprintln!("WARNING: {w}");
+        }
+        Ok((store, settings))
+    }
+}

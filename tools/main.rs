@@ -1,0 +1,38 @@
+//! The `namelist-tools` binary: operator tools over the same library as the service (one
+//! normalisation, one storage layout). Each subcommand's help says what it costs and whether
+//! it is safe against a live store.
+
+use clap::{Parser, Subcommand};
+use namelist::tools::{self, Global};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Operator tools for namelist: import, gen, audit, sweep"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Import(tools::import::Args),
+    Gen(tools::gen_data::Args),
+    Audit(tools::audit::Args),
+    Sweep(tools::sweep::Args),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    namelist::telemetry::init(namelist::config::LogFormat::Text);
+    match cli.command {
+        Command::Import(args) => tools::import::run(&cli.global, args).await,
+        Command::Gen(args) => tools::gen_data::run(args),
+        Command::Audit(args) => tools::audit::run(&cli.global, args).await,
+        Command::Sweep(args) => tools::sweep::run(&cli.global, args).await,
+    }
+}
