@@ -183,16 +183,26 @@ pub fn canonical(
     sandbox: &Sandbox,
     value: &Value,
 ) -> Vec<u8> {
-    let value = value.to_string();
-    let mut out = Vec::with_capacity(
-        list.as_str().len() + dimension.as_str().len() + sandbox.as_str().len() + value.len() + 3,
-    );
+    let mut out = Vec::with_capacity(64);
+    write_canonical(&mut out, list, dimension, sandbox, value);
+    out
+}
+
+/// Replaces `out` with the canonical bytes of an entry (reuses its allocation).
+pub fn write_canonical(
+    out: &mut Vec<u8>,
+    list: &ListName,
+    dimension: &Dimension,
+    sandbox: &Sandbox,
+    value: &Value,
+) {
+    use std::io::Write;
+    out.clear();
     for part in [list.as_str(), dimension.as_str(), sandbox.as_str()] {
         out.extend_from_slice(part.as_bytes());
         out.push(b'\n');
     }
-    out.extend_from_slice(value.as_bytes());
-    out
+    write!(out, "{value}").expect("writing to a Vec cannot fail");
 }
 
 /// What a write tells every instance to drop from its cache.

@@ -218,6 +218,14 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Appends one record to the capped audit stream (for tools that write in bulk).
+    pub async fn append_audit(&self, record: &AuditRecord) -> StoreResult<()> {
+        let mut pipe = redis::pipe();
+        self.xadd(&mut pipe, record);
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
     /// A clone of the command connection, for tools that run their own commands.
     pub fn connection(&self) -> ConnectionManager {
         self.conn.clone()

@@ -1,11 +1,1240 @@
-//! `namelist-tools import` (being written).
+//! `namelist-tools import`: bulk-load entries from CSV or JSON Lines.
+//!
+//! Three phases:
+//! 1. **Read.** Rows are parsed and normalised exactly as the API does (`domain`), turned into
+//!    (bucket, field, expiry code) records of 16 bytes, and grouped into partitions of
+//!    consecutive buckets; past `--memory-mb` the partitions spill to temporary files, so
+//!    memory stays bounded whatever the input size. Bad rows go to the reject file.
+//! 2. **Register.** IP prefix lengths found in the file are added to their registries
+//!    before any entry is written, so a check never misses a range.
+//! 3. **Write**, bucket by bucket in ascending order, a batch of buckets per pipeline with a
+//!    bounded number of batches in flight. A bucket that does not exist yet is built here as a
+//!    listpack and sent with `RESTORE` (no `REPLACE`: a bucket created meanwhile by the live
+//!    service makes `RESTORE` fail with `BUSYKEY`, and that bucket falls back to `HSET`); an
+//!    existing one gets one multi-field `HSET`. Within a bucket the last row for an entry wins,
+//!    as with the API.
+//!
+//! Resume: after every acknowledged batch, a checkpoint records the bucket below which
+//! everything is written. `--resume` reads the file again (phase 1 is cheap) and skips those
+//! buckets; buckets at or past the mark are written again whole, which is idempotent, so the
+//! end state is what one clean run gives. The run's one audit record (counts, not rows) and a
+//! `Bulk` invalidation (running services drop cached misses) are written at the end; the
+//! invalidation is also published every 2 s during phase 3.
+//!
+//! Per-row `reason`s are validated but not stored: the layout keeps only expiries, and the
+//! audit trail records the run, not its rows.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
 
 use super::Global;
+use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
+use crate::lists::MAX_REASON_LEN;
+use crate::store::dump::DumpFormat;
+use crate::store::layout::write_canonical;
+use crate::store::redis::RedisStore;
+use crate::store::{AuditRecord, Invalidation, Layout, PrefixLen, Scope, Store};
 
-/// Placeholder arguments.
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+/// Bulk-load entries from CSV or JSON Lines (optionally gzip), from FILE or stdin.
+///
+/// Columns (CSV needs a header): list, dimension, value, sandbox, expires_at | ttl_seconds,
+/// reason; --list and --sandbox fill missing ones. Rows are validated exactly like the API;
+/// bad rows go to the reject file (line and reason) and the import goes on, unless --strict.
+///
+/// Cost: reading is local CPU (about a microsecond per row) and 16 bytes of memory per row up
+/// to --memory-mb, then temporary files. Writing sends each bucket once: new buckets are built
+/// here and RESTOREd (Redis spends almost nothing), existing ones get one multi-field HSET
+/// (Redis CPU grows with bucket size: ~370k fields/s on one core).
+///
+/// Safe against a live store: yes. RESTORE only ever creates buckets that do not exist
+/// (never REPLACE), HSET only adds or refreshes fields, and running services are told to drop
+/// cached misses. Use --max-rows-per-sec to leave Redis headroom for live traffic.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Input file (`-` or absent: stdin). Gzip is detected by its magic bytes.
+    pub file: Option<PathBuf>,
+    /// Input format; `auto` looks at the extension, then at the first byte (`{` = JSON Lines).
+    #[arg(long, value_enum, default_value_t = InputFormat::Auto)]
+    pub format: InputFormat,
+    /// List for rows without a `list` column or value.
+    #[arg(long)]
+    pub list: Option<String>,
+    /// Sandbox for rows without one (default `default`).
+    #[arg(long)]
+    pub sandbox: Option<String>,
+    /// Where bad rows are reported (CSV: line,error). Default: `<FILE>.rejects.csv`, or
+    /// `import.rejects.csv` for stdin.
+    #[arg(long)]
+    pub reject_file: Option<PathBuf>,
+    /// Stop at the first bad row (non-zero exit, nothing written).
+    #[arg(long)]
+    pub strict: bool,
+    /// Validate only: nothing is written, Redis is not contacted.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Continue an interrupted run from its checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Checkpoint file. Default: `<FILE>.checkpoint`.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Buckets per pipeline.
+    #[arg(long, default_value_t = 256)]
+    pub batch_buckets: usize,
+    /// Pipelines in flight.
+    #[arg(long, default_value_t = 4)]
+    pub in_flight: usize,
+    /// Pace writes to at most this many rows per second (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_rows_per_sec: u64,
+    /// Memory for grouping rows before spilling to temporary files, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub memory_mb: u64,
+    /// Always use HSET, never RESTORE.
+    #[arg(long)]
+    pub no_restore: bool,
+    /// Reason recorded in the run's audit record.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who the audit record names.
+    #[arg(long, default_value = "namelist-tools")]
+    pub actor: String,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
 
-pub async fn run(_global: &Global, _args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("import is not implemented yet")
+impl Args {
+    /// Defaults for importing `file` (for tests and embedding).
+    pub fn for_file(file: impl Into<PathBuf>) -> Self {
+        Self {
+            file: Some(file.into()),
+            format: InputFormat::Auto,
+            list: None,
+            sandbox: None,
+            reject_file: None,
+            strict: false,
+            dry_run: false,
+            resume: false,
+            checkpoint: None,
+            batch_buckets: 256,
+            in_flight: 4,
+            max_rows_per_sec: 0,
+            memory_mb: 1024,
+            no_restore: false,
+            reason: None,
+            actor: "namelist-tools".into(),
+            json: false,
+            quiet: true,
+        }
+    }
+
+    fn input_path(&self) -> Option<&Path> {
+        self.file.as_deref().filter(|p| p.as_os_str() != "-")
+    }
+
+    fn reject_path(&self) -> PathBuf {
+        self.reject_file
+            .clone()
+            .unwrap_or_else(|| match self.input_path() {
+                Some(p) => with_suffix(p, ".rejects.csv"),
+                None => PathBuf::from("import.rejects.csv"),
+            })
+    }
+
+    fn checkpoint_path(&self) -> Option<PathBuf> {
+        self.checkpoint
+            .clone()
+            .or_else(|| self.input_path().map(|p| with_suffix(p, ".checkpoint")))
+    }
+}
+
+fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Input formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InputFormat {
+    Auto,
+    Csv,
+    Jsonl,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ImportSummary {
+    pub rows_read: u64,
+    pub rows_rejected: u64,
+    /// Accepted rows that repeated an entry seen earlier in the file (the last one won).
+    pub rows_duplicate: u64,
+    /// Distinct entries written.
+    pub entries_written: u64,
+    pub buckets_restored: u64,
+    pub buckets_hset: u64,
+    /// Buckets skipped because a resumed run's checkpoint had them done.
+    pub buckets_skipped: u64,
+    pub prefixes_registered: u64,
+    pub read_seconds: f64,
+    pub write_seconds: f64,
+    pub seconds: f64,
+    pub rows_per_sec: f64,
+    pub resumed: bool,
+    pub dry_run: bool,
+    pub restore_used: bool,
+    pub reject_file: Option<PathBuf>,
+}
+
+/// One accepted row: where it goes and its expiry code. 16 bytes, spilled as such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rec {
+    bucket: u32,
+    code: u32,
+    field: i64,
+}
+
+impl Rec {
+    fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&self.bucket.to_le_bytes());
+        b[4..8].copy_from_slice(&self.code.to_le_bytes());
+        b[8..].copy_from_slice(&self.field.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Self {
+        Self {
+            bucket: u32::from_le_bytes(b[..4].try_into().expect("4 bytes")),
+            code: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            field: i64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        }
+    }
+}
+
+/// Records grouped by ranges of buckets, in memory up to a budget, then in temporary files.
+struct Partitions {
+    buckets_per: u32,
+    buffers: Vec<Vec<Rec>>,
+    files: Vec<Option<BufWriter<File>>>,
+    dir: Option<tempfile::TempDir>,
+    buffered: usize,
+    budget: usize,
+}
+
+impl Partitions {
+    fn new(buckets: u32, budget_bytes: u64) -> Self {
+        // ~25,000 buckets ≈ 10M rows at the design fill: one partition for most imports.
+        let buckets_per = 25_000u32.min(buckets).max(1);
+        let n = buckets.div_ceil(buckets_per) as usize;
+        Self {
+            buckets_per,
+            buffers: vec![Vec::new(); n],
+            files: (0..n).map(|_| None).collect(),
+            dir: None,
+            buffered: 0,
+            budget: (budget_bytes / 16).max(1024) as usize,
+        }
+    }
+
+    fn push(&mut self, rec: Rec) -> anyhow::Result<()> {
+        self.buffers[(rec.bucket / self.buckets_per) as usize].push(rec);
+        self.buffered += 1;
+        if self.buffered >= self.budget {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self) -> anyhow::Result<()> {
+        if self.dir.is_none() {
+            self.dir = Some(tempfile::tempdir().context("creating a spill directory")?);
+        }
+        let dir = self.dir.as_ref().expect("just created").path().to_owned();
+        for (i, buf) in self.buffers.iter_mut().enumerate() {
+            if buf.is_empty() {
+                continue;
+            }
+            if self.files[i].is_none() {
+                let f = File::create(dir.join(format!("p{i}")))?;
+                self.files[i] = Some(BufWriter::new(f));
+            }
+            let w = self.files[i].as_mut().expect("just created");
+            for r in buf.drain(..) {
+                w.write_all(&r.to_bytes())?;
+            }
+            buf.shrink_to_fit();
+        }
+        self.buffered = 0;
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// Every record of partition `i`, in input order (spilled ones first: they are older).
+    fn take(&mut self, i: usize) -> anyhow::Result<Vec<Rec>> {
+        let mut out = Vec::new();
+        if let Some(w) = self.files[i].take() {
+            let mut f = w.into_inner().map_err(|e| e.into_error())?;
+            f.rewind()?;
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes)?;
+            out.extend(bytes.chunks_exact(16).map(Rec::from_bytes));
+        }
+        out.append(&mut self.buffers[i]);
+        Ok(out)
+    }
+}
+
+/// Counts bytes read from the raw input (for progress against the file size).
+struct Counting<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// The raw input as a buffered reader (gzip-decoded when it starts with gzip's magic).
+fn open_input(
+    path: Option<&Path>,
+    count: Arc<AtomicU64>,
+) -> anyhow::Result<Box<dyn BufRead + Send>> {
+    let raw: Box<dyn Read + Send> = match path {
+        Some(p) => Box::new(File::open(p).with_context(|| format!("opening {}", p.display()))?),
+        None => Box::new(std::io::stdin()),
+    };
+    let mut buffered = BufReader::with_capacity(1 << 20, Counting { inner: raw, count });
+    let gzip = buffered.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gzip {
+        Box::new(BufReader::with_capacity(
+            1 << 20,
+            flate2::read::MultiGzDecoder::new(buffered),
+        ))
+    } else {
+        Box::new(buffered)
+    })
+}
+
+/// One input row before validation, whatever the format.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRow {
+    list: Option<String>,
+    dimension: Option<String>,
+    value: Option<String>,
+    sandbox: Option<String>,
+    expires_at: Option<i64>,
+    ttl_seconds: Option<u64>,
+    reason: Option<String>,
+}
+
+const COLUMNS: [&str; 7] = [
+    "list",
+    "dimension",
+    "value",
+    "sandbox",
+    "expires_at",
+    "ttl_seconds",
+    "reason",
+];
+
+/// Validates rows into records, caching parsed names (they repeat from row to row).
+struct Validator<'a> {
+    layout: &'a Layout,
+    now: i64,
+    default_list: Option<ListName>,
+    default_sandbox: Sandbox,
+    lists: HashMap<String, ListName>,
+    sandboxes: HashMap<String, Sandbox>,
+    dimensions: HashMap<String, Dimension>,
+    canonical: Vec<u8>,
+}
+
+/// What one valid row adds.
+struct Accepted {
+    rec: Rec,
+    prefix: Option<(Scope, PrefixLen)>,
+}
+
+fn cached<T: Clone>(
+    map: &mut HashMap<String, T>,
+    raw: &str,
+    parse: impl FnOnce(String) -> Result<T, ValidationError>,
+) -> Result<T, ValidationError> {
+    if let Some(v) = map.get(raw) {
+        return Ok(v.clone());
+    }
+    let v = parse(raw.to_owned())?;
+    if map.len() < 10_000 {
+        map.insert(raw.to_owned(), v.clone());
+    }
+    Ok(v)
+}
+
+impl Validator<'_> {
+    fn accept(&mut self, row: RawRow) -> Result<Accepted, ValidationError> {
+        let list = match row.list.as_deref().filter(|s| !s.is_empty()) {
+            Some(l) => cached(&mut self.lists, l, ListName::try_from).map_err(|e| e.at("list"))?,
+            None => self.default_list.clone().ok_or_else(|| {
+                ValidationError::new("missing_list", "no list: add a list column or pass --list")
+            })?,
+        };
+        let dimension = row
+            .dimension
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| ValidationError::new("missing_dimension", "dimension is empty"))?;
+        let dimension = cached(&mut self.dimensions, &dimension, Dimension::try_from)
+            .map_err(|e| e.at("dimension"))?;
+        let value = row.value.unwrap_or_default();
+        let value = Value::parse_entry(&dimension, &value).map_err(|e| e.at("value"))?;
+        let sandbox = match row.sandbox.as_deref().filter(|s| !s.is_empty()) {
+            Some(s) => {
+                cached(&mut self.sandboxes, s, Sandbox::try_from).map_err(|e| e.at("sandbox"))?
+            }
+            None => self.default_sandbox.clone(),
+        };
+        let expiry = match (row.expires_at, row.ttl_seconds) {
+            (Some(_), Some(_)) => {
+                return Err(ValidationError::new(
+                    "invalid_expiry",
+                    "give at most one of expires_at and ttl_seconds",
+                ));
+            }
+            (Some(at), None) => Expiry::at_ms(at, self.now).map_err(|e| e.at("expires_at"))?,
+            (None, Some(ttl)) => {
+                Expiry::after_ttl(ttl, self.now).map_err(|e| e.at("ttl_seconds"))?
+            }
+            (None, None) => Expiry::Never,
+        };
+        if row
+            .reason
+            .as_ref()
+            .is_some_and(|r| r.len() > MAX_REASON_LEN)
+        {
+            return Err(ValidationError::new(
+                "invalid_reason",
+                format!("reason is longer than {MAX_REASON_LEN} bytes"),
+            ));
+        }
+        write_canonical(&mut self.canonical, &list, &dimension, &sandbox, &value);
+        let key = self.layout.key_of(&self.canonical);
+        let prefix = value.as_ip().filter(|ip| ip.is_range()).map(|ip| {
+            (
+                (list, sandbox),
+                PrefixLen {
+                    family: ip.family(),
+                    len: ip.prefix(),
+                },
+            )
+        });
+        Ok(Accepted {
+            rec: Rec {
+                bucket: key.bucket,
+                code: expiry.code(),
+                field: key.field,
+            },
+            prefix,
+        })
+    }
+}
+
+/// Everything phase 1 produced.
+struct ReadOutcome {
+    partitions: Partitions,
+    prefixes: HashSet<(Scope, PrefixLen)>,
+    rows_read: u64,
+    rows_rejected: u64,
+}
+
+/// Reject file, created on the first bad row.
+struct Rejects {
+    path: PathBuf,
+    writer: Option<csv::Writer<File>>,
+}
+
+impl Rejects {
+    fn record(&mut self, line: u64, error: &str) -> anyhow::Result<()> {
+        if self.writer.is_none() {
+            let mut w = csv::Writer::from_path(&self.path)
+                .with_context(|| format!("creating {}", self.path.display()))?;
+            w.write_record(["line", "error"])?;
+            self.writer = Some(w);
+        }
+        let w = self.writer.as_mut().expect("just created");
+        w.write_record([line.to_string().as_str(), error])?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        if let Some(w) = self.writer.as_mut() {
+            w.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn detect_format(args: &Args, input: &mut dyn BufRead) -> anyhow::Result<InputFormat> {
+    if args.format != InputFormat::Auto {
+        return Ok(args.format);
+    }
+    if let Some(p) = args.input_path() {
+        let name = p.to_string_lossy().to_ascii_lowercase();
+        let name = name.strip_suffix(".gz").unwrap_or(&name);
+        if name.ends_with(".jsonl") || name.ends_with(".ndjson") {
+            return Ok(InputFormat::Jsonl);
+        }
+        if name.ends_with(".csv") {
+            return Ok(InputFormat::Csv);
+        }
+    }
+    let first = input
+        .fill_buf()?
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .copied();
+    Ok(if first == Some(b'{') {
+        InputFormat::Jsonl
+    } else {
+        InputFormat::Csv
+    })
+}
+
+/// Phase 1: read, validate and group every row.
+fn read_rows(
+    args: &Args,
+    layout: &Layout,
+    now: i64,
+    progress: &ProgressBar,
+    bytes_read: Arc<AtomicU64>,
+) -> anyhow::Result<ReadOutcome> {
+    let mut input = open_input(args.input_path(), bytes_read.clone())?;
+    let format = detect_format(args, &mut input)?;
+    let mut v = Validator {
+        layout,
+        now,
+        default_list: args
+            .list
+            .clone()
+            .map(ListName::try_from)
+            .transpose()
+            .context("--list")?,
+        default_sandbox: Sandbox::parse_or_default(args.sandbox.clone()).context("--sandbox")?,
+        lists: HashMap::new(),
+        sandboxes: HashMap::new(),
+        dimensions: HashMap::new(),
+        canonical: Vec::with_capacity(128),
+    };
+    let reject_path = args.reject_path();
+    if reject_path.exists() {
+        std::fs::remove_file(&reject_path)
+            .with_context(|| format!("removing the old {}", reject_path.display()))?;
+    }
+    let mut rejects = Rejects {
+        path: reject_path,
+        writer: None,
+    };
+    let mut out = ReadOutcome {
+        partitions: Partitions::new(layout.buckets(), args.memory_mb.saturating_mul(1 << 20)),
+        prefixes: HashSet::new(),
+        rows_read: 0,
+        rows_rejected: 0,
+    };
+    let mut handle =
+        |line: u64, row: Result<RawRow, String>, out: &mut ReadOutcome| -> anyhow::Result<()> {
+            out.rows_read += 1;
+            let accepted = row.and_then(|r| v.accept(r).map_err(|e| e.message));
+            match accepted {
+                Ok(a) => {
+                    out.partitions.push(a.rec)?;
+                    if let Some(p) = a.prefix {
+                        out.prefixes.insert(p);
+                    }
+                }
+                Err(reason) => {
+                    out.rows_rejected += 1;
+                    rejects.record(line, &reason)?;
+                    if args.strict {
+                        rejects.finish()?;
+                        bail!("line {line}: {reason} (--strict: stopping, nothing written)");
+                    }
+                }
+            }
+            if out.rows_read.is_multiple_of(65_536) {
+                progress.set_position(bytes_read.load(Ordering::Relaxed));
+                progress.set_message(format!(
+                    "{} rows, {} rejected",
+                    out.rows_read, out.rows_rejected
+                ));
+            }
+            Ok(())
+        };
+    match format {
+        InputFormat::Csv | InputFormat::Auto => {
+            let mut reader = csv::ReaderBuilder::new()
+                .has_headers(true)
+                .flexible(false)
+                .from_reader(input);
+            let headers = reader.headers().context("reading the CSV header")?.clone();
+            let mut index = [None; 7];
+            for (i, h) in headers.iter().enumerate() {
+                let h = h.trim();
+                let Some(c) = COLUMNS.iter().position(|c| *c == h) else {
+                    bail!(
+                        "unknown CSV column {h:?}; expected a header with {}",
+                        COLUMNS.join(", ")
+                    );
+                };
+                index[c] = Some(i);
+            }
+            if index[1].is_none() || index[2].is_none() {
+                bail!("the CSV header needs at least the columns dimension and value");
+            }
+            let mut record = csv::StringRecord::new();
+            loop {
+                let line = reader.position().line() + 1;
+                match reader.read_record(&mut record) {
+                    Ok(false) => break,
+                    Ok(true) => {
+                        let line = record.position().map_or(line, |p| p.line());
+                        let row = csv_row(&record, &index);
+                        handle(line, row, &mut out)?;
+                    }
+                    Err(e) => {
+                        let line = e.position().map_or(line, |p| p.line());
+                        handle(line, Err(format!("unreadable CSV row: {e}")), &mut out)?;
+                        if !matches!(
+                            e.kind(),
+                            csv::ErrorKind::UnequalLengths { .. } | csv::ErrorKind::Utf8 { .. }
+                        ) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        InputFormat::Jsonl => {
+            let mut line = 0u64;
+            let mut buf = String::new();
+            loop {
+                buf.clear();
+                let n = match input.read_line(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        line += 1;
+                        handle(line, Err("not valid UTF-8".into()), &mut out)?;
+                        // Skip to the next newline.
+                        let mut skip = Vec::new();
+                        input.read_until(b'\n', &mut skip)?;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                if n == 0 {
+                    break;
+                }
+                line += 1;
+                if buf.trim().is_empty() {
+                    continue;
+                }
+                let row =
+                    serde_json::from_str::<RawRow>(&buf).map_err(|e| format!("invalid JSON: {e}"));
+                handle(line, row, &mut out)?;
+            }
+        }
+    }
+    rejects.finish()?;
+    progress.set_position(bytes_read.load(Ordering::Relaxed));
+    Ok(out)
+}
+
+fn csv_row(record: &csv::StringRecord, index: &[Option<usize>; 7]) -> Result<RawRow, String> {
+    let get = |c: usize| {
+        index[c]
+            .and_then(|i| record.get(i))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    };
+    let int = |c: usize| -> Result<Option<i64>, String> {
+        get(c)
+            .map(|s| {
+                s.parse::<i64>()
+                    .map_err(|_| format!("{}: not an integer", COLUMNS[c]))
+            })
+            .transpose()
+    };
+    let ttl = match int(5)? {
+        Some(t) if t < 0 => return Err("ttl_seconds: must be at least 1".into()),
+        t => t.map(|t| t as u64),
+    };
+    Ok(RawRow {
+        list: get(0).map(str::to_owned),
+        dimension: get(1).map(str::to_owned),
+        // A value is trimmed by its dimension's rule; keep it raw here.
+        value: index[2].and_then(|i| record.get(i)).map(str::to_owned),
+        sandbox: get(3).map(str::to_owned),
+        expires_at: int(4)?,
+        ttl_seconds: ttl,
+        reason: get(6).map(str::to_owned),
+    })
+}
+
+/// Identity of the input, so a checkpoint is never applied to another file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct InputId {
+    path: PathBuf,
+    size: u64,
+    modified_ms: u128,
+    head_xxh3: u64,
+}
+
+fn input_id(path: &Path) -> anyhow::Result<InputId> {
+    let meta = std::fs::metadata(path)?;
+    let mut head = vec![0u8; 1 << 20];
+    let mut f = File::open(path)?;
+    let mut n = 0;
+    while n < head.len() {
+        let k = f.read(&mut head[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    Ok(InputId {
+        path: path.canonicalize()?,
+        size: meta.len(),
+        modified_ms: meta
+            .modified()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0),
+        head_xxh3: xxhash_rust::xxh3::xxh3_64(&head[..n]),
+    })
+}
+
+/// What a checkpoint records.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Checkpoint {
+    version: u32,
+    input: InputId,
+    prefix: String,
+    buckets: u32,
+    /// Every bucket below this one is written.
+    done_below: u32,
+    /// "Now" of the first run: `ttl_seconds` count from it, so both parts of a resumed run
+    /// write the same expiries.
+    now_ms: i64,
+}
+
+fn save_checkpoint(path: &Path, cp: &Checkpoint) -> anyhow::Result<()> {
+    let tmp = with_suffix(path, ".tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(cp)?)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// One bucket's final content from this file.
+struct BucketWrite {
+    bucket: u32,
+    pairs: Vec<(i64, i64)>,
+}
+
+#[derive(Default)]
+struct BatchOutcome {
+    restored: u64,
+    hset: u64,
+    entries: u64,
+}
+
+/// Writes one batch of buckets: RESTORE what does not exist, HSET the rest.
+async fn write_batch(
+    mut conn: ConnectionManager,
+    layout: &Layout,
+    format: Option<DumpFormat>,
+    batch: Vec<BucketWrite>,
+) -> anyhow::Result<BatchOutcome> {
+    let mut outcome = BatchOutcome::default();
+    let keys: Vec<String> = batch.iter().map(|b| layout.bucket_key(b.bucket)).collect();
+    let exists: Vec<bool> = match format {
+        Some(_) => {
+            let mut pipe = redis::pipe();
+            for k in &keys {
+                pipe.exists(k);
+            }
+            pipe.query_async(&mut conn).await.context("EXISTS")?
+        }
+        None => vec![true; batch.len()],
+    };
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let mut restored = Vec::new();
+    for (i, b) in batch.iter().enumerate() {
+        outcome.entries += b.pairs.len() as u64;
+        match format {
+            Some(f) if !exists[i] => {
+                let payload = f.hash_payload(&b.pairs)?;
+                pipe.cmd("RESTORE").arg(&keys[i]).arg(0).arg(payload);
+                restored.push(i);
+            }
+            _ => {
+                pipe.hset_multiple(&keys[i], &b.pairs);
+                outcome.hset += 1;
+            }
+        }
+    }
+    let results: Vec<redis::RedisResult<redis::Value>> = pipe
+        .query_async(&mut conn)
+        .await
+        .context("writing buckets")?;
+    let mut restored_iter = restored.iter().peekable();
+    let mut fallback = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        let is_restore = restored_iter.peek() == Some(&&i);
+        if is_restore {
+            restored_iter.next();
+        }
+        match r {
+            Ok(_) if is_restore => outcome.restored += 1,
+            Ok(_) => {}
+            Err(e) if is_restore && e.to_string().contains("BUSYKEY") => fallback.push(i),
+            Err(e) => return Err(e).with_context(|| format!("writing {}", keys[i])),
+        }
+    }
+    if !fallback.is_empty() {
+        // Created by someone else since EXISTS: add our fields to it.
+        let mut pipe = redis::pipe();
+        for &i in &fallback {
+            pipe.hset_multiple(&keys[i], &batch[i].pairs).ignore();
+        }
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .context("HSET fallback")?;
+        outcome.hset += fallback.len() as u64;
+    }
+    Ok(outcome)
+}
+
+/// Learns the server's DUMP format and proves the RESTORE path on a probe bucket: restored
+/// content and `MEMORY USAGE` must equal an `HSET`-built twin's. `None` (HSET only) if not.
+async fn prove_restore(conn: &mut ConnectionManager, layout: &Layout) -> Option<DumpFormat> {
+    let pid = std::process::id();
+    let (a, b, c) = (
+        format!("{}probe:{pid}:a", layout.prefix()),
+        format!("{}probe:{pid}:b", layout.prefix()),
+        format!("{}probe:{pid}:c", layout.prefix()),
+    );
+    let pairs: Vec<(i64, i64)> = vec![
+        (-6_917_529_027_641_081_856, 217_000_000),
+        (5, 0),
+        (-3000, 100),
+        (30_000, 5_000_000),
+        (i64::MAX, 8_000_000),
+    ];
+    let result: anyhow::Result<DumpFormat> = async {
+        let _: () = redis::cmd("HSET")
+            .arg(&a)
+            .arg(1)
+            .arg(2)
+            .query_async(conn)
+            .await?;
+        let dump: Vec<u8> = redis::cmd("DUMP").arg(&a).query_async(conn).await?;
+        let format = DumpFormat::learn(&dump)?;
+        let _: () = redis::cmd("HSET")
+            .arg(&b)
+            .arg(&pairs)
+            .query_async(conn)
+            .await?;
+        let _: () = redis::cmd("RESTORE")
+            .arg(&c)
+            .arg(0)
+            .arg(format.hash_payload(&pairs)?)
+            .query_async(conn)
+            .await?;
+        let twin: Vec<(i64, i64)> = redis::cmd("HGETALL").arg(&b).query_async(conn).await?;
+        let ours: Vec<(i64, i64)> = redis::cmd("HGETALL").arg(&c).query_async(conn).await?;
+        let enc: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(&c)
+            .query_async(conn)
+            .await?;
+        let mem = |k: &String| {
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(k)
+                .arg("SAMPLES")
+                .arg(0)
+                .clone()
+        };
+        let twin_mem: u64 = mem(&b).query_async(conn).await?;
+        let our_mem: u64 = mem(&c).query_async(conn).await?;
+        if twin != ours || enc != "listpack" || twin_mem != our_mem {
+            bail!("restored probe differs: {ours:?} {enc} {our_mem} B vs {twin:?} {twin_mem} B");
+        }
+        Ok(format)
+    }
+    .await;
+    let _: Result<(), _> = redis::cmd("DEL")
+        .arg(&a)
+        .arg(&b)
+        .arg(&c)
+        .query_async(conn)
+        .await;
+    match result {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("WARNING: RESTORE path disabled, writing every bucket with HSET: {e:#}");
+            None
+        }
+    }
+}
+
+fn bar(quiet: bool, len: u64, template: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(
+        Some(len),
+        if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        },
+    );
+    pb.set_style(
+        ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+/// Runs an import against `store` (or, with `--dry-run`, against `layout` only).
+pub async fn import(
+    store: Option<&RedisStore>,
+    layout: &Layout,
+    args: &Args,
+) -> anyhow::Result<ImportSummary> {
+    let started = Instant::now();
+    let mut summary = ImportSummary {
+        dry_run: args.dry_run,
+        resumed: args.resume,
+        ..Default::default()
+    };
+    if args.resume && args.input_path().is_none() {
+        bail!("--resume needs an input FILE (stdin cannot be read again)");
+    }
+    let checkpoint_path = args.checkpoint_path().filter(|_| !args.dry_run);
+    let input = args.input_path().map(input_id).transpose()?;
+    let mut done_below = 0u32;
+    let mut now = now_ms();
+    if args.resume {
+        let path = checkpoint_path
+            .as_ref()
+            .expect("a file input has a checkpoint path");
+        let cp: Checkpoint = serde_json::from_slice(
+            &std::fs::read(path)
+                .with_context(|| format!("reading checkpoint {}", path.display()))?,
+        )
+        .context("parsing the checkpoint")?;
+        if Some(&cp.input) != input.as_ref() {
+            bail!(
+                "the checkpoint {} is for another input (or the file changed); run without --resume",
+                path.display()
+            );
+        }
+        if cp.prefix != layout.prefix() || cp.buckets != layout.buckets() {
+            bail!(
+                "the checkpoint is for keyspace {} with {} buckets, not {} with {}",
+                cp.prefix,
+                cp.buckets,
+                layout.prefix(),
+                layout.buckets()
+            );
+        }
+        done_below = cp.done_below;
+        now = cp.now_ms;
+    } else if let Some(p) = checkpoint_path.as_ref().filter(|p| p.exists()) {
+        eprintln!(
+            "note: ignoring the checkpoint {} of an earlier run (pass --resume to use it)",
+            p.display()
+        );
+    }
+
+    // Phase 1: read.
+    let total = args
+        .input_path()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
+    let read_bar = bar(
+        args.quiet || total == 0,
+        total,
+        "reading {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+    );
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let outcome = {
+        let (args, layout, pb) = (args.clone(), layout.clone(), read_bar.clone());
+        tokio::task::spawn_blocking(move || read_rows(&args, &layout, now, &pb, bytes_read))
+            .await??
+    };
+    read_bar.finish_and_clear();
+    let ReadOutcome {
+        mut partitions,
+        prefixes,
+        rows_read,
+        rows_rejected,
+    } = outcome;
+    summary.rows_read = rows_read;
+    summary.rows_rejected = rows_rejected;
+    summary.read_seconds = started.elapsed().as_secs_f64();
+    if rows_rejected > 0 {
+        summary.reject_file = Some(args.reject_path());
+    }
+
+    let Some(store) = store.filter(|_| !args.dry_run) else {
+        // A dry run still groups, to count duplicates.
+        for p in 0..partitions.len() {
+            for b in group(partitions.take(p)?) {
+                summary.entries_written += b.pairs.len() as u64;
+            }
+        }
+        summary.rows_duplicate = rows_read - rows_rejected - summary.entries_written;
+        summary.entries_written = 0;
+        summary.seconds = started.elapsed().as_secs_f64();
+        summary.rows_per_sec = rows_read as f64 / summary.seconds.max(1e-9);
+        return Ok(summary);
+    };
+
+    let mut conn = store.connection();
+    // Phase 2: ranges are registered before any entry is written.
+    if !prefixes.is_empty() {
+        let mut pipe = redis::pipe();
+        let mut scopes: Vec<(String, String)> = Vec::new();
+        for ((list, sandbox), len) in &prefixes {
+            pipe.sadd(layout.registry_key(list, sandbox), len.member())
+                .ignore();
+            scopes.push((list.to_string(), sandbox.to_string()));
+        }
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .context("registering prefix lengths")?;
+        scopes.sort();
+        scopes.dedup();
+        store.publish(&Invalidation::Scopes(scopes)).await?;
+        summary.prefixes_registered = prefixes.len() as u64;
+    }
+
+    // Phase 3: write.
+    let format = if args.no_restore {
+        None
+    } else {
+        prove_restore(&mut conn, layout).await
+    };
+    summary.restore_used = format.is_some();
+    let write_started = Instant::now();
+    let write_bar = bar(
+        args.quiet,
+        u64::from(layout.buckets()),
+        "writing {bar:30} {pos}/{len} buckets eta {eta} {msg}",
+    );
+    let accepted = rows_read - rows_rejected;
+    let mut rows_done = 0u64;
+    let mut last_publish = Instant::now();
+    let mut last_checkpoint = Instant::now();
+    let batch_buckets = args.batch_buckets.max(1);
+    for p in 0..partitions.len() {
+        let buckets = group(partitions.take(p)?);
+        rows_done += buckets.iter().map(|b| b.pairs.len() as u64).sum::<u64>();
+        let (skip, todo): (Vec<BucketWrite>, Vec<BucketWrite>) =
+            buckets.into_iter().partition(|b| b.bucket < done_below);
+        summary.buckets_skipped += skip.len() as u64;
+        summary.entries_written += skip.iter().map(|b| b.pairs.len() as u64).sum::<u64>();
+        let mut batches = Vec::new();
+        let mut it = todo.into_iter().peekable();
+        while it.peek().is_some() {
+            batches.push(it.by_ref().take(batch_buckets).collect::<Vec<_>>());
+        }
+        let paced = Arc::new(tokio::sync::Mutex::new((Instant::now(), 0u64)));
+        let mut writes = futures::stream::iter(batches.into_iter().map(|batch| {
+            let conn = store.connection();
+            let paced = paced.clone();
+            let last = batch.last().map_or(0, |b| b.bucket);
+            let rows: u64 = batch.iter().map(|b| b.pairs.len() as u64).sum();
+            async move {
+                if args.max_rows_per_sec > 0 {
+                    let mut p = paced.lock().await;
+                    p.1 += rows;
+                    let due =
+                        p.0 + Duration::from_secs_f64(p.1 as f64 / args.max_rows_per_sec as f64);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                write_batch(conn, layout, format, batch)
+                    .await
+                    .map(|o| (last, o))
+            }
+        }))
+        .buffered(args.in_flight.max(1));
+        while let Some(done) = writes.next().await {
+            let (last, o) = done?;
+            summary.buckets_restored += o.restored;
+            summary.buckets_hset += o.hset;
+            summary.entries_written += o.entries;
+            write_bar.set_position(u64::from(last) + 1);
+            write_bar.set_message(format!(
+                "{} entries, {:.0}/s",
+                summary.entries_written,
+                summary.entries_written as f64 / write_started.elapsed().as_secs_f64().max(1e-9)
+            ));
+            // Batches complete in order: everything up to `last` is acknowledged.
+            if let (Some(path), Some(input)) = (&checkpoint_path, &input)
+                && last_checkpoint.elapsed() > Duration::from_millis(200)
+            {
+                save_checkpoint(
+                    path,
+                    &Checkpoint {
+                        version: 1,
+                        input: input.clone(),
+                        prefix: layout.prefix().to_owned(),
+                        buckets: layout.buckets(),
+                        done_below: last + 1,
+                        now_ms: now,
+                    },
+                )?;
+                last_checkpoint = Instant::now();
+            }
+            if last_publish.elapsed() > Duration::from_secs(2) {
+                store.publish(&Invalidation::Bulk).await?;
+                last_publish = Instant::now();
+            }
+        }
+    }
+    write_bar.finish_and_clear();
+    summary.rows_duplicate = accepted - rows_done;
+    summary.write_seconds = write_started.elapsed().as_secs_f64();
+    summary.seconds = started.elapsed().as_secs_f64();
+    summary.rows_per_sec = rows_read as f64 / summary.seconds.max(1e-9);
+
+    store.publish(&Invalidation::Bulk).await?;
+    let mut fields = vec![
+        ("at".to_owned(), now_ms().to_string()),
+        ("who".to_owned(), args.actor.clone()),
+        ("op".to_owned(), "import".to_owned()),
+        (
+            "source".to_owned(),
+            args.input_path()
+                .map_or("stdin".into(), |p| p.display().to_string()),
+        ),
+        ("rows_read".to_owned(), summary.rows_read.to_string()),
+        (
+            "rows_rejected".to_owned(),
+            summary.rows_rejected.to_string(),
+        ),
+        (
+            "entries_written".to_owned(),
+            summary.entries_written.to_string(),
+        ),
+        (
+            "buckets_restored".to_owned(),
+            summary.buckets_restored.to_string(),
+        ),
+        ("buckets_hset".to_owned(), summary.buckets_hset.to_string()),
+        ("resumed".to_owned(), summary.resumed.to_string()),
+        ("seconds".to_owned(), format!("{:.3}", summary.seconds)),
+    ];
+    if let Some(r) = &args.reason {
+        fields.push(("reason".to_owned(), r.clone()));
+    }
+    store
+        .append_audit(&AuditRecord { fields })
+        .await
+        .context("writing the audit record")?;
+    if let Some(p) = checkpoint_path.filter(|p| p.exists()) {
+        std::fs::remove_file(p)?;
+    }
+    Ok(summary)
+}
+
+/// Groups records (input order) into buckets in ascending order; in each bucket the last
+/// record for a field wins.
+fn group(mut recs: Vec<Rec>) -> Vec<BucketWrite> {
+    recs.sort_by_key(|r| r.bucket); // stable: input order kept within a bucket
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for run in recs.chunk_by(|a, b| a.bucket == b.bucket) {
+        seen.clear();
+        let mut pairs: Vec<(i64, i64)> = run
+            .iter()
+            .rev()
+            .filter(|r| seen.insert(r.field))
+            .map(|r| (r.field, i64::from(r.code)))
+            .collect();
+        pairs.reverse();
+        out.push(BucketWrite {
+            bucket: run[0].bucket,
+            pairs,
+        });
+    }
+    out
+}
+
+/// The CLI entry point.
+pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
+    let (store, layout) = if args.dry_run {
+        let settings = global.settings()?;
+        let buckets = Layout::buckets_for(
+            settings
+                .expected_entries
+                .unwrap_or(crate::config::DEFAULT_EXPECTED_ENTRIES),
+        );
+        (None, Layout::new(settings.key_prefix, buckets))
+    } else {
+        let (store, _) = global.open().await?;
+        let layout = store.layout().clone();
+        (Some(store), layout)
+    };
+    let summary = import(store.as_ref(), &layout, &args).await?;
+    eprintln!(
+        "{}: {} rows read, {} written as {} entries ({} duplicate), {} rejected{}; {:.2} s, {:.0} rows/s \
+         (read {:.2} s, write {:.2} s; buckets: {} restored, {} HSET, {} skipped)",
+        if summary.dry_run { "dry run" } else { "import" },
+        summary.rows_read,
+        summary.rows_read - summary.rows_rejected,
+        summary.entries_written,
+        summary.rows_duplicate,
+        summary.rows_rejected,
+        summary
+            .reject_file
+            .as_ref()
+            .map(|p| format!(" (see {})", p.display()))
+            .unwrap_or_default(),
+        summary.seconds,
+        summary.rows_per_sec,
+        summary.read_seconds,
+        summary.write_seconds,
+        summary.buckets_restored,
+        summary.buckets_hset,
+        summary.buckets_skipped,
+    );
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
+    Ok(())
 }
