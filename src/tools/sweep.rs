@@ -1,11 +1,857 @@
-//! `namelist-tools sweep` (being written).
+//! `namelist-tools sweep`: deletes expired entries from the Redis keyspace.
+//!
+//! The service already treats an expired entry as absent and deletes the ones reads find
+//! (lazy expiry); the sweep reclaims the memory of those nobody reads. It changes no answer,
+//! so, like lazy expiry, it writes no audit record and publishes no invalidation.
+//!
+//! # How
+//! `SCAN <cursor> MATCH <prefix>b:* COUNT <n>` walks the keyspace (never `KEYS`). A key is
+//! swept only if it is exactly `layout.bucket_key(n)` for a bucket `n` of this keyspace (a
+//! key such as `<prefix>b:x`, or a bucket of a keyspace whose prefix starts with ours, is
+//! skipped and counted). For each bucket: `HSCAN <key> <c> COUNT 1000` until the cursor is
+//! back to 0 (a listpack bucket answers whole in one call), keeping the fields whose value
+//! is the expiry code of an entry expired at the sweep's time. A field or value that is not
+//! what the layout writes (a canonical decimal i64 field, a canonical decimal u32 value) is
+//! counted as `unparseable` and left alone. If something expired: `MEMORY USAGE <key>
+//! SAMPLES 0`, one compare-and-delete script call ([`COMPARE_AND_DELETE`]: `HDEL` a field
+//! only if it still holds the value the scan saw, so an entry refreshed in between
+//! survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its whole size is
+//! freed). The script is loaded with `SCRIPT LOAD` at the start and called by `EVALSHA`,
+//! reloaded after a `NOSCRIPT`.
+//!
+//! # Cost and pacing
+//! One command for a bucket with nothing expired, four for a bucket with expired fields, plus
+//! one `SCAN` per batch; each is O(one bucket): ~400 fields, well under a millisecond. A
+//! pacing limiter spaces commands at least `1 / --max-ops-per-sec` apart (no bursts).
+//!
+//! # Resuming
+//! After every SCAN batch the checkpoint file (if any) is rewritten atomically (temporary
+//! file, then rename) with the next cursor and the running totals; it is removed when the
+//! SCAN completes. SCAN guarantees that every key present for the whole iteration is
+//! returned at least once (possibly more, which is harmless: a swept bucket has nothing left
+//! to delete), however long the pause between batches, so a resumed sweep misses nothing.
+//! A cursor means nothing to another server process (a restart or failover reseeds the
+//! dict): the checkpoint records the server's `run_id` and a sweep resumed on another one
+//! starts over at cursor 0, keeping its totals.
+//!
+//! # Report
+//! Progress on stderr (a bar on a terminal, else a line every 10 s, always with the next
+//! cursor), then a table on stderr and exactly one JSON line on stdout: the
+//! [`SweepReport`]. Exit code 0 when the sweep completed or stopped at `--max-batches`,
+//! non-zero on any error or when stopped by SIGTERM/SIGINT (after finishing the current
+//! batch and writing the checkpoint).
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use redis::aio::ConnectionManager;
+use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
+use serde::{Deserialize, Serialize};
 
 use super::Global;
+use crate::domain::now_ms;
+use crate::store::redis::RedisStore;
+use crate::store::{Layout, Store, code_is_live};
 
-/// Placeholder arguments.
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+/// Default of `--max-ops-per-sec`.
+pub const DEFAULT_MAX_OPS_PER_SEC: u32 = 1000;
+/// Default of `--scan-count`.
+pub const DEFAULT_SCAN_COUNT: u32 = 100;
+/// The `COUNT` hint of every `HSCAN`.
+const HSCAN_COUNT: u32 = 1000;
+/// Most fields per script call: a bucket far above the mean fill (a hashtable) is deleted in
+/// several calls, so no single call blocks the server for long.
+const MAX_FIELDS_PER_CALL: usize = 1000;
+/// Version of the checkpoint file format.
+const CHECKPOINT_VERSION: u32 = 1;
+/// How often progress is printed when stderr is not a terminal.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
-pub async fn run(_global: &Global, _args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("sweep is not implemented yet")
+/// Compare-and-delete over one bucket. KEYS[1] = the bucket; ARGV = field1, expected1,
+/// field2, expected2, ...: deletes each field only if it still holds its expected value.
+/// Returns {deleted, refreshed}: refreshed = present with another value (left alone); the
+/// rest were already gone.
+pub const COMPARE_AND_DELETE: &str = r"
+local deleted, refreshed = 0, 0
+for i = 1, #ARGV, 2 do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v == ARGV[i + 1] then
+    deleted = deleted + redis.call('HDEL', KEYS[1], ARGV[i])
+  elseif v then
+    refreshed = refreshed + 1
+  end
+end
+return {deleted, refreshed}
+";
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPARE_AND_DELETE));
+
+/// Deletes expired entries from the Redis keyspace; paced and resumable, safe while live.
+///
+/// SCANs the keyspace (never KEYS), HSCANs each bucket and deletes its expired fields with a
+/// compare-and-delete script: a field is deleted only if it still holds the expired value
+/// the scan saw, so an entry refreshed meanwhile survives. Safe against a live store: the
+/// service already treats expired entries as absent, so no answer changes.
+///
+/// Cost: one Redis command per bucket with nothing expired, four per bucket with expired
+/// fields (HSCAN, MEMORY USAGE, EVALSHA, MEMORY USAGE), plus one SCAN per batch; each is
+/// O(one bucket), ~400 fields. With N/400 buckets for N entries, a 1,000,000-entry keyspace
+/// (2,500 buckets) takes ~10 s at the default 1000 commands/s; 0 = unpaced.
+///
+/// Resumable: SCAN returns every key present for the whole run at least once (possibly
+/// twice, harmlessly), so a sweep resumed at a printed cursor (--cursor) or from its
+/// --checkpoint (--resume) misses nothing. Progress and a table go to stderr, one JSON
+/// report line to stdout. Exit 0 when done or stopped at --max-batches; non-zero on an
+/// error or SIGTERM (the checkpoint then holds the cursor to resume at). For a Kubernetes
+/// CronJob: `sweep --checkpoint /state/sweep.json --resume`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct Args {
+    /// Redis commands per second at most (SCAN, HSCAN, MEMORY USAGE, EVALSHA each count
+    /// as one); 0 = unpaced.
+    #[arg(long, default_value_t = DEFAULT_MAX_OPS_PER_SEC)]
+    pub max_ops_per_sec: u32,
+    /// Start the key SCAN at this cursor (printed by an earlier, interrupted run).
+    #[arg(long, conflicts_with = "resume")]
+    pub cursor: Option<u64>,
+    /// Checkpoint file, rewritten (temporary file + rename) after every SCAN batch with the
+    /// next cursor and the running totals; removed when the sweep completes.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Continue from --checkpoint: its cursor, totals and sweep time. Without the file, a
+    /// new sweep starts, so a CronJob can always pass it.
+    #[arg(long, requires = "checkpoint")]
+    pub resume: bool,
+    /// Count what would be reclaimed; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Sweep as of this time (Unix ms) instead of now: delete what had expired by then
+    /// (tests, cautious backfills). A time in the future needs --dry-run: it would delete
+    /// live entries.
+    #[arg(long)]
+    pub now_ms: Option<i64>,
+    /// Keys per SCAN batch (its COUNT hint).
+    #[arg(long, default_value_t = DEFAULT_SCAN_COUNT)]
+    pub scan_count: u32,
+    /// Stop after this many SCAN batches, exit 0 and report the cursor to continue at:
+    /// spreads one sweep over several runs.
+    #[arg(long)]
+    pub max_batches: Option<u64>,
+}
+
+impl Default for Args {
+    /// The same as no flags on the command line.
+    fn default() -> Self {
+        Self {
+            max_ops_per_sec: DEFAULT_MAX_OPS_PER_SEC,
+            cursor: None,
+            checkpoint: None,
+            resume: false,
+            dry_run: false,
+            now_ms: None,
+            scan_count: DEFAULT_SCAN_COUNT,
+            max_batches: None,
+        }
+    }
+}
+
+/// What a sweep did. With `--resume`, the counts cover every run of the sweep.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepReport {
+    /// The keyspace's key prefix.
+    pub prefix: String,
+    pub dry_run: bool,
+    /// The time swept as of (Unix ms).
+    pub now_ms: i64,
+    /// Buckets of this keyspace visited (each once per run).
+    pub buckets_scanned: u64,
+    /// Keys matching `<prefix>b:*` that are not buckets of this keyspace (or not hashes).
+    pub keys_skipped: u64,
+    /// Fields of the scanned buckets.
+    pub fields_scanned: u64,
+    /// Fields holding an expired code.
+    pub expired_found: u64,
+    /// Expired fields deleted (0 in a dry run).
+    pub fields_reclaimed: u64,
+    /// Expired fields that held another value at the delete (refreshed meanwhile): kept.
+    pub skipped_refreshed: u64,
+    /// Expired fields already deleted by someone else (lazy expiry, a delete) meanwhile.
+    pub already_gone: u64,
+    /// Fields or values that are not what the layout writes: never deleted.
+    pub unparseable: u64,
+    /// `MEMORY USAGE` of the buckets with expired fields, before their delete.
+    pub bytes_before: u64,
+    /// ... and after it (0 for a bucket the delete emptied; = before in a dry run).
+    pub bytes_after: u64,
+    /// `bytes_before - bytes_after`.
+    pub bytes_freed: i64,
+    /// SCAN calls made.
+    pub scan_batches: u64,
+    /// Redis commands sent (what `--max-ops-per-sec` paces).
+    pub ops: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// The SCAN cursor to continue at; 0 when done.
+    pub next_cursor: u64,
+    /// Whether the SCAN completed.
+    pub done: bool,
+}
+
+impl SweepReport {
+    fn add(&mut self, b: &BucketOutcome) {
+        self.buckets_scanned += 1;
+        self.fields_scanned += b.fields_scanned;
+        self.expired_found += b.expired_found;
+        self.fields_reclaimed += b.cas.deleted;
+        self.skipped_refreshed += b.cas.refreshed;
+        self.already_gone += b.already_gone;
+        self.unparseable += b.unparseable;
+        self.bytes_before += b.bytes_before;
+        self.bytes_after += b.bytes_after;
+        self.bytes_freed = self.bytes_before as i64 - self.bytes_after as i64;
+    }
+
+    /// The human-readable table printed on stderr.
+    pub fn table(&self) -> String {
+        let mut rows: Vec<(&str, String)> = vec![
+            ("prefix", self.prefix.clone()),
+            ("as of (Unix ms)", self.now_ms.to_string()),
+            ("dry run", self.dry_run.to_string()),
+            ("buckets scanned", self.buckets_scanned.to_string()),
+            ("keys skipped", self.keys_skipped.to_string()),
+            ("fields scanned", self.fields_scanned.to_string()),
+            ("expired found", self.expired_found.to_string()),
+            ("fields reclaimed", self.fields_reclaimed.to_string()),
+            ("skipped (refreshed)", self.skipped_refreshed.to_string()),
+            ("already gone", self.already_gone.to_string()),
+            ("unparseable (kept)", self.unparseable.to_string()),
+            ("bytes before", self.bytes_before.to_string()),
+            ("bytes after", self.bytes_after.to_string()),
+            ("bytes freed", self.bytes_freed.to_string()),
+            ("SCAN batches", self.scan_batches.to_string()),
+            ("Redis commands", self.ops.to_string()),
+            ("seconds", format!("{:.3}", self.seconds)),
+        ];
+        rows.push(if self.done {
+            ("next cursor", "0 (done)".to_owned())
+        } else {
+            (
+                "next cursor",
+                format!(
+                    "{} (resume with --cursor {})",
+                    self.next_cursor, self.next_cursor
+                ),
+            )
+        });
+        rows.iter()
+            .map(|(k, v)| format!("  {k:<22}{v:>20}\n"))
+            .collect()
+    }
+}
+
+/// What compare-and-delete did to one bucket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CasOutcome {
+    /// Fields deleted: they still held the expected value.
+    pub deleted: u64,
+    /// Fields left alone: present with another value.
+    pub refreshed: u64,
+}
+
+/// Deletes each `(field, expected)` of bucket `key` only if the field still holds `expected`
+/// ([`COMPARE_AND_DELETE`], one `EVALSHA`, loading the script after a `NOSCRIPT`). Fields
+/// already gone count in neither figure. Pass at most a few thousand pairs per call.
+pub async fn compare_and_delete<C, K, F, V>(
+    conn: &mut C,
+    key: K,
+    expected: &[(F, V)],
+) -> RedisResult<CasOutcome>
+where
+    C: redis::aio::ConnectionLike,
+    K: ToRedisArgs,
+    F: ToRedisArgs,
+    V: ToRedisArgs,
+{
+    if expected.is_empty() {
+        return Ok(CasOutcome::default());
+    }
+    let mut call = SCRIPT.prepare_invoke();
+    call.key(key);
+    for (field, value) in expected {
+        call.arg(field).arg(value);
+    }
+    let (deleted, refreshed): (u64, u64) = call.invoke_async(conn).await?;
+    Ok(CasOutcome { deleted, refreshed })
+}
+
+/// What sweeping one bucket found and did.
+#[derive(Debug, Clone, Default)]
+struct BucketOutcome {
+    fields_scanned: u64,
+    expired_found: u64,
+    unparseable: u64,
+    cas: CasOutcome,
+    already_gone: u64,
+    bytes_before: u64,
+    bytes_after: u64,
+}
+
+/// The expiry code of a (field, value) pair if both are exactly what the layout writes: a
+/// canonical decimal i64 field and a canonical decimal u32 value.
+fn parse_entry(field: &[u8], value: &[u8]) -> Option<u32> {
+    let f: i64 = std::str::from_utf8(field).ok()?.parse().ok()?;
+    let code: u32 = std::str::from_utf8(value).ok()?.parse().ok()?;
+    (f.to_string().as_bytes() == field && code.to_string().as_bytes() == value).then_some(code)
+}
+
+/// The bucket number of `key` if it is exactly a bucket key of this keyspace.
+fn bucket_index(layout: &Layout, key: &[u8]) -> Option<u32> {
+    let rest = key
+        .strip_prefix(layout.prefix().as_bytes())?
+        .strip_prefix(b"b:")?;
+    let n: u32 = std::str::from_utf8(rest).ok()?.parse().ok()?;
+    (n < layout.buckets() && layout.bucket_key(n).as_bytes() == key).then_some(n)
+}
+
+/// Spaces calls at least `1 / rate` apart; `rate` 0 = no limit.
+struct Pacer {
+    interval: Option<Duration>,
+    next: tokio::time::Instant,
+}
+
+impl Pacer {
+    fn new(per_sec: u32) -> Self {
+        Self {
+            interval: (per_sec > 0).then(|| Duration::from_secs(1) / per_sec),
+            next: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Waits for the next slot.
+    async fn wait(&mut self) {
+        let Some(interval) = self.interval else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if self.next > now {
+            tokio::time::sleep_until(self.next).await;
+        } else {
+            // Idle time earns no burst.
+            self.next = now;
+        }
+        self.next += interval;
+    }
+}
+
+/// The connection, the pacer and the command count of one run.
+struct Sweeper {
+    conn: ConnectionManager,
+    pacer: Pacer,
+    ops: u64,
+}
+
+impl Sweeper {
+    async fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+        self.pacer.wait().await;
+        self.ops += 1;
+        cmd.query_async(&mut self.conn).await
+    }
+
+    async fn memory_usage(&mut self, key: &[u8]) -> anyhow::Result<u64> {
+        let mut cmd = redis::cmd("MEMORY");
+        cmd.arg("USAGE").arg(key).arg("SAMPLES").arg(0);
+        let bytes: Option<u64> = self.query(&cmd).await.context("MEMORY USAGE")?;
+        Ok(bytes.unwrap_or(0))
+    }
+
+    /// The server's `run_id` (`None` if `INFO` is refused).
+    async fn run_id(&mut self) -> Option<String> {
+        let info: String = self.query(redis::cmd("INFO").arg("server")).await.ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|s| s.trim().to_owned())
+    }
+
+    /// Sweeps one bucket; `None` if the key is not a hash.
+    async fn bucket(
+        &mut self,
+        key: &[u8],
+        now_ms: i64,
+        dry_run: bool,
+    ) -> anyhow::Result<Option<BucketOutcome>> {
+        // HSCAN may return a field twice (a rehashing hashtable): keep one.
+        let mut fields: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = redis::cmd("HSCAN");
+            cmd.arg(key).arg(cursor).arg("COUNT").arg(HSCAN_COUNT);
+            let (next, flat): (u64, Vec<Vec<u8>>) = match self.query(&cmd).await {
+                Err(e) if e.code() == Some("WRONGTYPE") => return Ok(None),
+                r => r.context("HSCAN")?,
+            };
+            let mut it = flat.into_iter();
+            while let (Some(f), Some(v)) = (it.next(), it.next()) {
+                fields.insert(f, v);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+
+        let mut out = BucketOutcome {
+            fields_scanned: fields.len() as u64,
+            ..BucketOutcome::default()
+        };
+        let mut expired = Vec::new();
+        for (field, value) in fields {
+            match parse_entry(&field, &value) {
+                None => out.unparseable += 1,
+                Some(code) if !code_is_live(code, now_ms) => expired.push((field, value)),
+                Some(_) => {}
+            }
+        }
+        out.expired_found = expired.len() as u64;
+        if expired.is_empty() {
+            return Ok(Some(out));
+        }
+        out.bytes_before = self.memory_usage(key).await?;
+        if dry_run {
+            out.bytes_after = out.bytes_before;
+            return Ok(Some(out));
+        }
+        for chunk in expired.chunks(MAX_FIELDS_PER_CALL) {
+            self.pacer.wait().await;
+            self.ops += 1;
+            let cas = compare_and_delete(&mut self.conn, key, chunk)
+                .await
+                .context("compare-and-delete (EVALSHA)")?;
+            out.cas.deleted += cas.deleted;
+            out.cas.refreshed += cas.refreshed;
+        }
+        out.already_gone = out.expired_found - out.cas.deleted - out.cas.refreshed;
+        out.bytes_after = self.memory_usage(key).await?;
+        Ok(Some(out))
+    }
+}
+
+/// Buckets visited in this run (SCAN may return a key twice).
+struct Visited(Vec<u64>);
+
+impl Visited {
+    fn new(buckets: u32) -> Self {
+        Self(vec![0; (buckets as usize).div_ceil(64)])
+    }
+
+    /// Marks `n`; whether it was new.
+    fn insert(&mut self, n: u32) -> bool {
+        let (word, bit) = ((n / 64) as usize, 1u64 << (n % 64));
+        let new = self.0[word] & bit == 0;
+        self.0[word] |= bit;
+        new
+    }
+}
+
+/// The checkpoint file: the report so far (its `next_cursor` is where to continue) and the
+/// server the cursor belongs to.
+#[derive(Debug, Serialize, Deserialize)]
+struct Checkpoint {
+    version: u32,
+    server_run_id: Option<String>,
+    report: SweepReport,
+}
+
+impl Checkpoint {
+    /// `None` if there is no file.
+    fn read(path: &Path) -> anyhow::Result<Option<Self>> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(e).with_context(|| format!("reading checkpoint {}", path.display()));
+            }
+        };
+        let cp: Self = serde_json::from_str(&text)
+            .with_context(|| format!("checkpoint {} is not a sweep checkpoint", path.display()))?;
+        if cp.version != CHECKPOINT_VERSION {
+            bail!(
+                "checkpoint {} has format {}, this build writes {CHECKPOINT_VERSION}",
+                path.display(),
+                cp.version
+            );
+        }
+        Ok(Some(cp))
+    }
+
+    /// Writes a temporary file next to `path`, syncs it and renames it over `path`.
+    fn write(&self, path: &Path) -> anyhow::Result<()> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            serde_json::to_writer_pretty(&mut f, self)?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().with_context(|| format!("writing checkpoint {}", path.display()))
+    }
+
+    fn remove(path: &Path) -> anyhow::Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing checkpoint {}", path.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Runs a sweep of `store`'s keyspace as `opts` say and reports it. Writes nothing to stdout;
+/// may print warnings on stderr.
+pub async fn sweep(store: &RedisStore, opts: &Args) -> anyhow::Result<SweepReport> {
+    sweep_with(store, opts, &AtomicBool::new(false), &mut |_| {}).await
+}
+
+/// [`sweep`], stopping at the next batch boundary once `stop` is set, calling `progress`
+/// after every SCAN batch.
+async fn sweep_with(
+    store: &RedisStore,
+    opts: &Args,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&SweepReport),
+) -> anyhow::Result<SweepReport> {
+    let layout = store.layout().clone();
+    let real_now = now_ms();
+    let mut sw = Sweeper {
+        conn: store.connection(),
+        pacer: Pacer::new(opts.max_ops_per_sec),
+        ops: 0,
+    };
+    let run_id = sw.run_id().await;
+
+    let resumed = match (&opts.checkpoint, opts.resume) {
+        (Some(path), true) => Checkpoint::read(path)?.filter(|cp| !cp.report.done),
+        _ => None,
+    };
+    let (mut report, mut cursor) = match resumed {
+        Some(cp) => {
+            let path = opts
+                .checkpoint
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display();
+            if cp.report.prefix != layout.prefix() {
+                bail!(
+                    "checkpoint {path} is for key prefix {:?}, not {:?}",
+                    cp.report.prefix,
+                    layout.prefix()
+                );
+            }
+            if cp.report.dry_run != opts.dry_run {
+                bail!(
+                    "checkpoint {path} is of a {} sweep: resume it with{} --dry-run, or remove it",
+                    if cp.report.dry_run { "dry-run" } else { "real" },
+                    if cp.report.dry_run { "" } else { "out" },
+                );
+            }
+            let mut cursor = cp.report.next_cursor;
+            if cp.server_run_id.is_some() && run_id.is_some() && cp.server_run_id != run_id {
+                eprintln!(
+                    "WARNING: checkpoint {path} was written against another Redis process (restart or failover): its cursor means nothing here; starting over at cursor 0"
+                );
+                cursor = 0;
+            }
+            let mut report = cp.report;
+            if let Some(t) = opts.now_ms {
+                report.now_ms = t;
+            }
+            (report, cursor)
+        }
+        None => (
+            SweepReport {
+                prefix: layout.prefix().to_owned(),
+                dry_run: opts.dry_run,
+                now_ms: opts.now_ms.unwrap_or(real_now),
+                ..SweepReport::default()
+            },
+            opts.cursor.unwrap_or(0),
+        ),
+    };
+    if report.now_ms > real_now && !opts.dry_run {
+        bail!(
+            "--now-ms {} is in the future: sweeping as of then would delete live entries (use --dry-run to forecast)",
+            report.now_ms
+        );
+    }
+    report.done = false;
+    report.next_cursor = cursor;
+    let now = report.now_ms;
+    let (prior_ops, prior_secs) = (report.ops, report.seconds);
+    let started = Instant::now();
+
+    if !opts.dry_run {
+        sw.pacer.wait().await;
+        sw.ops += 1;
+        SCRIPT
+            .load_async(&mut sw.conn)
+            .await
+            .context("loading the compare-and-delete script (SCRIPT LOAD)")?;
+    }
+
+    let pattern = layout.bucket_pattern();
+    let mut visited = Visited::new(layout.buckets());
+    let mut batches: u64 = 0;
+    loop {
+        if stop.load(Ordering::Relaxed) || opts.max_batches.is_some_and(|m| batches >= m) {
+            break;
+        }
+        let batch = async {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(opts.scan_count.max(1));
+            let (next, keys): (u64, Vec<Vec<u8>>) = sw.query(&scan).await.context("SCAN")?;
+            for key in keys {
+                let Some(n) = bucket_index(&layout, &key) else {
+                    report.keys_skipped += 1;
+                    continue;
+                };
+                if !visited.insert(n) {
+                    continue;
+                }
+                let outcome = sw
+                    .bucket(&key, now, opts.dry_run)
+                    .await
+                    .with_context(|| format!("bucket {}", String::from_utf8_lossy(&key)))?;
+                match outcome {
+                    Some(b) => report.add(&b),
+                    None => report.keys_skipped += 1,
+                }
+            }
+            anyhow::Ok(next)
+        };
+        let next = batch.await.with_context(|| {
+            format!("sweeping from SCAN cursor {cursor} (resume there with --cursor {cursor})")
+        })?;
+        batches += 1;
+        cursor = next;
+        report.scan_batches += 1;
+        report.next_cursor = cursor;
+        report.done = cursor == 0;
+        report.ops = prior_ops + sw.ops;
+        report.seconds = prior_secs + started.elapsed().as_secs_f64();
+        if let Some(path) = &opts.checkpoint {
+            if report.done {
+                Checkpoint::remove(path)?;
+            } else {
+                Checkpoint {
+                    version: CHECKPOINT_VERSION,
+                    server_run_id: run_id.clone(),
+                    report: report.clone(),
+                }
+                .write(path)?;
+            }
+        }
+        progress(&report);
+        if report.done {
+            break;
+        }
+    }
+    report.ops = prior_ops + sw.ops;
+    report.seconds = prior_secs + started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Sets `stop` on SIGINT or SIGTERM (what Kubernetes sends before killing a pod).
+fn stop_on_signal(stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut term) = signal(SignalKind::terminate()) else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_err() {
+                return;
+            }
+        }
+        eprintln!("sweep: signal received, stopping after this SCAN batch");
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+/// Progress on stderr: a bar on a terminal, else a line every [`PROGRESS_EVERY`].
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    last_line: Instant,
+}
+
+impl Progress {
+    fn new(buckets: u32) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(u64::from(buckets));
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} buckets {msg}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        Self {
+            bar,
+            last_line: Instant::now(),
+        }
+    }
+
+    fn update(&mut self, r: &SweepReport) {
+        let msg = format!(
+            "{} reclaimed, {} bytes freed, next cursor {}",
+            r.fields_reclaimed, r.bytes_freed, r.next_cursor
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(r.buckets_scanned.min(bar.length().unwrap_or(u64::MAX)));
+                bar.set_message(msg);
+            }
+            None if self.last_line.elapsed() >= PROGRESS_EVERY => {
+                self.last_line = Instant::now();
+                eprintln!(
+                    "sweep: {} buckets, {} expired found, {msg}",
+                    r.buckets_scanned, r.expired_found
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// `namelist-tools sweep`: sweeps, prints the table on stderr and the JSON report on stdout.
+pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
+    let (store, _settings) = global.open().await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_signal(stop.clone());
+    let mut progress = Progress::new(store.layout().buckets());
+    let result = sweep_with(&store, &args, &stop, &mut |r| progress.update(r)).await;
+    progress.finish();
+    let report = result?;
+    eprint!(
+        "sweep of key prefix {:?}{}:\n{}",
+        report.prefix,
+        if report.dry_run { " (dry run)" } else { "" },
+        report.table()
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    if !report.done && stop.load(Ordering::Relaxed) {
+        bail!(
+            "stopped by a signal; continue with --cursor {}{}",
+            report.next_cursor,
+            if args.checkpoint.is_some() {
+                " or --resume"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn default_is_no_flags() {
+        assert_eq!(Cli::parse_from(["sweep"]).args, Args::default());
+    }
+
+    #[test]
+    fn resume_needs_a_checkpoint_and_excludes_a_cursor() {
+        assert!(Cli::try_parse_from(["sweep", "--resume"]).is_err());
+        assert!(
+            Cli::try_parse_from(["sweep", "--resume", "--checkpoint", "c", "--cursor", "5"])
+                .is_err()
+        );
+        let a = Cli::parse_from(["sweep", "--resume", "--checkpoint", "c"]).args;
+        assert!(a.resume);
+    }
+
+    #[test]
+    fn only_exact_bucket_keys_of_this_keyspace() {
+        let l = Layout::new("nl:", 10);
+        assert_eq!(bucket_index(&l, b"nl:b:0"), Some(0));
+        assert_eq!(bucket_index(&l, b"nl:b:9"), Some(9));
+        for k in [
+            &b"nl:b:10"[..],
+            b"nl:b:+1",
+            b"nl:b:01",
+            b"nl:b:",
+            b"nl:b:x",
+            b"nl:b:b:1",
+            b"nl:meta",
+            b"xx:b:1",
+        ] {
+            assert_eq!(bucket_index(&l, k), None, "{}", String::from_utf8_lossy(k));
+        }
+    }
+
+    #[test]
+    fn only_canonical_entries_parse() {
+        assert_eq!(parse_entry(b"-42", b"0"), Some(0));
+        assert_eq!(
+            parse_entry(b"9223372036854775807", b"4294967295"),
+            Some(u32::MAX)
+        );
+        for (f, v) in [
+            (&b"1"[..], &b"soon"[..]),
+            (b"1", b"-1"),
+            (b"1", b"+1"),
+            (b"1", b"01"),
+            (b"1", b"4294967296"),
+            (b"1", b""),
+            (b"x", b"1"),
+            (b"+1", b"1"),
+            (b"01", b"1"),
+            (b"1", b"\xff"),
+        ] {
+            assert_eq!(parse_entry(f, v), None);
+        }
+    }
+
+    #[test]
+    fn visited_marks_once() {
+        let mut v = Visited::new(130);
+        assert!(v.insert(0));
+        assert!(v.insert(129));
+        assert!(!v.insert(129));
+        assert!(v.insert(64));
+        assert!(!v.insert(0));
+    }
 }
