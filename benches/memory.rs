@@ -3,8 +3,9 @@
 //!
 //! Starts its own `redis-server` (free port, no persistence, temporary directory), writes
 //! `NAMELIST_BENCH_ENTRIES` (default 1,000,000) random entries with expiries spread over the
-//! next 1-365 days through `Store::write` in batches of 10,000, then SCANs every bucket and
-//! sums `MEMORY USAGE`. Then writes a 100,000-entry sample in the seed's layout
+//! next 1-365 days through `Store::write` in batches of 10,000, then measures every bucket with
+//! `namelist-tools audit`'s library function (SCAN, `MEMORY USAGE` summed; its table, with the
+//! layout comparison of seed 004, is printed last). Then writes a 100,000-entry sample in the seed's layout
 //! (`SET deviceHash-<list>-<64 hex>-<sandbox> <13-digit ms>`), measures it and deletes it.
 //!
 //! `cargo bench --bench memory` (needs `redis-server` on PATH or `$REDIS_SERVER`)
@@ -20,6 +21,7 @@ use common::RedisServer;
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Layout, Store, WriteBatch};
+use namelist::tools::audit;
 use serde_json::json;
 
 const PREFIX: &str = "mem:";
@@ -117,14 +119,6 @@ fn modelled_bucket_bytes(key: &str, fields: u64) -> (u64, u64, u64) {
     (payload, listpack, key_overhead)
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
-
 fn main() -> Res<()> {
     // `cargo bench` passes `--bench`; there is nothing to filter here.
     let n: u64 = match std::env::var("NAMELIST_BENCH_ENTRIES") {
@@ -209,37 +203,28 @@ fn main() -> Res<()> {
     let _: i64 = redis::cmd("DEL").arg(layout.audit_key()).query(&mut conn)?;
     let after = used_memory(&mut conn)?;
 
-    // Measure every bucket.
-    let keys = scan_keys(&mut conn, &layout.bucket_pattern())?;
-    let usage = memory_usage(&mut conn, &keys)?;
-    let mut fills = Vec::with_capacity(keys.len());
-    let mut encodings: BTreeMap<String, u64> = BTreeMap::new();
-    for chunk in keys.chunks(1000) {
-        let mut pipe = redis::pipe();
-        for k in chunk {
-            pipe.cmd("OBJECT").arg("ENCODING").arg(k);
-            pipe.hlen(k);
-        }
-        let replies: Vec<redis::Value> = pipe.query(&mut conn)?;
-        for pair in replies.chunks(2) {
-            let enc: String = redis::from_redis_value_ref(&pair[0])?;
-            let len: u64 = redis::from_redis_value_ref(&pair[1])?;
-            *encodings.entry(enc).or_default() += 1;
-            fills.push(len);
-        }
-    }
-    let entries: u64 = fills.iter().sum();
-    let total: u64 = usage.iter().sum();
+    // Measure every bucket: `namelist-tools audit`'s walk (SCAN, then MEMORY USAGE, OBJECT
+    // ENCODING, HLEN per bucket), with its layout comparison on a 10,000-entry sample.
+    let audit_started = Instant::now();
+    let report = rt.block_on(audit::audit(&store, &audit::Args::default()))?;
+    let audit_secs = audit_started.elapsed().as_secs_f64();
+    let encodings: BTreeMap<String, u64> = report
+        .encodings
+        .iter()
+        .map(|(e, s)| (e.clone(), s.buckets))
+        .collect();
+    let entries = report.entries;
+    let total = report.bytes;
+    // Bucket keys differ in length by a few digits, all within one sds size class.
+    let key = "x".repeat(report.key_name_bytes.round() as usize);
     let (mut payload, mut listpack, mut key_overhead) = (0u64, 0u64, 0u64);
-    for (k, &f) in keys.iter().zip(&fills) {
-        let (p, l, o) = modelled_bucket_bytes(k, f);
-        payload += p;
-        listpack += l;
-        key_overhead += o;
+    for (&f, &count) in &report.fill_counts {
+        let (p, l, o) = modelled_bucket_bytes(&key, f);
+        payload += p * count;
+        listpack += l * count;
+        key_overhead += o * count;
     }
     let modelled = listpack + key_overhead;
-    let mut sorted = fills.clone();
-    sorted.sort_unstable();
     let per = |b: u64| b as f64 / entries.max(1) as f64;
     let bytes_per_entry = per(total);
 
@@ -284,15 +269,13 @@ fn main() -> Res<()> {
     );
     println!("  {:<44} {:>14}", "entries written", n);
     println!("  {:<44} {:>14}", "entries stored (sum of HLEN)", entries);
-    println!("  {:<44} {:>14}", "buckets", keys.len());
+    println!("  {:<44} {:>14}", "buckets", report.buckets);
     println!(
         "  {:<44} {:>14}",
         "bucket fill min / p50 / max",
         format!(
             "{} / {} / {}",
-            sorted.first().copied().unwrap_or(0),
-            percentile(&sorted, 0.5),
-            sorted.last().copied().unwrap_or(0)
+            report.fill.min, report.fill.p50, report.fill.max
         )
     );
     println!("  {:<44} {:>14}", "encodings", enc_text);
@@ -364,13 +347,13 @@ fn main() -> Res<()> {
             "redis_version": version,
             "entries_written": n,
             "entries": entries,
-            "buckets": keys.len(),
+            "buckets": report.buckets,
             "total_bytes": total,
             "bytes_per_entry": (bytes_per_entry * 100.0).round() / 100.0,
             "target_bytes_per_entry": TARGET_BYTES_PER_ENTRY,
-            "fill_min": sorted.first().copied().unwrap_or(0),
-            "fill_p50": percentile(&sorted, 0.5),
-            "fill_max": sorted.last().copied().unwrap_or(0),
+            "fill_min": report.fill.min,
+            "fill_p50": report.fill.p50,
+            "fill_max": report.fill.max,
             "encodings": encodings,
             "all_listpack": all_listpack,
             "modelled_bytes": modelled,
@@ -379,8 +362,12 @@ fn main() -> Res<()> {
             "seed_keys": seed_keys.len(),
             "seed_bytes_per_entry": (seed_per * 100.0).round() / 100.0,
             "write_seconds": (write_secs * 10.0).round() / 10.0,
+            "audit_seconds": (audit_secs * 10.0).round() / 10.0,
         })
     );
+    println!();
+    println!("`namelist-tools audit` on this keyspace ({audit_secs:.1} s):");
+    print!("{}", audit::render::table(&report));
 
     drop(store);
     drop(rt);

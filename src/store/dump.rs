@@ -97,7 +97,8 @@ pub fn listpack(elements: impl IntoIterator<Item = i64>, count: usize) -> Vec<u8
     lp.push(0xFF);
     let total = lp.len() as u32;
     lp[0..4].copy_from_slice(&total.to_le_bytes());
-    let n = u16::try_from(count).unwrap_or(u16::MAX).min(u16::MAX);
+    // 65535 and above: "unknown", as Redis writes it.
+    let n = u16::try_from(count).unwrap_or(u16::MAX);
     lp[4..6].copy_from_slice(&n.to_le_bytes());
     lp
 }
