@@ -24,7 +24,7 @@
 //! Per-row `reason`s are validated but not stored: the layout keeps only expiries, and the
 //! audit trail records the run, not its rows.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -338,17 +338,48 @@ fn open_input(
     })
 }
 
-/// One input row before validation, whatever the format.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRow {
-    list: Option<String>,
-    dimension: Option<String>,
-    value: Option<String>,
-    sandbox: Option<String>,
+/// One input row before validation, whatever the format (borrowed from the input).
+#[derive(Debug, Default)]
+struct RawRow<'a> {
+    list: Option<&'a str>,
+    dimension: Option<&'a str>,
+    value: Option<&'a str>,
+    sandbox: Option<&'a str>,
     expires_at: Option<i64>,
     ttl_seconds: Option<u64>,
-    reason: Option<String>,
+    reason: Option<&'a str>,
+}
+
+/// A JSON Lines row; strings without escapes are borrowed from the line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRow<'a> {
+    #[serde(borrow)]
+    list: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    dimension: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    value: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    sandbox: Option<std::borrow::Cow<'a, str>>,
+    expires_at: Option<i64>,
+    ttl_seconds: Option<u64>,
+    #[serde(borrow)]
+    reason: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> JsonRow<'a> {
+    fn raw(&'a self) -> RawRow<'a> {
+        RawRow {
+            list: self.list.as_deref(),
+            dimension: self.dimension.as_deref(),
+            value: self.value.as_deref(),
+            sandbox: self.sandbox.as_deref(),
+            expires_at: self.expires_at,
+            ttl_seconds: self.ttl_seconds,
+            reason: self.reason.as_deref(),
+        }
+    }
 }
 
 const COLUMNS: [&str; 7] = [
@@ -361,15 +392,53 @@ const COLUMNS: [&str; 7] = [
     "reason",
 ];
 
-/// Validates rows into records, caching parsed names (they repeat from row to row).
+/// Parsed names (lists, sandboxes, dimensions) by their raw text: a handful per file, so a
+/// short vector searched linearly beats hashing every row.
+struct Names<T> {
+    items: Vec<(Box<str>, T)>,
+}
+
+impl<T> Names<T> {
+    const CAP: usize = 64;
+
+    fn new() -> Self {
+        Self { items: Vec::new() }
+    }
+
+    /// The index of `raw`'s parsed form, parsing it on first sight. Past `CAP` names the last
+    /// slot is reused, so memory stays bounded on a file of many distinct names.
+    fn index(
+        &mut self,
+        raw: &str,
+        parse: impl FnOnce(String) -> Result<T, ValidationError>,
+    ) -> Result<usize, ValidationError> {
+        if let Some(i) = self.items.iter().position(|(k, _)| &**k == raw) {
+            return Ok(i);
+        }
+        let v = parse(raw.to_owned())?;
+        if self.items.len() < Self::CAP {
+            self.items.push((raw.into(), v));
+        } else {
+            self.items[Self::CAP - 1] = (raw.into(), v);
+        }
+        Ok(self.items.len() - 1)
+    }
+
+    fn get(&self, i: usize) -> &T {
+        &self.items[i].1
+    }
+}
+
+/// Validates rows into records.
 struct Validator<'a> {
     layout: &'a Layout,
     now: i64,
-    default_list: Option<ListName>,
-    default_sandbox: Sandbox,
-    lists: HashMap<String, ListName>,
-    sandboxes: HashMap<String, Sandbox>,
-    dimensions: HashMap<String, Dimension>,
+    /// Index of the `--list` default in `lists`, if one was given.
+    default_list: Option<usize>,
+    lists: Names<ListName>,
+    /// Slot 0 is the default sandbox.
+    sandboxes: Names<Sandbox>,
+    dimensions: Names<Dimension>,
     canonical: Vec<u8>,
 }
 
@@ -379,26 +448,39 @@ struct Accepted {
     prefix: Option<(Scope, PrefixLen)>,
 }
 
-fn cached<T: Clone>(
-    map: &mut HashMap<String, T>,
-    raw: &str,
-    parse: impl FnOnce(String) -> Result<T, ValidationError>,
-) -> Result<T, ValidationError> {
-    if let Some(v) = map.get(raw) {
-        return Ok(v.clone());
-    }
-    let v = parse(raw.to_owned())?;
-    if map.len() < 10_000 {
-        map.insert(raw.to_owned(), v.clone());
-    }
-    Ok(v)
-}
-
 impl Validator<'_> {
-    fn accept(&mut self, row: RawRow) -> Result<Accepted, ValidationError> {
-        let list = match row.list.as_deref().filter(|s| !s.is_empty()) {
-            Some(l) => cached(&mut self.lists, l, ListName::try_from).map_err(|e| e.at("list"))?,
-            None => self.default_list.clone().ok_or_else(|| {
+    fn new(
+        layout: &Layout,
+        now: i64,
+        list: Option<String>,
+        sandbox: Option<String>,
+    ) -> anyhow::Result<Validator<'_>> {
+        let mut lists = Names::new();
+        let default_list = list
+            .map(|l| lists.index(&l, ListName::try_from))
+            .transpose()
+            .context("--list")?;
+        let mut sandboxes = Names::new();
+        let default_sandbox = Sandbox::parse_or_default(sandbox).context("--sandbox")?;
+        sandboxes.index(default_sandbox.as_str(), Sandbox::try_from)?;
+        Ok(Validator {
+            layout,
+            now,
+            default_list,
+            lists,
+            sandboxes,
+            dimensions: Names::new(),
+            canonical: Vec::with_capacity(128),
+        })
+    }
+
+    fn accept(&mut self, row: RawRow<'_>) -> Result<Accepted, ValidationError> {
+        let li = match row.list.filter(|s| !s.is_empty()) {
+            Some(l) => self
+                .lists
+                .index(l, ListName::try_from)
+                .map_err(|e| e.at("list"))?,
+            None => self.default_list.ok_or_else(|| {
                 ValidationError::new("missing_list", "no list: add a list column or pass --list")
             })?,
         };
@@ -406,16 +488,24 @@ impl Validator<'_> {
             .dimension
             .filter(|s| !s.is_empty())
             .ok_or_else(|| ValidationError::new("missing_dimension", "dimension is empty"))?;
-        let dimension = cached(&mut self.dimensions, &dimension, Dimension::try_from)
+        let di = self
+            .dimensions
+            .index(dimension, Dimension::try_from)
             .map_err(|e| e.at("dimension"))?;
-        let value = row.value.unwrap_or_default();
-        let value = Value::parse_entry(&dimension, &value).map_err(|e| e.at("value"))?;
-        let sandbox = match row.sandbox.as_deref().filter(|s| !s.is_empty()) {
-            Some(s) => {
-                cached(&mut self.sandboxes, s, Sandbox::try_from).map_err(|e| e.at("sandbox"))?
-            }
-            None => self.default_sandbox.clone(),
+        let si = match row.sandbox.filter(|s| !s.is_empty()) {
+            Some(s) => self
+                .sandboxes
+                .index(s, Sandbox::try_from)
+                .map_err(|e| e.at("sandbox"))?,
+            None => 0,
         };
+        let (list, dimension, sandbox) = (
+            self.lists.get(li),
+            self.dimensions.get(di),
+            self.sandboxes.get(si),
+        );
+        let value = Value::parse_entry(dimension, row.value.unwrap_or_default())
+            .map_err(|e| e.at("value"))?;
         let expiry = match (row.expires_at, row.ttl_seconds) {
             (Some(_), Some(_)) => {
                 return Err(ValidationError::new(
@@ -429,21 +519,17 @@ impl Validator<'_> {
             }
             (None, None) => Expiry::Never,
         };
-        if row
-            .reason
-            .as_ref()
-            .is_some_and(|r| r.len() > MAX_REASON_LEN)
-        {
+        if row.reason.is_some_and(|r| r.len() > MAX_REASON_LEN) {
             return Err(ValidationError::new(
                 "invalid_reason",
                 format!("reason is longer than {MAX_REASON_LEN} bytes"),
             ));
         }
-        write_canonical(&mut self.canonical, &list, &dimension, &sandbox, &value);
+        write_canonical(&mut self.canonical, list, dimension, sandbox, &value);
         let key = self.layout.key_of(&self.canonical);
         let prefix = value.as_ip().filter(|ip| ip.is_range()).map(|ip| {
             (
-                (list, sandbox),
+                (list.clone(), sandbox.clone()),
                 PrefixLen {
                     family: ip.family(),
                     len: ip.prefix(),
@@ -532,21 +618,7 @@ fn read_rows(
 ) -> anyhow::Result<ReadOutcome> {
     let mut input = open_input(args.input_path(), bytes_read.clone())?;
     let format = detect_format(args, &mut input)?;
-    let mut v = Validator {
-        layout,
-        now,
-        default_list: args
-            .list
-            .clone()
-            .map(ListName::try_from)
-            .transpose()
-            .context("--list")?,
-        default_sandbox: Sandbox::parse_or_default(args.sandbox.clone()).context("--sandbox")?,
-        lists: HashMap::new(),
-        sandboxes: HashMap::new(),
-        dimensions: HashMap::new(),
-        canonical: Vec::with_capacity(128),
-    };
+    let mut v = Validator::new(layout, now, args.list.clone(), args.sandbox.clone())?;
     let reject_path = args.reject_path();
     if reject_path.exists() {
         std::fs::remove_file(&reject_path)
@@ -563,7 +635,7 @@ fn read_rows(
         rows_rejected: 0,
     };
     let mut handle =
-        |line: u64, row: Result<RawRow, String>, out: &mut ReadOutcome| -> anyhow::Result<()> {
+        |line: u64, row: Result<RawRow<'_>, String>, out: &mut ReadOutcome| -> anyhow::Result<()> {
             out.rows_read += 1;
             let accepted = row.and_then(|r| v.accept(r).map_err(|e| e.message));
             match accepted {
@@ -591,7 +663,9 @@ fn read_rows(
             }
             Ok(())
         };
-    match format {
+
+    let (source, index) = match format {
+        InputFormat::Jsonl => (Source::Jsonl(input), [None; 7]),
         InputFormat::Csv | InputFormat::Auto => {
             let mut reader = csv::ReaderBuilder::new()
                 .has_headers(true)
@@ -612,6 +686,42 @@ fn read_rows(
             if index[1].is_none() || index[2].is_none() {
                 bail!("the CSV header needs at least the columns dimension and value");
             }
+            (Source::Csv(Box::new(reader)), index)
+        }
+    };
+    produce(source, |item| match item {
+        Item::Csv(line, record) => handle(line, csv_row(record, &index), &mut out),
+        Item::Json(line, bytes) => match serde_json::from_slice::<JsonRow>(bytes) {
+            Ok(row) => handle(line, Ok(row.raw()), &mut out),
+            Err(e) => handle(line, Err(format!("invalid JSON: {e}")), &mut out),
+        },
+        Item::Unreadable(line, why) => handle(line, Err(why), &mut out),
+    })?;
+    rejects.finish()?;
+    progress.set_position(bytes_read.load(Ordering::Relaxed));
+    Ok(out)
+}
+
+/// The input, to be split into rows.
+enum Source {
+    Csv(Box<csv::Reader<Box<dyn BufRead + Send>>>),
+    Jsonl(Box<dyn BufRead + Send>),
+}
+
+/// One input row, with its line number.
+enum Item<'a> {
+    Csv(u64, &'a csv::StringRecord),
+    Json(u64, &'a [u8]),
+    Unreadable(u64, String),
+}
+
+/// Splits the input into rows and hands each to `f`, in order.
+fn produce(
+    source: Source,
+    mut f: impl FnMut(Item<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    match source {
+        Source::Csv(mut reader) => {
             let mut record = csv::StringRecord::new();
             loop {
                 let line = reader.position().line() + 1;
@@ -619,12 +729,11 @@ fn read_rows(
                     Ok(false) => break,
                     Ok(true) => {
                         let line = record.position().map_or(line, |p| p.line());
-                        let row = csv_row(&record, &index);
-                        handle(line, row, &mut out)?;
+                        f(Item::Csv(line, &record))?;
                     }
                     Err(e) => {
                         let line = e.position().map_or(line, |p| p.line());
-                        handle(line, Err(format!("unreadable CSV row: {e}")), &mut out)?;
+                        f(Item::Unreadable(line, format!("unreadable CSV row: {e}")))?;
                         if !matches!(
                             e.kind(),
                             csv::ErrorKind::UnequalLengths { .. } | csv::ErrorKind::Utf8 { .. }
@@ -635,42 +744,28 @@ fn read_rows(
                 }
             }
         }
-        InputFormat::Jsonl => {
+        Source::Jsonl(mut input) => {
             let mut line = 0u64;
-            let mut buf = String::new();
+            let mut buf = Vec::new();
             loop {
                 buf.clear();
-                let n = match input.read_line(&mut buf) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                        line += 1;
-                        handle(line, Err("not valid UTF-8".into()), &mut out)?;
-                        // Skip to the next newline.
-                        let mut skip = Vec::new();
-                        input.read_until(b'\n', &mut skip)?;
-                        continue;
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                if n == 0 {
+                if input.read_until(b'\n', &mut buf)? == 0 {
                     break;
                 }
                 line += 1;
-                if buf.trim().is_empty() {
-                    continue;
+                if !buf.iter().all(u8::is_ascii_whitespace) {
+                    f(Item::Json(line, &buf))?;
                 }
-                let row =
-                    serde_json::from_str::<RawRow>(&buf).map_err(|e| format!("invalid JSON: {e}"));
-                handle(line, row, &mut out)?;
             }
         }
     }
-    rejects.finish()?;
-    progress.set_position(bytes_read.load(Ordering::Relaxed));
-    Ok(out)
+    Ok(())
 }
 
-fn csv_row(record: &csv::StringRecord, index: &[Option<usize>; 7]) -> Result<RawRow, String> {
+fn csv_row<'a>(
+    record: &'a csv::StringRecord,
+    index: &[Option<usize>; 7],
+) -> Result<RawRow<'a>, String> {
     let get = |c: usize| {
         index[c]
             .and_then(|i| record.get(i))
@@ -690,14 +785,14 @@ fn csv_row(record: &csv::StringRecord, index: &[Option<usize>; 7]) -> Result<Raw
         t => t.map(|t| t as u64),
     };
     Ok(RawRow {
-        list: get(0).map(str::to_owned),
-        dimension: get(1).map(str::to_owned),
+        list: get(0),
+        dimension: get(1),
         // A value is trimmed by its dimension's rule; keep it raw here.
-        value: index[2].and_then(|i| record.get(i)).map(str::to_owned),
-        sandbox: get(3).map(str::to_owned),
+        value: index[2].and_then(|i| record.get(i)),
+        sandbox: get(3),
         expires_at: int(4)?,
         ttl_seconds: ttl,
-        reason: get(6).map(str::to_owned),
+        reason: get(6),
     })
 }
 
