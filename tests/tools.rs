@@ -42,7 +42,11 @@ fn read_rows(path: &Path) -> Vec<(String, String, String, String, String)> {
                 Some((net, _)) if d == Dimension::Ip => net.to_owned(),
                 _ => value.to_owned(),
             };
-            let sandbox = if sandbox.is_empty() { "default" } else { sandbox };
+            let sandbox = if sandbox.is_empty() {
+                "default"
+            } else {
+                sandbox
+            };
             (list.into(), sandbox.into(), dim.into(), probe, shown)
         })
         .collect()
@@ -73,7 +77,12 @@ async fn check_all(
             let hits = body["hits"].as_array().unwrap();
             let seen: HashSet<(&str, &str)> = hits
                 .iter()
-                .map(|h| (h["dimension"].as_str().unwrap(), h["value"].as_str().unwrap()))
+                .map(|h| {
+                    (
+                        h["dimension"].as_str().unwrap(),
+                        h["value"].as_str().unwrap(),
+                    )
+                })
                 .collect();
             for r in chunk {
                 if !seen.contains(&(r.2.as_str(), r.4.as_str())) {
@@ -94,14 +103,25 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let dir = tempfile::tempdir().unwrap();
     let (members, non_members) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
     let out = Command::new(TOOLS)
-        .args(["gen", "--rows", "60000", "--non-member-rows", "100000", "--quiet"])
+        .args([
+            "gen",
+            "--rows",
+            "60000",
+            "--non-member-rows",
+            "100000",
+            "--quiet",
+        ])
         .arg("--out")
         .arg(&members)
         .arg("--non-members")
         .arg(&non_members)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let summary: Json = serde_json::from_str(&tools(
         &redis,
@@ -123,7 +143,10 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let app = spawn_app(settings).await;
     let rows = read_rows(&members);
     assert_eq!(rows.len(), 60_000);
-    assert!(rows.iter().any(|r| r.4.contains('/')), "the file has ranges");
+    assert!(
+        rows.iter().any(|r| r.4.contains('/')),
+        "the file has ranges"
+    );
     let (missing, _) = check_all(&app, &rows).await;
     assert!(
         missing.is_empty(),
@@ -135,7 +158,12 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let outsiders = read_rows(&non_members);
     assert_eq!(outsiders.len(), 100_000);
     let (_, hits) = check_all(&app, &outsiders).await;
-    assert!(hits.is_empty(), "{} false positives, e.g. {:?}", hits.len(), hits.first());
+    assert!(
+        hits.is_empty(),
+        "{} false positives, e.g. {:?}",
+        hits.len(),
+        hits.first()
+    );
 
     // The audit sees exactly the import.
     let audit: Json = serde_json::from_str(&tools(
