@@ -28,8 +28,11 @@ fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// (list, sandbox, dimension, raw value, what a hit must show) of every row of a gen file.
-fn read_rows(path: &Path) -> Vec<(String, String, String, String, String)> {
+/// (list, sandbox, dimension, raw value, what a hit must show).
+type Row = (String, String, String, String, String);
+
+/// Every row of a gen file.
+fn read_rows(path: &Path) -> Vec<Row> {
     let mut r = csv::Reader::from_path(path).unwrap();
     r.records()
         .map(|rec| {
@@ -54,12 +57,8 @@ fn read_rows(path: &Path) -> Vec<(String, String, String, String, String)> {
 
 /// Checks every row (64 values per request, grouped by list and sandbox); returns the rows
 /// whose expected value was not among the hits, and every hit seen.
-async fn check_all(
-    app: &TestApp,
-    rows: &[(String, String, String, String, String)],
-) -> (Vec<String>, Vec<Json>) {
-    let mut groups: BTreeMap<(&str, &str), Vec<&(String, String, String, String, String)>> =
-        BTreeMap::new();
+async fn check_all(app: &TestApp, rows: &[Row]) -> (Vec<String>, Vec<Json>) {
+    let mut groups: BTreeMap<(&str, &str), Vec<&Row>> = BTreeMap::new();
     for r in rows {
         groups.entry((&r.0, &r.1)).or_default().push(r);
     }
