@@ -358,7 +358,8 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::{
-        AuditRecord, Invalidation, InvalidationStream, Layout, StoreResult, WriteBatch,
+        AuditRecord, DefinitionKind, Invalidation, InvalidationStream, Layout, MetricOp,
+        MetricReading, StoreResult, StoredDefinition, WriteBatch,
     };
 
     /// A real (embedded) store whose reads are slow and counted.
@@ -409,6 +410,30 @@ mod tests {
         }
         async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
             self.inner.audit_tail(count).await
+        }
+        async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
+            self.inner.metric_ops(ops).await
+        }
+        async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
+            self.inner.mark_events(markers, ttl_ms).await
+        }
+        async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
+            self.inner.unmark_events(markers).await
+        }
+        async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
+            self.inner.definitions(kind).await
+        }
+        async fn put_definition(
+            &self,
+            kind: DefinitionKind,
+            id: &str,
+            fingerprint: &str,
+            body: &str,
+        ) -> StoreResult<u64> {
+            self.inner.put_definition(kind, id, fingerprint, body).await
+        }
+        async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
+            self.inner.delete_definition(kind, id).await
         }
     }
 

@@ -60,6 +60,9 @@ pub struct Settings {
     pub workers: Option<usize>,
     /// `json` (one object per line) or `text`.
     pub log_format: LogFormat,
+    /// Most members a COUNT_DISTINCT entity keeps (the oldest go first); reads at the cap are
+    /// reported.
+    pub distinct_cap: u32,
 }
 
 /// How logs are written.
@@ -93,6 +96,7 @@ impl Default for Settings {
             snapshot_interval_secs: 10,
             workers: None,
             log_format: LogFormat::Json,
+            distinct_cap: 10_000,
         }
     }
 }
@@ -149,6 +153,7 @@ const KEYS: &[&str] = &[
     "snapshot_interval_secs",
     "workers",
     "log_format",
+    "distinct_cap",
 ];
 
 /// Variables that are not settings but are read elsewhere.
@@ -211,6 +216,16 @@ impl Settings {
             }
         }
         Ok(())
+    }
+
+    /// The velocity service's tuning.
+    pub fn velocity_settings(&self) -> crate::velocity::VelocitySettings {
+        crate::velocity::VelocitySettings {
+            read_deadline: Duration::from_millis(self.check_deadline_ms),
+            write_deadline: Duration::from_millis(self.write_deadline_ms),
+            fail_mode: self.fail_mode,
+            distinct_cap: self.distinct_cap.max(1),
+        }
     }
 
     /// The name-list service's tuning.

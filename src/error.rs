@@ -8,6 +8,8 @@
 //! | JSON of the wrong shape        | 400    | `invalid_body`            |
 //! | body over the limit            | 413    | `payload_too_large`       |
 //! | no such route                  | 404    | `not_found`               |
+//! | no such metric / rule          | 404    | `unknown_metric` / `unknown_rule` |
+//! | metric still read by a rule    | 409    | `metric_in_use`           |
 //! | method not allowed             | 405    | `method_not_allowed`      |
 //! | store unreachable or too slow  | 503    | `store_unavailable` (+ `Retry-After: 1`) |
 //! | anything else                  | 500    | `internal`                |
@@ -36,6 +38,12 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("no such resource")]
     NotFound,
+    /// A named thing that does not exist (404 with its own code, e.g. `unknown_metric`).
+    #[error(transparent)]
+    Missing(ValidationError),
+    /// A change that conflicts with the current state (409, e.g. `metric_in_use`).
+    #[error(transparent)]
+    Conflict(ValidationError),
     #[error("method not allowed on this resource")]
     MethodNotAllowed,
     #[error(transparent)]
@@ -53,10 +61,22 @@ impl From<ListsError> for ApiError {
     }
 }
 
+impl From<crate::velocity::VelocityError> for ApiError {
+    fn from(e: crate::velocity::VelocityError) -> Self {
+        use crate::velocity::VelocityError as V;
+        match e {
+            V::Invalid(v) => ApiError::Invalid(v),
+            V::NotFound(v) => ApiError::Missing(v),
+            V::Conflict(v) => ApiError::Conflict(v),
+            V::Unavailable(s) => ApiError::Unavailable(s),
+        }
+    }
+}
+
 impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::Invalid(v) => v.code,
+            ApiError::Invalid(v) | ApiError::Missing(v) | ApiError::Conflict(v) => v.code,
             ApiError::InvalidJson(_) => "invalid_json",
             ApiError::InvalidBody(_) => "invalid_body",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
@@ -75,7 +95,8 @@ impl ResponseError for ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::Missing(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -66,5 +66,7 @@ async fn apply(entries: &LookupCache, registries: &RegistryCache, message: Inval
             entries.invalidate_misses();
             registries.invalidate_all();
         }
+        // Definitions are the velocity service's business (its own subscription).
+        Invalidation::Definitions => {}
     }
 }

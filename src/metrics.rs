@@ -11,7 +11,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// The store operations latency and errors are recorded under.
-pub const STORE_OPS: &[&str] = &["check", "get", "write", "remove"];
+pub const STORE_OPS: &[&str] = &[
+    "check", "get", "write", "remove", "events", "features", "evaluate", "define",
+];
 
 /// Every metric the service exports.
 pub struct Metrics {
@@ -34,6 +36,10 @@ pub struct Metrics {
     pub refused_answers: IntCounter,
     /// 1 while the invalidation subscription is up.
     pub subscription_up: IntGauge,
+    /// Events by outcome: `applied` counts metric updates, `duplicate` and `late` events.
+    pub events: IntCounterVec,
+    /// Feature reads that found a COUNT_DISTINCT entity at its member cap.
+    pub distinct_capped: IntCounter,
 }
 
 impl Metrics {
@@ -95,6 +101,18 @@ impl Metrics {
                 "namelist_refused_answers_total",
                 "Checks answered 503 (fail-closed) because the store did not answer in time",
             ),
+            events: IntCounterVec::new(
+                Opts::new(
+                    "namelist_events_total",
+                    "Events: metric updates applied, duplicate and late events",
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            distinct_capped: counter(
+                "namelist_distinct_capped_total",
+                "Distinct counts read at their member cap (the true count may be higher)",
+            ),
             subscription_up: IntGauge::new(
                 "namelist_invalidation_subscription_up",
                 "1 while the cache invalidation subscription is up",
@@ -107,6 +125,9 @@ impl Metrics {
         // has a series before the first error.
         for op in STORE_OPS {
             m.store_errors.with_label_values(&[op]);
+        }
+        for outcome in ["applied", "duplicate", "late"] {
+            m.events.with_label_values(&[outcome]);
         }
         m
     }
@@ -125,6 +146,8 @@ impl Metrics {
             Box::new(self.degraded_answers.clone()),
             Box::new(self.refused_answers.clone()),
             Box::new(self.subscription_up.clone()),
+            Box::new(self.events.clone()),
+            Box::new(self.distinct_capped.clone()),
         ];
         for c in all {
             r.register(c).expect("metric names are unique");

@@ -17,6 +17,7 @@ use crate::routes::json::BodyLimit;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::{Layout, Store, StoreError};
+use crate::velocity::Velocity;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -119,10 +120,13 @@ impl Application {
         let opened = open_store(&settings).await?;
         let metrics = Arc::new(Metrics::new());
         let lists = web::Data::new(NameLists::new(
-            opened.store,
+            opened.store.clone(),
             settings.list_settings(),
             metrics.clone(),
         ));
+        let velocity = web::Data::from(
+            Velocity::new(opened.store, settings.velocity_settings(), metrics.clone()).await?,
+        );
         let listener =
             TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {
                 addr: settings.listen.clone(),
@@ -141,6 +145,7 @@ impl Application {
         let mut server = HttpServer::new(move || {
             App::new()
                 .app_data(app_lists.clone())
+                .app_data(velocity.clone())
                 .app_data(metrics.clone())
                 .app_data(limit.clone())
                 .app_data(web::QueryConfig::default().error_handler(routes::query_error))

@@ -13,5 +13,5 @@ pub use dimension::Dimension;
 pub use error::ValidationError;
 pub use expiry::{EPOCH_2020_MS, Expiry, now_ms};
 pub use mask::mask_value;
-pub use names::{ListName, Sandbox};
+pub use names::{EventType, FieldName, ListName, MetricId, RuleId, Sandbox};
 pub use value::{IpFamily, IpValue, Value};

@@ -1,5 +1,6 @@
-//! Identifiers with a fixed alphabet: list names and sandboxes. Their alphabets exclude `\n`,
-//! which the storage layout relies on to join them unambiguously.
+//! Identifiers with a fixed alphabet: list names, sandboxes, metric and rule ids, event types
+//! and field names. None of their alphabets holds `\n`, `:`, `{` or `}`, which the storage
+//! layout relies on to join them unambiguously and to place hash tags.
 
 use std::fmt;
 
@@ -11,88 +12,97 @@ fn check_ident(
     s: &str,
     max: usize,
     allowed: impl Fn(u8) -> bool,
+    code: &'static str,
     what: &str,
+    pattern: &str,
 ) -> Result<(), ValidationError> {
     if s.is_empty() || s.len() > max || !s.bytes().all(allowed) {
         return Err(ValidationError::new(
-            if what == "list" {
-                "invalid_list"
-            } else {
-                "invalid_sandbox"
-            },
-            format!("{what} {s:?} must match {}", pattern(what, max)),
+            code,
+            format!("{what} {s:?} must match {pattern}"),
         ));
     }
     Ok(())
 }
 
-fn pattern(what: &str, max: usize) -> String {
-    if what == "list" {
-        format!("^[a-z0-9_-]{{1,{max}}}$")
-    } else {
-        format!("^[A-Za-z0-9_-]{{1,{max}}}$")
-    }
+/// Declares a string newtype built only through `TryFrom<String>` / `FromStr`.
+macro_rules! ident {
+    ($(#[$doc:meta])* $name:ident, $max:expr, $allowed:expr, $code:literal, $what:literal, $pattern:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub const MAX_LEN: usize = $max;
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = ValidationError;
+
+            fn try_from(s: String) -> Result<Self, Self::Error> {
+                check_ident(&s, $max, $allowed, $code, $what, $pattern)?;
+                Ok(Self(s))
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = ValidationError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::try_from(s.to_owned())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(v: $name) -> String {
+                v.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
 
-/// A list name: `^[a-z0-9_-]{1,32}$` (`black`, `white`, `fraud_device`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ListName(String);
-
-impl ListName {
-    pub const MAX_LEN: usize = 32;
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+fn lower_ident(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'
 }
 
-impl TryFrom<String> for ListName {
-    type Error = ValidationError;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        check_ident(
-            &s,
-            Self::MAX_LEN,
-            |b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-',
-            "list",
-        )?;
-        Ok(Self(s))
-    }
-}
-
-impl std::str::FromStr for ListName {
-    type Err = ValidationError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::try_from(s.to_owned())
-    }
-}
-
-impl From<ListName> for String {
-    fn from(v: ListName) -> String {
-        v.0
-    }
-}
-
-impl fmt::Display for ListName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A sandbox (business-line isolation id): `^[A-Za-z0-9_-]{1,64}$`, default `default`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct Sandbox(String);
+ident!(
+    /// A list name: `^[a-z0-9_-]{1,32}$` (`black`, `white`, `fraud_device`).
+    ListName, 32, |b| lower_ident(b) || b == b'-', "invalid_list", "list", "^[a-z0-9_-]{1,32}$"
+);
+ident!(
+    /// A sandbox (business-line isolation id): `^[A-Za-z0-9_-]{1,64}$`, default `default`.
+    Sandbox, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-', "invalid_sandbox", "sandbox", "^[A-Za-z0-9_-]{1,64}$"
+);
+ident!(
+    /// A metric id: `^[a-z0-9_]{1,64}$`.
+    MetricId, 64, lower_ident, "invalid_metric_id", "metric id", "^[a-z0-9_]{1,64}$"
+);
+ident!(
+    /// A rule id: `^[a-z0-9_]{1,64}$`.
+    RuleId, 64, lower_ident, "invalid_rule_id", "rule id", "^[a-z0-9_]{1,64}$"
+);
+ident!(
+    /// An event type (`transaction`, `login`): `^[A-Za-z0-9_.-]{1,64}$`.
+    EventType, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-', "invalid_event_type", "event type", "^[A-Za-z0-9_.-]{1,64}$"
+);
+ident!(
+    /// The name of an event field (`device_id`, `amount`): `^[A-Za-z0-9_.-]{1,64}$`.
+    FieldName, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-', "invalid_field", "field name", "^[A-Za-z0-9_.-]{1,64}$"
+);
 
 impl Sandbox {
-    pub const MAX_LEN: usize = 64;
     pub const DEFAULT: &'static str = "default";
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 
     /// Parses an optional sandbox, `None` meaning the default one.
     pub fn parse_or_default(s: Option<String>) -> Result<Self, ValidationError> {
@@ -106,40 +116,6 @@ impl Sandbox {
 impl Default for Sandbox {
     fn default() -> Self {
         Self(Self::DEFAULT.to_owned())
-    }
-}
-
-impl TryFrom<String> for Sandbox {
-    type Error = ValidationError;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        check_ident(
-            &s,
-            Self::MAX_LEN,
-            |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-',
-            "sandbox",
-        )?;
-        Ok(Self(s))
-    }
-}
-
-impl std::str::FromStr for Sandbox {
-    type Err = ValidationError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::try_from(s.to_owned())
-    }
-}
-
-impl From<Sandbox> for String {
-    fn from(v: Sandbox) -> String {
-        v.0
-    }
-}
-
-impl fmt::Display for Sandbox {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 

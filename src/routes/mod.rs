@@ -2,9 +2,11 @@
 //! resource and only translate between HTTP and the services.
 
 pub mod check;
+pub mod events;
 pub mod health;
 pub mod json;
 pub mod lists;
+pub mod velocity;
 
 use std::time::Instant;
 
@@ -32,6 +34,45 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/v1/check")
             .route(web::post().to(check::check))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/metrics")
+            .route(web::get().to(velocity::list_metrics))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/metrics/{id}")
+            .route(web::put().to(velocity::put_metric))
+            .route(web::get().to(velocity::get_metric))
+            .route(web::delete().to(velocity::delete_metric))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/rules")
+            .route(web::get().to(velocity::list_rules))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/rules/{id}")
+            .route(web::put().to(velocity::put_rule))
+            .route(web::get().to(velocity::get_rule))
+            .route(web::delete().to(velocity::delete_rule))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/events")
+            .route(web::post().to(events::post_events))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/features")
+            .route(web::post().to(events::post_features))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/evaluate")
+            .route(web::post().to(events::post_evaluate))
             .default_service(web::to(method_not_allowed)),
     )
     .service(web::resource("/healthz").route(web::get().to(health::healthz)))

@@ -38,6 +38,31 @@
 //! address itself plus one network per registered length: never a scan. Lengths are only
 //! added; a length with no entries left costs one extra (cheap, cached) probe.
 //!
+//! # Velocity metrics
+//! One entity of one metric version is one key, `<prefix>v{<h>}`, where `h` is 96 bits of
+//! `xxh3_128(metric id, version, group-by values)` in URL-safe base64 (16 characters): short
+//! whatever the values (seed 002: hash non-ASCII values, keep keys short), and a hash tag, so
+//! every key of the entity lives in one cluster slot and one script can touch them all. A new
+//! version is a new key: old counts are never read again and expire on their own.
+//!
+//! | aggregation | Redis | fields |
+//! |---|---|---|
+//! | COUNT, SUM | hash | sub-window index → count or sum (amounts × 10,000) |
+//! | AVG | hash | `2i` → sum, `2i+1` → count |
+//! | MIN, MAX | hash | sub-window index → min or max |
+//! | COUNT_DISTINCT | sorted set | member `xxh3_64(value)` → score = last sub-window seen; capped |
+//! | APPROX_COUNT_DISTINCT | one HyperLogLog per sub-window, `<key>:<i>` | counted with one multi-key `PFCOUNT` |
+//!
+//! Integer fields and values keep the hashes as compact listpacks; sub-windows that left the
+//! window are trimmed on update, and every key expires when its newest data can no longer be
+//! read (`PEXPIREAT (i + W/r)·r`).
+//!
+//! Event ids (idempotent ingestion) are `<prefix>e:<h>` strings (`h` from the event type and
+//! id), set with `NX` and expiring after the longest window. Definitions live in the hashes
+//! `<prefix>defs:metric` and `<prefix>defs:rule`: field = id, value =
+//! `<version>\n<fingerprint>\n<JSON>` (a deleted one keeps `<version>\n\n` so a re-created
+//! metric never reuses an old version's counts).
+//!
 //! # Audit trail and invalidation
 //! Every upsert and delete appends one record per entry to the capped stream `<prefix>audit`
 //! (`XADD MAXLEN ~`): when, who, op, list, dimension, sandbox, expiry, reason, the
@@ -174,6 +199,51 @@ impl Layout {
     pub fn channel(&self) -> String {
         format!("{}inv", self.prefix)
     }
+
+    /// The key of one entity of one metric version (see the module docs).
+    pub fn metric_key(&self, metric: &str, version: u64, group_values: &[&str]) -> String {
+        let mut h = Vec::with_capacity(64);
+        for part in [metric, &version.to_string()] {
+            h.extend_from_slice(part.as_bytes());
+            h.push(b'\n');
+        }
+        for v in group_values {
+            // Length-prefixed: values may hold any byte.
+            h.extend_from_slice(v.len().to_string().as_bytes());
+            h.push(b':');
+            h.extend_from_slice(v.as_bytes());
+        }
+        format!("{}v{{{}}}", self.prefix, short_hash(&h))
+    }
+
+    /// The key of one sub-window of an APPROX_COUNT_DISTINCT entity.
+    pub fn metric_sub_key(base: &str, sub: i64) -> String {
+        format!("{base}:{sub}")
+    }
+
+    /// The marker of an event id (idempotent ingestion).
+    pub fn event_marker_key(&self, event_type: &str, id: &str) -> String {
+        let mut h = Vec::with_capacity(event_type.len() + id.len() + 1);
+        h.extend_from_slice(event_type.as_bytes());
+        h.push(b'\n');
+        h.extend_from_slice(id.as_bytes());
+        format!("{}e:{}", self.prefix, short_hash(&h))
+    }
+
+    /// The hash of metric (`metric`) or rule (`rule`) definitions.
+    pub fn definitions_key(&self, kind: &str) -> String {
+        format!("{}defs:{kind}", self.prefix)
+    }
+}
+
+/// 96 bits of xxh3-128 in URL-safe base64: 16 characters.
+fn short_hash(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let h = xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes();
+    let bits = u128::from_le_bytes(h) >> 32;
+    (0..16)
+        .map(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize] as char)
+        .collect()
 }
 
 /// The canonical bytes of an entry (see the module docs).
@@ -214,6 +284,8 @@ pub enum Invalidation {
     Scopes(Vec<(String, String)>),
     /// Entries were written in bulk (import): drop every cached miss and every registry.
     Bulk,
+    /// Metric or rule definitions changed: reload them.
+    Definitions,
 }
 
 impl Invalidation {
@@ -347,6 +419,29 @@ mod tests {
         }
         assert_eq!(PrefixLen::parse_member("4/32"), None);
         assert_eq!(PrefixLen::parse_member("5/8"), None);
+    }
+
+    #[test]
+    fn metric_keys_are_short_tagged_and_distinct() {
+        let l = Layout::new("nl:", 1);
+        let k = l.metric_key("dev_tx_7d", 1, &["d000001"]);
+        assert_eq!(k.len(), "nl:v{".len() + 16 + 1, "{k}");
+        assert!(k.starts_with("nl:v{") && k.ends_with('}'));
+        assert_ne!(
+            k,
+            l.metric_key("dev_tx_7d", 2, &["d000001"]),
+            "versions differ"
+        );
+        assert_ne!(
+            l.metric_key("m", 1, &["a", "bc"]),
+            l.metric_key("m", 1, &["ab", "c"]),
+            "values are joined unambiguously"
+        );
+        assert_eq!(Layout::metric_sub_key(&k, 17_737), format!("{k}:17737"));
+        assert_ne!(
+            l.event_marker_key("login", "1"),
+            l.event_marker_key("transaction", "1")
+        );
     }
 
     #[test]

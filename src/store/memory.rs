@@ -5,12 +5,16 @@
 //!
 //! Optionally it is snapshotted to a file (postcard, written to a temporary file and renamed,
 //! so a crash leaves the previous snapshot) every `snapshot_interval` when something changed
-//! and when the service stops. Expired entries are left out of snapshots.
+//! and when the service stops. Expired entries are left out of snapshots; metric and rule
+//! definitions are kept, velocity counts are not (they are short-lived by nature).
+//!
+//! Velocity metrics follow the Lua scripts of `store::redis` step for step (the conformance
+//! suite holds both to the same oracle); APPROX_COUNT_DISTINCT is counted exactly here.
 //!
 //! State sits behind one std `Mutex`: every operation is a few hash-map steps and no lock is
 //! held across an `.await`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,8 +26,9 @@ use tokio::sync::broadcast;
 
 use super::layout::FORMAT_VERSION;
 use super::{
-    AuditRecord, EntryKey, Invalidation, InvalidationStream, Layout, PrefixLen, Scope, Store,
-    StoreError, StoreResult, WriteBatch, code_is_live,
+    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricFamily,
+    MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult, StoredDefinition,
+    WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -32,6 +37,159 @@ struct State {
     entries: HashMap<EntryKey, u32>,
     registries: HashMap<Scope, BTreeSet<PrefixLen>>,
     audit: VecDeque<AuditRecord>,
+    metrics: HashMap<String, MetricState>,
+    /// Event-id markers and when they expire.
+    markers: HashMap<String, i64>,
+    /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
+    definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
+    ops_since_purge: u64,
+}
+
+/// One metric entity, as Redis would keep it (see `layout`).
+struct MetricState {
+    /// Unix ms; the APPROX family keeps one per sub-window instead.
+    expire_at: i64,
+    data: MetricData,
+}
+
+enum MetricData {
+    /// Hash of integer fields (SUM, AVG, MIN, MAX).
+    Hash(BTreeMap<i64, i64>),
+    /// Sorted set: member → score (COUNT_DISTINCT).
+    Zset(HashMap<i64, i64>),
+    /// One set per sub-window, each with its own expiry (APPROX_COUNT_DISTINCT, counted
+    /// exactly here: within any HyperLogLog error bound).
+    Subs(BTreeMap<i64, (i64, HashSet<i64>)>),
+}
+
+impl MetricState {
+    fn new(op: &MetricOp) -> Self {
+        Self {
+            expire_at: i64::MAX,
+            data: match op.family {
+                MetricFamily::Distinct => MetricData::Zset(HashMap::new()),
+                MetricFamily::Approx => MetricData::Subs(BTreeMap::new()),
+                _ => MetricData::Hash(BTreeMap::new()),
+            },
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match &self.data {
+            MetricData::Hash(h) => h.is_empty(),
+            MetricData::Zset(z) => z.is_empty(),
+            MetricData::Subs(s) => s.is_empty(),
+        }
+    }
+
+    /// Applies one op with the semantics of the Lua scripts in `store::redis`.
+    fn apply(&mut self, op: &MetricOp, now: i64) -> MetricReading {
+        let n = op.slots;
+        let floor = op.trim_hi - n + 1;
+        let (lo, hi) = (op.read_hi - n + 1, op.read_hi);
+        if let Some((sub, value)) = op.update {
+            let at = op.expire_at().unwrap_or(i64::MAX);
+            match &mut self.data {
+                MetricData::Hash(h) => {
+                    match op.family {
+                        MetricFamily::Sum => *h.entry(sub).or_default() += value,
+                        MetricFamily::Avg => {
+                            *h.entry(2 * sub).or_default() += value;
+                            *h.entry(2 * sub + 1).or_default() += 1;
+                        }
+                        MetricFamily::Min => {
+                            let e = h.entry(sub).or_insert(value);
+                            *e = (*e).min(value);
+                        }
+                        _ => {
+                            let e = h.entry(sub).or_insert(value);
+                            *e = (*e).max(value);
+                        }
+                    }
+                    let per = if op.family == MetricFamily::Avg { 2 } else { 1 };
+                    if h.len() as i64 > per * n {
+                        h.retain(|f, _| f.div_euclid(per) >= floor);
+                    }
+                }
+                MetricData::Zset(z) => {
+                    let score = z.entry(value).or_insert(sub);
+                    *score = (*score).max(sub);
+                    z.retain(|_, s| *s >= floor);
+                    let cap = op.cap as usize;
+                    if z.len() > cap {
+                        // ZPOPMIN: lowest score first, then the smallest member as a string.
+                        let mut order: Vec<(i64, String, i64)> =
+                            z.iter().map(|(m, s)| (*s, m.to_string(), *m)).collect();
+                        order.sort();
+                        for (_, _, m) in order.into_iter().take(z.len() - cap) {
+                            z.remove(&m);
+                        }
+                    }
+                }
+                MetricData::Subs(subs) => {
+                    let e = subs.entry(sub).or_insert((at, HashSet::new()));
+                    e.0 = e.0.max(at);
+                    e.1.insert(value);
+                }
+            }
+            if !matches!(self.data, MetricData::Subs(_)) {
+                self.expire_at = if self.expire_at == i64::MAX {
+                    at
+                } else {
+                    self.expire_at.max(at)
+                };
+            }
+        }
+        if let MetricData::Subs(subs) = &mut self.data {
+            subs.retain(|_, (at, _)| *at > now);
+        }
+        let in_range = |f: i64| f >= lo && f <= hi;
+        match (&self.data, op.family) {
+            (MetricData::Hash(h), MetricFamily::Sum) => MetricReading::Sum(
+                h.iter()
+                    .filter(|(f, _)| in_range(**f))
+                    .map(|(_, v)| v)
+                    .sum(),
+            ),
+            (MetricData::Hash(h), MetricFamily::Avg) => {
+                let (mut sum, mut count) = (0, 0);
+                for (f, v) in h.iter().filter(|(f, _)| in_range(f.div_euclid(2))) {
+                    if f % 2 == 0 {
+                        sum += v;
+                    } else {
+                        count += v;
+                    }
+                }
+                MetricReading::Avg { sum, count }
+            }
+            (MetricData::Hash(h), MetricFamily::Min) => MetricReading::Extreme(
+                h.iter()
+                    .filter(|(f, _)| in_range(**f))
+                    .map(|(_, v)| *v)
+                    .min(),
+            ),
+            (MetricData::Hash(h), _) => MetricReading::Extreme(
+                h.iter()
+                    .filter(|(f, _)| in_range(**f))
+                    .map(|(_, v)| *v)
+                    .max(),
+            ),
+            (MetricData::Zset(z), _) => MetricReading::Distinct {
+                count: z.values().filter(|s| in_range(**s)).count() as i64,
+                capped: z.len() >= op.cap as usize,
+            },
+            (MetricData::Subs(subs), _) => {
+                let mut all: HashSet<i64> = HashSet::new();
+                for (_, (_, set)) in subs.range(lo..=hi) {
+                    all.extend(set);
+                }
+                MetricReading::Distinct {
+                    count: all.len() as i64,
+                    capped: false,
+                }
+            }
+        }
+    }
 }
 
 /// The snapshot file's content.
@@ -41,6 +199,8 @@ struct Snapshot {
     buckets: u32,
     entries: Vec<(EntryKey, u32)>,
     registries: Vec<(Scope, Vec<PrefixLen>)>,
+    /// (kind, id, version, fingerprint, body) of metric and rule definitions.
+    definitions: Vec<(String, String, u64, String, String)>,
 }
 
 /// The embedded store.
@@ -87,6 +247,14 @@ impl MemoryStore {
                 .into_iter()
                 .map(|(s, p)| (s, p.into_iter().collect()))
                 .collect();
+            for (kind, id, version, fp, body) in snap.definitions {
+                let kind = match kind.as_str() {
+                    "metric" => DefinitionKind::Metric.as_str(),
+                    "rule" => DefinitionKind::Rule.as_str(),
+                    _ => continue,
+                };
+                state.definitions.insert((kind, id), (version, fp, body));
+            }
         }
         let (invalidations, _) = broadcast::channel(1024);
         Ok(Self {
@@ -132,6 +300,13 @@ impl MemoryStore {
                     .registries
                     .iter()
                     .map(|(s, p)| (s.clone(), p.iter().copied().collect()))
+                    .collect(),
+                definitions: st
+                    .definitions
+                    .iter()
+                    .map(|((k, id), (v, fp, body))| {
+                        (k.to_string(), id.clone(), *v, fp.clone(), body.clone())
+                    })
                     .collect(),
             }
         };
@@ -282,5 +457,114 @@ impl Store for MemoryStore {
         let st = self.lock();
         let skip = st.audit.len().saturating_sub(count);
         Ok(st.audit.iter().skip(skip).cloned().collect())
+    }
+
+    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
+        let now = now_ms();
+        let mut st = self.lock();
+        st.ops_since_purge += ops.len() as u64;
+        if st.ops_since_purge > 4096 {
+            st.ops_since_purge = 0;
+            st.metrics.retain(|_, m| m.expire_at > now && !m.is_empty());
+            st.markers.retain(|_, at| *at > now);
+        }
+        Ok(ops
+            .iter()
+            .map(|op| {
+                let state = st
+                    .metrics
+                    .entry(op.key.clone())
+                    .or_insert_with(|| MetricState::new(op));
+                if state.expire_at <= now {
+                    *state = MetricState::new(op);
+                }
+                let r = state.apply(op, now);
+                if state.is_empty() {
+                    st.metrics.remove(&op.key);
+                }
+                r
+            })
+            .collect())
+    }
+
+    async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
+        let now = now_ms();
+        let mut st = self.lock();
+        Ok(markers
+            .iter()
+            .map(|m| match st.markers.get(m) {
+                Some(at) if *at > now => false,
+                _ => {
+                    st.markers.insert(m.clone(), now + ttl_ms.max(1));
+                    true
+                }
+            })
+            .collect())
+    }
+
+    async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
+        let mut st = self.lock();
+        for m in markers {
+            st.markers.remove(m);
+        }
+        Ok(())
+    }
+
+    async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
+        let st = self.lock();
+        Ok(st
+            .definitions
+            .iter()
+            .filter(|((k, _), (_, fp, _))| *k == kind.as_str() && !fp.is_empty())
+            .map(|((_, id), (version, _, body))| StoredDefinition {
+                id: id.clone(),
+                version: *version,
+                body: body.clone(),
+            })
+            .collect())
+    }
+
+    async fn put_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        fingerprint: &str,
+        body: &str,
+    ) -> StoreResult<u64> {
+        let version = {
+            let mut st = self.lock();
+            let slot = st
+                .definitions
+                .entry((kind.as_str(), id.to_owned()))
+                .or_insert((0, String::new(), String::new()));
+            if slot.1.is_empty() || slot.1 != fingerprint {
+                slot.0 += 1;
+            }
+            slot.1 = fingerprint.to_owned();
+            slot.2 = body.to_owned();
+            slot.0
+        };
+        self.dirty.store(true, Ordering::Release);
+        let _ = self.invalidations.send(Invalidation::Definitions);
+        Ok(version)
+    }
+
+    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
+        let existed = {
+            let mut st = self.lock();
+            match st.definitions.get_mut(&(kind.as_str(), id.to_owned())) {
+                Some(slot) if !slot.1.is_empty() => {
+                    slot.1.clear();
+                    slot.2.clear();
+                    true
+                }
+                _ => false,
+            }
+        };
+        if existed {
+            self.dirty.store(true, Ordering::Release);
+            let _ = self.invalidations.send(Invalidation::Definitions);
+        }
+        Ok(existed)
     }
 }

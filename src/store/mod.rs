@@ -44,6 +44,88 @@ pub struct WriteBatch {
     pub audit: Vec<AuditRecord>,
 }
 
+/// How a metric entity is kept: one family per Lua script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetricFamily {
+    /// COUNT and SUM: a hash of sub-window → total.
+    Sum,
+    /// AVG: a hash of `2i` → sum, `2i+1` → count.
+    Avg,
+    /// MIN: a hash of sub-window → minimum.
+    Min,
+    /// MAX: a hash of sub-window → maximum.
+    Max,
+    /// COUNT_DISTINCT: a sorted set of member → last sub-window seen, capped.
+    Distinct,
+    /// APPROX_COUNT_DISTINCT: a HyperLogLog per sub-window.
+    Approx,
+}
+
+/// One update and/or read of one metric entity (see `layout` for what each family stores).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricOp {
+    pub family: MetricFamily,
+    /// The entity's key (`Layout::metric_key`).
+    pub key: String,
+    /// Sub-windows in the window (`W / r`).
+    pub slots: i64,
+    pub resolution_ms: i64,
+    /// An update: (sub-window, value). The value is the increment (COUNT: 1, SUM/AVG: the
+    /// scaled amount), the observed scaled amount (MIN/MAX) or the member's hash (distinct).
+    pub update: Option<(i64, i64)>,
+    /// The value returned aggregates sub-windows `[read_hi - slots + 1, read_hi]`.
+    pub read_hi: i64,
+    /// Updates trim sub-windows older than `trim_hi - slots + 1` (`trim_hi` = the present).
+    pub trim_hi: i64,
+    /// COUNT_DISTINCT: most members kept (the oldest go first).
+    pub cap: u32,
+}
+
+impl MetricOp {
+    /// When the entity's data written by this op stops being readable.
+    pub fn expire_at(&self) -> Option<i64> {
+        self.update
+            .map(|(sub, _)| (sub + self.slots) * self.resolution_ms)
+    }
+}
+
+/// What a metric op read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricReading {
+    /// COUNT, SUM: the total (0 when empty).
+    Sum(i64),
+    /// AVG: total and count.
+    Avg { sum: i64, count: i64 },
+    /// MIN, MAX: `None` when empty.
+    Extreme(Option<i64>),
+    /// COUNT_DISTINCT, APPROX_COUNT_DISTINCT; `capped` when the member cap is reached.
+    Distinct { count: i64, capped: bool },
+}
+
+/// Metric or rule definitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefinitionKind {
+    Metric,
+    Rule,
+}
+
+impl DefinitionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DefinitionKind::Metric => "metric",
+            DefinitionKind::Rule => "rule",
+        }
+    }
+}
+
+/// A live definition as stored: its id, version and JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredDefinition {
+    pub id: String,
+    pub version: u64,
+    pub body: String,
+}
+
 /// A stream of invalidations. It ends when the subscription broke: whatever was cached may
 /// since have changed unseen.
 pub type InvalidationStream = BoxStream<'static, Invalidation>;
@@ -92,6 +174,32 @@ pub trait Store: Send + Sync + 'static {
 
     /// The newest `count` audit records, oldest first.
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
+
+    /// Runs metric updates and reads, in one round trip; one reading per op, in order.
+    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>>;
+
+    /// Marks event ids as seen for `ttl_ms` (`SET NX`); for each, whether it was new.
+    async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>>;
+
+    /// Forgets markers (their events could not be applied and will be retried).
+    async fn unmark_events(&self, markers: &[String]) -> StoreResult<()>;
+
+    /// Every live definition of a kind.
+    async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>>;
+
+    /// Stores a definition and tells every instance. Its version is kept when the
+    /// fingerprint is unchanged, else it is one more than any earlier version of the id
+    /// (deleted ones included). Returns the version.
+    async fn put_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        fingerprint: &str,
+        body: &str,
+    ) -> StoreResult<u64>;
+
+    /// Deletes a definition (its version number stays reserved); whether it existed.
+    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool>;
 }
 
 /// Expiry code comparison shared by both stores: is the entry with `code` live at `now_ms`?

@@ -21,8 +21,9 @@ use redis::{AsyncCommands, Client, ErrorKind, RedisError, Script, ServerErrorKin
 
 use super::layout::{FORMAT_VERSION, MAX_MEAN_FILL};
 use super::{
-    AuditRecord, EntryKey, Invalidation, InvalidationStream, Layout, PrefixLen, Scope, Store,
-    StoreError, StoreResult, WriteBatch,
+    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricFamily,
+    MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult, StoredDefinition,
+    WriteBatch,
 };
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
@@ -62,6 +63,164 @@ end
 return 0
 ";
 
+/// Extends a key's expiry to ARGV-given `at` unless it already lives longer.
+const EXTEND: &str = r"
+local function extend(k, at)
+  local cur = redis.call('PEXPIRETIME', k)
+  if cur < 0 or cur < at then redis.call('PEXPIREAT', k, at) end
+end
+";
+
+/// COUNT and SUM. KEYS[1] hash; ARGV: update sub-window (or ''), delta, read_hi, slots,
+/// trim_hi, expire_at. Returns the totals of the sub-windows read (as stored: exact i64
+/// strings, summed by the caller).
+const METRIC_SUM: &str = r"
+local k = KEYS[1]
+local n = tonumber(ARGV[4])
+if ARGV[1] ~= '' then
+  redis.call('HINCRBY', k, ARGV[1], ARGV[2])
+  if redis.call('HLEN', k) > n then
+    local floor = tonumber(ARGV[5]) - n + 1
+    for _, f in ipairs(redis.call('HKEYS', k)) do
+      if tonumber(f) < floor then redis.call('HDEL', k, f) end
+    end
+  end
+  extend(k, tonumber(ARGV[6]))
+end
+local hi = tonumber(ARGV[3])
+local lo = hi - n + 1
+local out = {}
+local all = redis.call('HGETALL', k)
+for i = 1, #all, 2 do
+  local f = tonumber(all[i])
+  if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
+end
+return out
+";
+
+/// AVG: fields 2i (sum) and 2i+1 (count). ARGV as METRIC_SUM, the sub-window given as 2i.
+/// Returns field, value pairs of the sub-windows read.
+const METRIC_AVG: &str = r"
+local k = KEYS[1]
+local n = tonumber(ARGV[4])
+if ARGV[1] ~= '' then
+  redis.call('HINCRBY', k, ARGV[1], ARGV[2])
+  redis.call('HINCRBY', k, tonumber(ARGV[1]) + 1, 1)
+  if redis.call('HLEN', k) > 2 * n then
+    local floor = tonumber(ARGV[5]) - n + 1
+    for _, f in ipairs(redis.call('HKEYS', k)) do
+      if math.floor(tonumber(f) / 2) < floor then redis.call('HDEL', k, f) end
+    end
+  end
+  extend(k, tonumber(ARGV[6]))
+end
+local hi = tonumber(ARGV[3])
+local lo = hi - n + 1
+local out = {}
+local all = redis.call('HGETALL', k)
+for i = 1, #all, 2 do
+  local s = math.floor(tonumber(all[i]) / 2)
+  if s >= lo and s <= hi then
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+";
+
+/// MIN and MAX. ARGV as METRIC_SUM (the observed value in place of the delta), then 'min'
+/// or 'max'. Returns the per-sub-window extremes read.
+const METRIC_EXTREME: &str = r"
+local k = KEYS[1]
+local n = tonumber(ARGV[4])
+if ARGV[1] ~= '' then
+  local cur = redis.call('HGET', k, ARGV[1])
+  local v = tonumber(ARGV[2])
+  if not cur or (ARGV[7] == 'min' and v < tonumber(cur)) or (ARGV[7] == 'max' and v > tonumber(cur)) then
+    redis.call('HSET', k, ARGV[1], ARGV[2])
+  end
+  if redis.call('HLEN', k) > n then
+    local floor = tonumber(ARGV[5]) - n + 1
+    for _, f in ipairs(redis.call('HKEYS', k)) do
+      if tonumber(f) < floor then redis.call('HDEL', k, f) end
+    end
+  end
+  extend(k, tonumber(ARGV[6]))
+end
+local hi = tonumber(ARGV[3])
+local lo = hi - n + 1
+local out = {}
+local all = redis.call('HGETALL', k)
+for i = 1, #all, 2 do
+  local f = tonumber(all[i])
+  if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
+end
+return out
+";
+
+/// COUNT_DISTINCT. KEYS[1] sorted set (member → last sub-window seen); ARGV: update
+/// sub-window (or ''), member, read_hi, slots, trim_hi, expire_at, cap. Returns {count, capped}.
+const METRIC_DISTINCT: &str = r"
+local k = KEYS[1]
+local n = tonumber(ARGV[4])
+local cap = tonumber(ARGV[7])
+if ARGV[1] ~= '' then
+  redis.call('ZADD', k, 'GT', ARGV[1], ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (tonumber(ARGV[5]) - n + 1))
+  local card = redis.call('ZCARD', k)
+  if card > cap then redis.call('ZPOPMIN', k, card - cap) end
+  extend(k, tonumber(ARGV[6]))
+end
+local hi = tonumber(ARGV[3])
+local count = redis.call('ZCOUNT', k, hi - n + 1, hi)
+local capped = 0
+if redis.call('ZCARD', k) >= cap then capped = 1 end
+return {count, capped}
+";
+
+/// APPROX_COUNT_DISTINCT. KEYS: the updated sub-window's HyperLogLog (when ARGV[1] is '1'),
+/// then those of every sub-window read; ARGV: update flag, member, expire_at. One
+/// multi-key PFCOUNT, no temporary key.
+const METRIC_APPROX: &str = r"
+local first = 1
+if ARGV[1] ~= '' then
+  redis.call('PFADD', KEYS[1], ARGV[2])
+  extend(KEYS[1], tonumber(ARGV[3]))
+  first = 2
+end
+if #KEYS < first then return 0 end
+return redis.call('PFCOUNT', unpack(KEYS, first))
+";
+
+/// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
+/// message. Values are `<version>\n<fingerprint>\n<body>`. Returns the version.
+const PUT_DEFINITION: &str = r"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local ver, fp = 0, ''
+if cur then
+  local a = string.find(cur, '\n', 1, true)
+  local b = string.find(cur, '\n', a + 1, true)
+  ver = tonumber(string.sub(cur, 1, a - 1))
+  fp = string.sub(cur, a + 1, b - 1)
+end
+if fp == '' or fp ~= ARGV[2] then ver = ver + 1 end
+redis.call('HSET', KEYS[1], ARGV[1], ver .. '\n' .. ARGV[2] .. '\n' .. ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return ver
+";
+
+/// Deletes a definition, keeping its version as a tombstone. Returns 1 if it existed.
+const DELETE_DEFINITION: &str = r"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then return 0 end
+local a = string.find(cur, '\n', 1, true)
+local b = string.find(cur, '\n', a + 1, true)
+if b == a + 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], string.sub(cur, 1, a - 1) .. '\n\n')
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+";
+
 /// How to reach Redis and which keyspace to open.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
@@ -94,7 +253,42 @@ pub struct RedisStore {
     audit_max_len: usize,
     remove: Script,
     remove_if_unchanged: Script,
+    metric_scripts: MetricScripts,
+    put_definition: Script,
+    delete_definition: Script,
     pubsub_timeout: Duration,
+}
+
+/// The metric scripts, one per family (MIN and MAX share one).
+struct MetricScripts {
+    sum: Script,
+    avg: Script,
+    extreme: Script,
+    distinct: Script,
+    approx: Script,
+}
+
+impl MetricScripts {
+    fn new() -> Self {
+        let with_extend = |body: &str| Script::new(&format!("{EXTEND}{body}"));
+        Self {
+            sum: with_extend(METRIC_SUM),
+            avg: with_extend(METRIC_AVG),
+            extreme: with_extend(METRIC_EXTREME),
+            distinct: with_extend(METRIC_DISTINCT),
+            approx: with_extend(METRIC_APPROX),
+        }
+    }
+
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.sum,
+            &self.avg,
+            &self.extreme,
+            &self.distinct,
+            &self.approx,
+        ]
+    }
 }
 
 fn unavailable(e: RedisError) -> StoreError {
@@ -107,6 +301,51 @@ fn unavailable(e: RedisError) -> StoreError {
 
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+fn ints(v: &redis::Value) -> StoreResult<Vec<i64>> {
+    redis::from_redis_value_ref::<Vec<i64>>(v)
+        .map_err(|e| StoreError::Corrupt(format!("metric reply: {e}")))
+}
+
+/// Interprets a metric script's reply.
+fn reading(family: MetricFamily, v: &redis::Value) -> StoreResult<MetricReading> {
+    Ok(match family {
+        MetricFamily::Sum => {
+            let total: i128 = ints(v)?.into_iter().map(i128::from).sum();
+            MetricReading::Sum(total.clamp(i64::MIN.into(), i64::MAX.into()) as i64)
+        }
+        MetricFamily::Avg => {
+            let (mut sum, mut count) = (0i128, 0i64);
+            for pair in ints(v)?.chunks(2) {
+                if let [f, value] = pair {
+                    if f % 2 == 0 {
+                        sum += i128::from(*value);
+                    } else {
+                        count += value;
+                    }
+                }
+            }
+            MetricReading::Avg {
+                sum: sum.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
+                count,
+            }
+        }
+        MetricFamily::Min => MetricReading::Extreme(ints(v)?.into_iter().min()),
+        MetricFamily::Max => MetricReading::Extreme(ints(v)?.into_iter().max()),
+        MetricFamily::Distinct => {
+            let r = ints(v)?;
+            MetricReading::Distinct {
+                count: r.first().copied().unwrap_or(0),
+                capped: r.get(1) == Some(&1),
+            }
+        }
+        MetricFamily::Approx => MetricReading::Distinct {
+            count: redis::from_redis_value_ref(v)
+                .map_err(|e| StoreError::Corrupt(format!("PFCOUNT reply: {e}")))?,
+            capped: false,
+        },
+    })
 }
 
 /// The smallest `hash-max-listpack-entries` that keeps buckets of this mean fill listpacks:
@@ -197,6 +436,9 @@ impl RedisStore {
             audit_max_len: opts.audit_max_len,
             remove: Script::new(REMOVE),
             remove_if_unchanged: Script::new(REMOVE_IF_UNCHANGED),
+            metric_scripts: MetricScripts::new(),
+            put_definition: Script::new(PUT_DEFINITION),
+            delete_definition: Script::new(DELETE_DEFINITION),
             pubsub_timeout: opts.connect_timeout,
         };
         store.load_scripts().await?;
@@ -212,7 +454,10 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        for s in [&self.remove, &self.remove_if_unchanged] {
+        for s in [&self.remove, &self.remove_if_unchanged]
+            .into_iter()
+            .chain(self.metric_scripts.all())
+        {
             s.load_async(&mut conn).await.map_err(unavailable)?;
         }
         Ok(())
@@ -250,6 +495,69 @@ impl RedisStore {
             .arg(self.layout.channel())
             .arg(message.encode())
             .ignore();
+    }
+
+    /// Adds one metric op's `EVALSHA` to a pipeline.
+    fn add_metric_op(&self, pipe: &mut redis::Pipeline, op: &MetricOp) {
+        let scripts = &self.metric_scripts;
+        let (sub, value) = match op.update {
+            Some((sub, v)) => (sub.to_string(), v),
+            None => (String::new(), 0),
+        };
+        let expire_at = op.expire_at().unwrap_or(0);
+        if op.family == MetricFamily::Approx {
+            let mut keys = Vec::with_capacity(op.slots as usize + 1);
+            if let Some((sub, _)) = op.update {
+                keys.push(Layout::metric_sub_key(&op.key, sub));
+            }
+            let lo = op.read_hi - op.slots + 1;
+            keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(scripts.approx.get_hash())
+                .arg(keys.len());
+            for k in &keys {
+                cmd.arg(k);
+            }
+            cmd.arg(if op.update.is_some() { "1" } else { "" })
+                .arg(value)
+                .arg(expire_at);
+            return;
+        }
+        let (script, sub) = match op.family {
+            MetricFamily::Sum => (&scripts.sum, sub),
+            MetricFamily::Avg => (
+                &scripts.avg,
+                op.update
+                    .map_or(String::new(), |(s, _)| (2 * s).to_string()),
+            ),
+            MetricFamily::Min | MetricFamily::Max => (&scripts.extreme, sub),
+            MetricFamily::Distinct => (&scripts.distinct, sub),
+            MetricFamily::Approx => unreachable!("handled above"),
+        };
+        let cmd = pipe
+            .cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(&op.key)
+            .arg(sub)
+            .arg(value)
+            .arg(op.read_hi)
+            .arg(op.slots)
+            .arg(op.trim_hi)
+            .arg(expire_at);
+        match op.family {
+            MetricFamily::Min => {
+                cmd.arg("min");
+            }
+            MetricFamily::Max => {
+                cmd.arg("max");
+            }
+            MetricFamily::Distinct => {
+                cmd.arg(op.cap);
+            }
+            _ => {}
+        }
     }
 
     /// One `EVALSHA REMOVE` per bucket of `keys`; (bucket, the keys' positions in order).
@@ -496,5 +804,135 @@ impl Store for RedisStore {
                     .collect(),
             })
             .collect())
+    }
+
+    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
+        let mut out: Vec<Option<MetricReading>> = vec![None; ops.len()];
+        let mut pending: Vec<usize> = (0..ops.len()).collect();
+        let mut conn = self.conn.clone();
+        for attempt in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &i in &pending {
+                self.add_metric_op(&mut pipe, &ops[i]);
+            }
+            let replies: Vec<redis::RedisResult<redis::Value>> =
+                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let mut again = Vec::new();
+            for (&i, reply) in pending.iter().zip(replies) {
+                match reply {
+                    Ok(v) => out[i] = Some(reading(ops[i].family, &v)?),
+                    // Only ops that did not run are retried: each runs exactly once.
+                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+            if !again.is_empty() {
+                self.load_scripts().await?;
+            }
+            pending = again;
+        }
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| StoreError::Unavailable("metric scripts not loaded".into())))
+            .collect()
+    }
+
+    async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
+        if markers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for m in markers {
+            pipe.cmd("SET")
+                .arg(m)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms.max(1));
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<Option<String>> =
+            pipe.query_async(&mut conn).await.map_err(unavailable)?;
+        Ok(replies.into_iter().map(|r| r.is_some()).collect())
+    }
+
+    async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
+        if markers.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for m in markers {
+            pipe.del(m).ignore();
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
+        let mut conn = self.conn.clone();
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(self.layout.definitions_key(kind.as_str()))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::new();
+        for (id, value) in all {
+            let mut parts = value.splitn(3, '\n');
+            let (Some(version), Some(fingerprint), Some(body)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(StoreError::Corrupt(format!("definition {id}: {value:?}")));
+            };
+            if fingerprint.is_empty() {
+                continue; // deleted
+            }
+            let version = version.parse().map_err(|_| {
+                StoreError::Corrupt(format!("definition {id}: version {version:?}"))
+            })?;
+            out.push(StoredDefinition {
+                id,
+                version,
+                body: body.to_owned(),
+            });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn put_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        fingerprint: &str,
+        body: &str,
+    ) -> StoreResult<u64> {
+        let mut conn = self.conn.clone();
+        self.put_definition
+            .key(self.layout.definitions_key(kind.as_str()))
+            .arg(id)
+            .arg(fingerprint)
+            .arg(body)
+            .arg(self.layout.channel())
+            .arg(Invalidation::Definitions.encode())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .delete_definition
+            .key(self.layout.definitions_key(kind.as_str()))
+            .arg(id)
+            .arg(self.layout.channel())
+            .arg(Invalidation::Definitions.encode())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
     }
 }

@@ -1,0 +1,240 @@
+//! `/v1/events`, `/v1/features` and `/v1/evaluate`: applying events, reading features, and
+//! the one-call decision input.
+//!
+//! Event fields are read as raw JSON so that amounts keep their exact decimal text (166.6
+//! stays 166.6, never a float) and group-by values are the same whether sent as a number or
+//! a string of that number.
+
+use std::collections::{BTreeMap, HashMap};
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value as Json, json};
+
+use super::check::CheckBody;
+use super::json::{JsonBody, decode};
+use crate::domain::{EventType, MetricId, RuleId, ValidationError};
+use crate::error::ApiError;
+use crate::lists::{CheckOutcome, FailMode, NameLists};
+use crate::velocity::{EventInput, Features, FieldValue, Fields, Velocity, VelocityError};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventBody {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    event_type: String,
+    ts: Option<i64>,
+    #[serde(default)]
+    fields: BTreeMap<String, Box<RawValue>>,
+}
+
+/// Raw field values to `Fields`; `null` means absent.
+fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, ValidationError> {
+    let mut out = Fields::new();
+    for (name, v) in raw {
+        let text = v.get().trim();
+        let value = match text.as_bytes().first() {
+            Some(b'"') => FieldValue::Text(
+                serde_json::from_str::<String>(text).expect("a JSON string parses"),
+            ),
+            Some(b'-' | b'0'..=b'9') => FieldValue::Number(text.to_owned()),
+            _ if text == "null" => continue,
+            _ => {
+                return Err(
+                    ValidationError::new("invalid_field", "expected a string or a number")
+                        .at(format!("{at}fields.{name}")),
+                );
+            }
+        };
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
+impl EventBody {
+    fn parse(self, at: &str) -> Result<EventInput, ValidationError> {
+        Ok(EventInput {
+            event_type: EventType::try_from(self.event_type)
+                .map_err(|e| e.at(format!("{at}type")))?,
+            id: self.id,
+            ts: self.ts,
+            fields: fields(self.fields, at)?,
+        })
+    }
+}
+
+/// `POST /v1/events`: one event, or `{"events": [...]}` (at most 1,000).
+pub async fn post_events(
+    v: web::Data<Velocity>,
+    body: JsonBody<HashMap<String, Box<RawValue>>>,
+) -> Result<HttpResponse, ApiError> {
+    let raw = body.0;
+    let events: Vec<EventInput> = if raw.contains_key("events") {
+        if raw.len() > 1 {
+            return Err(ApiError::InvalidBody(
+                "a batch is {\"events\": [...]} with nothing beside it".into(),
+            ));
+        }
+        let list: Vec<EventBody> = decode(raw["events"].get().as_bytes()).map_err(|e| match e {
+            // serde's path starts at the array: `[3].type: ...`.
+            ApiError::InvalidBody(m) if m.starts_with('[') => {
+                ApiError::InvalidBody(format!("events{m}"))
+            }
+            ApiError::InvalidBody(m) => ApiError::InvalidBody(format!("events: {m}")),
+            other => other,
+        })?;
+        if list.len() > crate::velocity::service::MAX_EVENTS_PER_REQUEST {
+            return Err(ValidationError::new(
+                "too_many_events",
+                format!("{} events in one request; at most 1000", list.len()),
+            )
+            .into());
+        }
+        list.into_iter()
+            .enumerate()
+            .map(|(i, e)| e.parse(&format!("events[{i}].")))
+            .collect::<Result<_, _>>()?
+    } else {
+        let text = serde_json::to_string(&raw).expect("re-encoding JSON");
+        let one: EventBody = decode(text.as_bytes())?;
+        vec![one.parse("")?]
+    };
+    let outcome = v.ingest(&events).await?;
+    Ok(HttpResponse::Ok().json(outcome))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeaturesBody {
+    metrics: Vec<String>,
+    #[serde(default)]
+    fields: BTreeMap<String, Box<RawValue>>,
+    at: Option<i64>,
+}
+
+fn metric_ids(raw: Vec<String>, at: &str) -> Result<Vec<MetricId>, ValidationError> {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, m)| MetricId::try_from(m).map_err(|e| e.at(format!("{at}[{i}]"))))
+        .collect()
+}
+
+fn response_features(f: &Features) -> Json {
+    let mut out = json!({ "values": f.values });
+    if !f.capped.is_empty() {
+        out["capped"] = json!(f.capped);
+    }
+    out
+}
+
+/// `POST /v1/features`
+pub async fn post_features(
+    v: web::Data<Velocity>,
+    body: JsonBody<FeaturesBody>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.0;
+    let metrics = metric_ids(body.metrics, "metrics")?;
+    let fields = fields(body.fields, "")?;
+    let f = v.features(&metrics, &fields, body.at).await?;
+    Ok(HttpResponse::Ok().json(response_features(&f)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateBody {
+    sandbox: Option<String>,
+    #[serde(default)]
+    lists: Vec<String>,
+    #[serde(default)]
+    subjects: BTreeMap<String, Json>,
+    event: Option<EventBody>,
+    /// Group-by values beside (and under) the event's fields.
+    #[serde(default)]
+    fields: BTreeMap<String, Box<RawValue>>,
+    #[serde(default)]
+    metrics: Vec<String>,
+    #[serde(default)]
+    rules: Vec<String>,
+}
+
+/// `POST /v1/evaluate`: list checks, the event, features and rules in one request. The list
+/// checks and the metric work run concurrently; the event is applied before the features are
+/// read, so they include it.
+pub async fn post_evaluate(
+    lists: web::Data<NameLists>,
+    v: web::Data<Velocity>,
+    body: JsonBody<EvaluateBody>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.0;
+    let check = if body.lists.is_empty() {
+        None
+    } else {
+        let check: CheckBody = serde_json::from_value(json!({
+            "sandbox": body.sandbox,
+            "lists": body.lists,
+            "subjects": body.subjects,
+        }))
+        .map_err(|e| ApiError::InvalidBody(e.to_string()))?;
+        Some(check.parse()?)
+    };
+    if check.is_none() && !body.subjects.is_empty() {
+        return Err(ValidationError::new("invalid_lists", "subjects need lists to check").into());
+    }
+    let event = body.event.map(|e| e.parse("event.")).transpose()?;
+    let mut fields = fields(body.fields, "")?;
+    if let Some(e) = &event {
+        fields.extend(e.fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    let rules: Vec<RuleId> = body
+        .rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| RuleId::try_from(r).map_err(|e| e.at(format!("rules[{i}]"))))
+        .collect::<Result<_, _>>()?;
+    let requested = metric_ids(body.metrics, "metrics")?;
+    let mut needed = requested.clone();
+    needed.extend(v.rule_metrics(&rules)?);
+
+    let lists_work = async {
+        match &check {
+            Some(q) => lists.check(q).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    let metrics_work = async {
+        if needed.is_empty() && event.is_none() {
+            Ok(Features::default())
+        } else {
+            v.apply_and_read(event.as_ref(), &needed, &fields).await
+        }
+    };
+    let (checked, features) = futures::join!(lists_work, metrics_work);
+    let outcome: Option<CheckOutcome> = checked?;
+    let mut degraded = outcome.as_ref().is_some_and(|o| o.degraded);
+    let features = match features {
+        Ok(f) => f,
+        Err(VelocityError::Unavailable(e)) if lists.settings().fail_mode == FailMode::Open => {
+            tracing::warn!(error = %e, "evaluate answers without features");
+            degraded = true;
+            Features::default()
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let values: BTreeMap<&MetricId, &Json> = requested
+        .iter()
+        .map(|m| (m, features.values.get(m).unwrap_or(&Json::Null)))
+        .collect();
+    let rules = v.evaluate_rules(&rules, &features.numbers);
+    let mut out = json!({
+        "hits": outcome.map(|o| o.hits).unwrap_or_default(),
+        "features": values,
+        "rules": rules,
+        "degraded": degraded,
+    });
+    if !features.capped.is_empty() {
+        out["capped"] = json!(features.capped);
+    }
+    Ok(HttpResponse::Ok().json(out))
+}

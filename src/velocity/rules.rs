@@ -1,0 +1,370 @@
+//! Rules: comparisons of metric values against numbers, joined by `AND` / `OR` with
+//! parentheses (`AND` binds tighter), parsed by recursive descent with columns in errors:
+//!
+//! ```text
+//! or      := and ("OR" and)*
+//! and     := primary ("AND" primary)*
+//! primary := "(" or ")" | metric op number | number op metric
+//! op      := > | >= | < | <= | == | !=
+//! ```
+//!
+//! A comparison with a metric that has no value (AVG, MIN or MAX over an empty window) is
+//! false, whatever the operator: "no data" never triggers a rule.
+
+use std::collections::BTreeSet;
+
+use crate::domain::{MetricId, ValidationError};
+
+/// A comparison operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+}
+
+impl Op {
+    fn apply(self, a: f64, b: f64) -> bool {
+        match self {
+            Op::Gt => a > b,
+            Op::Ge => a >= b,
+            Op::Lt => a < b,
+            Op::Le => a <= b,
+            Op::Eq => a == b,
+            Op::Ne => a != b,
+        }
+    }
+
+    /// The operator with its operands swapped (`3 < x` is `x > 3`).
+    fn flipped(self) -> Self {
+        match self {
+            Op::Gt => Op::Lt,
+            Op::Ge => Op::Le,
+            Op::Lt => Op::Gt,
+            Op::Le => Op::Ge,
+            other => other,
+        }
+    }
+}
+
+/// A parsed rule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rule {
+    /// `metric op value`.
+    Cmp(MetricId, Op, f64),
+    And(Vec<Rule>),
+    Or(Vec<Rule>),
+}
+
+impl Rule {
+    /// The metrics it reads.
+    pub fn metrics(&self) -> BTreeSet<MetricId> {
+        let mut out = BTreeSet::new();
+        self.collect(&mut out);
+        out
+    }
+
+    fn collect(&self, out: &mut BTreeSet<MetricId>) {
+        match self {
+            Rule::Cmp(m, _, _) => {
+                out.insert(m.clone());
+            }
+            Rule::And(v) | Rule::Or(v) => v.iter().for_each(|r| r.collect(out)),
+        }
+    }
+
+    /// Evaluates with `value(metric)`; `None` (no value) makes a comparison false.
+    pub fn eval(&self, value: &impl Fn(&MetricId) -> Option<f64>) -> bool {
+        match self {
+            Rule::Cmp(m, op, v) => value(m).is_some_and(|x| op.apply(x, *v)),
+            Rule::And(v) => v.iter().all(|r| r.eval(value)),
+            Rule::Or(v) => v.iter().any(|r| r.eval(value)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Word(String),
+    Num(f64),
+    Op(Op),
+    Open,
+    Close,
+    End,
+}
+
+fn err(col: usize, msg: impl Into<String>) -> ValidationError {
+    ValidationError::new("invalid_rule", format!("column {col}: {}", msg.into()))
+}
+
+fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
+    let chars: Vec<char> = src.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let col = i + 1;
+        let two: String = chars[i..(i + 2).min(chars.len())].iter().collect();
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '(' {
+            out.push((Tok::Open, col));
+            i += 1;
+        } else if c == ')' {
+            out.push((Tok::Close, col));
+            i += 1;
+        } else if let Some(op) = match two.as_str() {
+            ">=" => Some(Op::Ge),
+            "<=" => Some(Op::Le),
+            "==" => Some(Op::Eq),
+            "!=" => Some(Op::Ne),
+            _ => None,
+        } {
+            out.push((Tok::Op(op), col));
+            i += 2;
+        } else if c == '>' || c == '<' {
+            out.push((Tok::Op(if c == '>' { Op::Gt } else { Op::Lt }), col));
+            i += 1;
+        } else if c.is_ascii_digit() || c == '-' || c == '.' {
+            let start = i;
+            i += 1;
+            while i < chars.len()
+                && (chars[i].is_ascii_digit()
+                    || matches!(chars[i], '.' | 'e' | 'E')
+                    || (matches!(chars[i], '+' | '-') && matches!(chars[i - 1], 'e' | 'E')))
+            {
+                i += 1;
+            }
+            let text: String = chars[start..i].iter().collect();
+            let n: f64 = text
+                .parse()
+                .ok()
+                .filter(|n: &f64| n.is_finite())
+                .ok_or_else(|| err(col, format!("{text:?} is not a number")))?;
+            out.push((Tok::Num(n), col));
+        } else if c.is_ascii_alphanumeric() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            out.push((Tok::Word(chars[start..i].iter().collect()), col));
+        } else if c == '=' {
+            return Err(err(col, "use == to compare"));
+        } else {
+            return Err(err(col, format!("unexpected character {c:?}")));
+        }
+    }
+    out.push((Tok::End, chars.len() + 1));
+    Ok(out)
+}
+
+struct Parser {
+    toks: Vec<(Tok, usize)>,
+    pos: usize,
+}
+
+fn describe(t: &Tok) -> String {
+    match t {
+        Tok::Word(w) => format!("{w:?}"),
+        Tok::Num(n) => format!("the number {n}"),
+        Tok::Op(_) => "an operator".into(),
+        Tok::Open => "'('".into(),
+        Tok::Close => "')'".into(),
+        Tok::End => "the end of the rule".into(),
+    }
+}
+
+fn is_kw(t: &Tok, kw: &str) -> bool {
+    matches!(t, Tok::Word(w) if w.eq_ignore_ascii_case(kw))
+}
+
+impl Parser {
+    fn next(&mut self) -> (Tok, usize) {
+        let t = self.toks[self.pos].clone();
+        if self.pos + 1 < self.toks.len() {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn or(&mut self) -> Result<Rule, ValidationError> {
+        let mut terms = vec![self.and()?];
+        while is_kw(&self.toks[self.pos].0, "or") {
+            self.next();
+            terms.push(self.and()?);
+        }
+        Ok(if terms.len() == 1 {
+            terms.remove(0)
+        } else {
+            Rule::Or(terms)
+        })
+    }
+
+    fn and(&mut self) -> Result<Rule, ValidationError> {
+        let mut terms = vec![self.primary()?];
+        while is_kw(&self.toks[self.pos].0, "and") {
+            self.next();
+            terms.push(self.primary()?);
+        }
+        Ok(if terms.len() == 1 {
+            terms.remove(0)
+        } else {
+            Rule::And(terms)
+        })
+    }
+
+    fn primary(&mut self) -> Result<Rule, ValidationError> {
+        match self.next() {
+            (Tok::Open, _) => {
+                let inner = self.or()?;
+                match self.next() {
+                    (Tok::Close, _) => Ok(inner),
+                    (t, col) => Err(err(col, format!("expected ')', found {}", describe(&t)))),
+                }
+            }
+            (Tok::Word(w), col) => {
+                let metric = metric(w, col)?;
+                let op = self.op()?;
+                let value = self.number()?;
+                Ok(Rule::Cmp(metric, op, value))
+            }
+            (Tok::Num(n), _) => {
+                let op = self.op()?;
+                match self.next() {
+                    (Tok::Word(w), col) => Ok(Rule::Cmp(metric(w, col)?, op.flipped(), n)),
+                    (t, col) => Err(err(
+                        col,
+                        format!("expected a metric id, found {}", describe(&t)),
+                    )),
+                }
+            }
+            (t, col) => Err(err(
+                col,
+                format!("expected a comparison or '(', found {}", describe(&t)),
+            )),
+        }
+    }
+
+    fn op(&mut self) -> Result<Op, ValidationError> {
+        match self.next() {
+            (Tok::Op(op), _) => Ok(op),
+            (t, col) => Err(err(
+                col,
+                format!("expected > >= < <= == or !=, found {}", describe(&t)),
+            )),
+        }
+    }
+
+    fn number(&mut self) -> Result<f64, ValidationError> {
+        match self.next() {
+            (Tok::Num(n), _) => Ok(n),
+            (t, col) => Err(err(
+                col,
+                format!("expected a number, found {}", describe(&t)),
+            )),
+        }
+    }
+}
+
+fn metric(w: String, col: usize) -> Result<MetricId, ValidationError> {
+    if w.eq_ignore_ascii_case("and") || w.eq_ignore_ascii_case("or") {
+        return Err(err(col, format!("expected a comparison, found {w}")));
+    }
+    MetricId::try_from(w).map_err(|e| err(col, e.message))
+}
+
+/// Parses a rule expression.
+pub fn parse(src: &str) -> Result<Rule, ValidationError> {
+    let mut p = Parser {
+        toks: lex(src)?,
+        pos: 0,
+    };
+    let rule = p.or()?;
+    match p.next() {
+        (Tok::End, _) => Ok(rule),
+        (t, col) => Err(err(
+            col,
+            format!(
+                "unexpected {} (join comparisons with AND / OR)",
+                describe(&t)
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn eval(src: &str, values: &[(&str, Option<f64>)]) -> bool {
+        let map: HashMap<String, Option<f64>> =
+            values.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        parse(src)
+            .unwrap()
+            .eval(&|m: &MetricId| map.get(m.as_str()).copied().flatten())
+    }
+
+    #[test]
+    fn precedence_parentheses_and_flips() {
+        let v = [("a", Some(5.0)), ("b", Some(0.0)), ("c", Some(1000.0))];
+        assert!(eval("a > 3 AND c >= 1000", &v));
+        assert!(!eval("a > 3 AND b > 0", &v));
+        assert!(
+            eval("b > 0 OR a > 3 AND c >= 1000", &v),
+            "AND binds tighter"
+        );
+        assert!(!eval("(b > 0 OR a > 3) AND c > 1000", &v));
+        assert!(eval("3 < a and 4.5 <= a", &v), "number op metric, any case");
+        assert!(eval("a == 5 and b != 1 and c <= 1e3 and b >= -0.5", &v));
+        assert_eq!(
+            parse("(x > 1 or y < 2) and z == 3")
+                .unwrap()
+                .metrics()
+                .iter()
+                .map(MetricId::as_str)
+                .collect::<Vec<_>>(),
+            ["x", "y", "z"]
+        );
+    }
+
+    #[test]
+    fn no_value_is_false() {
+        let v = [("avg", None)];
+        assert!(!eval("avg > 1", &v));
+        assert!(!eval("avg != 1", &v));
+        assert!(eval("avg == 0 AND avg != 2", &[("avg", Some(0.0))]));
+        assert!(eval(
+            "avg > 1 OR x >= 0",
+            &[("avg", None), ("x", Some(0.0))]
+        ));
+    }
+
+    #[test]
+    fn errors_point_at_the_column() {
+        for (src, col, what) in [
+            ("a >", 4, "expected a number"),
+            ("a 3", 3, "expected >"),
+            ("a = 3", 3, "=="),
+            ("a > 3 b > 2", 7, "AND / OR"),
+            ("(a > 3", 7, "expected ')'"),
+            ("a > 3 AND", 10, "comparison"),
+            ("A > 3", 1, "metric id"),
+            ("a > x", 5, "expected a number"),
+            ("a > 1..2", 5, "not a number"),
+            ("a > 3 # b", 7, "unexpected character"),
+        ] {
+            let e = parse(src).expect_err(src);
+            assert_eq!(e.code, "invalid_rule");
+            assert!(
+                e.message.starts_with(&format!("column {col}:")) && e.message.contains(what),
+                "{src}: {}",
+                e.message
+            );
+        }
+    }
+}

@@ -1,0 +1,855 @@
+//! The velocity service: definitions (kept in the store, cached here, reloaded on every
+//! change any instance makes), event ingestion, feature reads and rule evaluation.
+//!
+//! Ingestion of a batch: validate everything first (a bad event changes nothing), drop the
+//! updates that are too old for their metric (an event late for every metric of its type is
+//! counted `late`), mark event ids with `SET NX` (one round trip; a duplicate within the
+//! longest window is skipped), then every metric update in one pipelined round trip, one Lua
+//! call per key. If the updates fail, the markers are removed again so a retry applies them.
+//! A crash between the two round trips loses those events' updates (a retry is then taken
+//! for a duplicate): at-most-once, never twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value as Json;
+use tokio::task::JoinHandle;
+
+use super::expr::Aggregation;
+use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
+use super::rules::{self, Rule};
+use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
+use crate::lists::FailMode;
+use crate::metrics::Metrics;
+use crate::store::{
+    DefinitionKind, Invalidation, MetricFamily, MetricOp, MetricReading, Store, StoreError,
+};
+
+/// Events further in the future than this are refused.
+pub const MAX_FUTURE_MS: i64 = 5 * 60_000;
+/// Most events in one request.
+pub const MAX_EVENTS_PER_REQUEST: usize = 1_000;
+/// Longest event id and field value, in bytes.
+pub const MAX_VALUE_LEN: usize = 256;
+
+/// Tuning of the velocity service.
+#[derive(Debug, Clone)]
+pub struct VelocitySettings {
+    /// Deadline of feature reads and of `evaluate`'s store work.
+    pub read_deadline: Duration,
+    /// Deadline of event ingestion and definition changes.
+    pub write_deadline: Duration,
+    pub fail_mode: FailMode,
+    /// Most members a COUNT_DISTINCT entity keeps.
+    pub distinct_cap: u32,
+}
+
+/// Why a velocity operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VelocityError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("{0}")]
+    NotFound(ValidationError),
+    #[error("{0}")]
+    Conflict(ValidationError),
+    #[error(transparent)]
+    Unavailable(#[from] StoreError),
+}
+
+/// A field value of an event: text, or a number kept as its JSON text (exact).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldValue {
+    Text(String),
+    Number(String),
+}
+
+impl FieldValue {
+    pub fn text(&self) -> &str {
+        match self {
+            FieldValue::Text(s) | FieldValue::Number(s) => s,
+        }
+    }
+}
+
+/// Field values by name.
+pub type Fields = BTreeMap<String, FieldValue>;
+
+/// One event as posted.
+#[derive(Debug, Clone)]
+pub struct EventInput {
+    pub id: Option<String>,
+    pub event_type: EventType,
+    pub ts: Option<i64>,
+    pub fields: Fields,
+}
+
+/// What an ingestion did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IngestOutcome {
+    /// Metric updates applied.
+    pub applied: u64,
+    /// Events skipped because their id was seen within the longest window.
+    pub duplicates: u64,
+    /// Events too old for every metric of their type.
+    pub late: u64,
+}
+
+/// Feature values by metric id, and the metrics whose distinct-member cap was reached.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Features {
+    pub values: BTreeMap<MetricId, Json>,
+    /// Numbers for rules (`None`: no value).
+    pub numbers: BTreeMap<MetricId, Option<f64>>,
+    pub capped: Vec<MetricId>,
+}
+
+/// The loaded definitions.
+#[derive(Default)]
+struct Definitions {
+    metrics: BTreeMap<MetricId, Arc<MetricDef>>,
+    by_event: HashMap<EventType, Vec<Arc<MetricDef>>>,
+    rules: BTreeMap<RuleId, Arc<(RuleDef, Rule)>>,
+    /// The longest window plus its resolution: how long an event id is remembered.
+    longest_ms: i64,
+}
+
+/// A planned update: which event, which metric, where and what.
+struct Planned {
+    event: usize,
+    metric: Arc<MetricDef>,
+    key: String,
+    sub: i64,
+    value: i64,
+}
+
+/// The velocity service of one instance.
+pub struct Velocity {
+    store: Arc<dyn Store>,
+    defs: RwLock<Arc<Definitions>>,
+    settings: VelocitySettings,
+    metrics: Arc<Metrics>,
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Velocity {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().expect("tasks lock").iter() {
+            t.abort();
+        }
+    }
+}
+
+fn family(a: Aggregation) -> MetricFamily {
+    match a {
+        Aggregation::Count | Aggregation::Sum => MetricFamily::Sum,
+        Aggregation::Avg => MetricFamily::Avg,
+        Aggregation::Min => MetricFamily::Min,
+        Aggregation::Max => MetricFamily::Max,
+        Aggregation::CountDistinct => MetricFamily::Distinct,
+        Aggregation::ApproxCountDistinct => MetricFamily::Approx,
+    }
+}
+
+/// A distinct member: 64 bits of the value's hash (the value itself is never stored).
+fn member(value: &str) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(value.as_bytes()) as i64
+}
+
+async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
+    let mut d = Definitions::default();
+    for stored in store.definitions(DefinitionKind::Metric).await? {
+        let (Ok(id), Ok(spec)) = (
+            MetricId::try_from(stored.id.clone()),
+            serde_json::from_str::<MetricSpec>(&stored.body),
+        ) else {
+            tracing::error!(id = stored.id, "unreadable metric definition skipped");
+            continue;
+        };
+        let def = Arc::new(MetricDef {
+            id: id.clone(),
+            version: stored.version,
+            spec,
+        });
+        d.longest_ms = d
+            .longest_ms
+            .max(def.spec.window_ms + def.spec.resolution_ms);
+        d.by_event
+            .entry(def.spec.event.clone())
+            .or_default()
+            .push(def.clone());
+        d.metrics.insert(id, def);
+    }
+    for stored in store.definitions(DefinitionKind::Rule).await? {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            expr: String,
+        }
+        let parsed = RuleId::try_from(stored.id.clone()).ok().and_then(|id| {
+            let body: Body = serde_json::from_str(&stored.body).ok()?;
+            let rule = rules::parse(&body.expr).ok()?;
+            Some((id, body.expr, rule))
+        });
+        let Some((id, expr, rule)) = parsed else {
+            tracing::error!(id = stored.id, "unreadable rule definition skipped");
+            continue;
+        };
+        let def = RuleDef {
+            id: id.clone(),
+            version: stored.version,
+            expr,
+            metrics: rule.metrics().into_iter().collect(),
+        };
+        d.rules.insert(id, Arc::new((def, rule)));
+    }
+    Ok(d)
+}
+
+impl Velocity {
+    /// Loads the definitions and starts listening for changes. Must run inside a Tokio
+    /// runtime.
+    pub async fn new(
+        store: Arc<dyn Store>,
+        settings: VelocitySettings,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, StoreError> {
+        let defs = load(store.as_ref()).await?;
+        let v = Arc::new(Self {
+            store,
+            defs: RwLock::new(Arc::new(defs)),
+            settings,
+            metrics,
+            tasks: std::sync::Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&v);
+        let task = tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(20);
+            loop {
+                let Some(this) = weak.upgrade() else { return };
+                let stream = this.store.subscribe().await;
+                drop(this);
+                if let Ok(mut stream) = stream {
+                    // Whatever changed while nobody listened.
+                    if let Some(this) = weak.upgrade() {
+                        this.reload().await;
+                    }
+                    backoff = Duration::from_millis(20);
+                    loop {
+                        // A periodic reload backs the subscription up.
+                        let next =
+                            tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+                        let Some(this) = weak.upgrade() else { return };
+                        match next {
+                            Ok(Some(Invalidation::Definitions)) | Err(_) => this.reload().await,
+                            Ok(Some(_)) => {}
+                            Ok(None) => break,
+                        }
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        });
+        v.tasks.lock().expect("tasks lock").push(task);
+        Ok(v)
+    }
+
+    fn defs(&self) -> Arc<Definitions> {
+        self.defs.read().expect("definitions lock").clone()
+    }
+
+    /// Reloads the definitions from the store (kept as they were if it fails).
+    pub async fn reload(&self) {
+        match tokio::time::timeout(self.settings.write_deadline, load(self.store.as_ref())).await {
+            Ok(Ok(d)) => *self.defs.write().expect("definitions lock") = Arc::new(d),
+            Ok(Err(e)) => tracing::warn!(error = %e, "reloading definitions failed"),
+            Err(_) => tracing::warn!("reloading definitions timed out"),
+        }
+    }
+
+    async fn within<T>(
+        &self,
+        deadline: Duration,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = std::time::Instant::now();
+        let r = match tokio::time::timeout(deadline, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(deadline)),
+        };
+        self.metrics
+            .store_calls
+            .with_label_values(&[op])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &r {
+            self.metrics.store_errors.with_label_values(&[op]).inc();
+            tracing::warn!(op, error = %e, "store call failed");
+        }
+        r
+    }
+
+    // ---- definitions ----
+
+    /// Defines (or redefines) a metric. The same definition keeps its version.
+    pub async fn put_metric(
+        &self,
+        id: MetricId,
+        expr: &str,
+        resolution: Option<&str>,
+    ) -> Result<MetricDef, VelocityError> {
+        let spec = MetricSpec::parse(expr, resolution)?;
+        let body = serde_json::to_string(&spec).expect("a spec serialises");
+        let version = self
+            .within(
+                self.settings.write_deadline,
+                "define",
+                self.store.put_definition(
+                    DefinitionKind::Metric,
+                    id.as_str(),
+                    &spec.fingerprint(),
+                    &body,
+                ),
+            )
+            .await?;
+        self.reload().await;
+        tracing::info!(metric = %id, version, "metric defined");
+        Ok(MetricDef { id, version, spec })
+    }
+
+    pub fn metric(&self, id: &MetricId) -> Result<MetricDef, VelocityError> {
+        self.defs()
+            .metrics
+            .get(id)
+            .map(|d| (**d).clone())
+            .ok_or_else(|| unknown_metric(id))
+    }
+
+    pub fn list_metrics(&self) -> Vec<MetricDef> {
+        self.defs()
+            .metrics
+            .values()
+            .map(|d| (**d).clone())
+            .collect()
+    }
+
+    /// Deletes a metric no rule reads.
+    pub async fn delete_metric(&self, id: &MetricId) -> Result<(), VelocityError> {
+        self.reload().await;
+        let users: Vec<String> = self
+            .defs()
+            .rules
+            .values()
+            .filter(|r| r.0.metrics.contains(id))
+            .map(|r| r.0.id.to_string())
+            .collect();
+        if !users.is_empty() {
+            return Err(VelocityError::Conflict(ValidationError::new(
+                "metric_in_use",
+                format!(
+                    "metric {id} is used by rules {}: delete or change them first",
+                    users.join(", ")
+                ),
+            )));
+        }
+        let existed = self
+            .within(
+                self.settings.write_deadline,
+                "define",
+                self.store
+                    .delete_definition(DefinitionKind::Metric, id.as_str()),
+            )
+            .await?;
+        self.reload().await;
+        if existed {
+            Ok(())
+        } else {
+            Err(unknown_metric(id))
+        }
+    }
+
+    /// Defines (or redefines) a rule; every metric it reads must exist.
+    pub async fn put_rule(&self, id: RuleId, expr: &str) -> Result<RuleDef, VelocityError> {
+        let rule = rules::parse(expr)?;
+        self.reload().await;
+        let defs = self.defs();
+        let unknown: Vec<String> = rule
+            .metrics()
+            .into_iter()
+            .filter(|m| !defs.metrics.contains_key(m))
+            .map(|m| m.to_string())
+            .collect();
+        if !unknown.is_empty() {
+            return Err(ValidationError::new(
+                "unknown_metric",
+                format!("the rule reads undefined metrics: {}", unknown.join(", ")),
+            )
+            .into());
+        }
+        let expr = expr.trim().to_owned();
+        let body = serde_json::json!({ "expr": expr }).to_string();
+        let version = self
+            .within(
+                self.settings.write_deadline,
+                "define",
+                self.store
+                    .put_definition(DefinitionKind::Rule, id.as_str(), &expr, &body),
+            )
+            .await?;
+        self.reload().await;
+        Ok(RuleDef {
+            id,
+            version,
+            expr,
+            metrics: rule.metrics().into_iter().collect(),
+        })
+    }
+
+    pub fn rule(&self, id: &RuleId) -> Result<RuleDef, VelocityError> {
+        self.defs()
+            .rules
+            .get(id)
+            .map(|r| r.0.clone())
+            .ok_or_else(|| unknown_rule(id))
+    }
+
+    pub fn list_rules(&self) -> Vec<RuleDef> {
+        self.defs().rules.values().map(|r| r.0.clone()).collect()
+    }
+
+    pub async fn delete_rule(&self, id: &RuleId) -> Result<(), VelocityError> {
+        let existed = self
+            .within(
+                self.settings.write_deadline,
+                "define",
+                self.store
+                    .delete_definition(DefinitionKind::Rule, id.as_str()),
+            )
+            .await?;
+        self.reload().await;
+        if existed {
+            Ok(())
+        } else {
+            Err(unknown_rule(id))
+        }
+    }
+
+    // ---- events ----
+
+    /// Validates events and plans their updates; nothing touches the store.
+    fn plan(
+        &self,
+        defs: &Definitions,
+        events: &[EventInput],
+        now: i64,
+    ) -> Result<(Vec<Planned>, Vec<bool>), ValidationError> {
+        let mut planned = Vec::new();
+        let mut late = vec![false; events.len()];
+        for (i, e) in events.iter().enumerate() {
+            let at = |what: &str| format!("events[{i}].{what}");
+            let ts = e.ts.unwrap_or(now);
+            if ts > now + MAX_FUTURE_MS {
+                return Err(ValidationError::new(
+                    "event_in_future",
+                    "more than 5 minutes in the future",
+                )
+                .at(at("ts")));
+            }
+            if ts < 0 {
+                return Err(ValidationError::new("invalid_ts", "before 1970").at(at("ts")));
+            }
+            if let Some(id) = &e.id
+                && (id.is_empty() || id.len() > MAX_VALUE_LEN)
+            {
+                return Err(ValidationError::new(
+                    "invalid_event_id",
+                    format!("must be 1 to {MAX_VALUE_LEN} bytes"),
+                )
+                .at(at("id")));
+            }
+            for (name, v) in &e.fields {
+                if v.text().len() > MAX_VALUE_LEN {
+                    return Err(ValidationError::new(
+                        "invalid_field",
+                        format!("longer than {MAX_VALUE_LEN} bytes"),
+                    )
+                    .at(at(&format!("fields.{name}"))));
+                }
+            }
+            let mut applicable = 0;
+            let mut fresh = 0;
+            for m in defs.by_event.get(&e.event_type).into_iter().flatten() {
+                let Some(values) = group_values(&m.spec.group_by, &e.fields) else {
+                    continue;
+                };
+                let value = match (&m.spec.field, m.spec.aggregation) {
+                    (None, _) => 1,
+                    (Some(f), agg) => match e.fields.get(f.as_str()) {
+                        None => continue,
+                        Some(v) if agg.numeric() => {
+                            Amount::parse(v.text())
+                                .map_err(|why| {
+                                    ValidationError::new(
+                                        "invalid_amount",
+                                        format!("{why} (metric {})", m.id),
+                                    )
+                                    .at(at(&format!("fields.{f}")))
+                                })?
+                                .0
+                        }
+                        Some(v) => member(v.text()),
+                    },
+                };
+                applicable += 1;
+                if m.is_late(ts, now) {
+                    continue;
+                }
+                fresh += 1;
+                planned.push(Planned {
+                    event: i,
+                    key: self
+                        .store
+                        .layout()
+                        .metric_key(m.id.as_str(), m.version, &values),
+                    sub: m.sub(ts),
+                    value,
+                    metric: m.clone(),
+                });
+            }
+            late[i] = applicable > 0 && fresh == 0;
+        }
+        Ok((planned, late))
+    }
+
+    fn op(
+        &self,
+        m: &MetricDef,
+        key: String,
+        update: Option<(i64, i64)>,
+        at: i64,
+        now: i64,
+    ) -> MetricOp {
+        MetricOp {
+            family: family(m.spec.aggregation),
+            key,
+            slots: m.slots(),
+            resolution_ms: m.spec.resolution_ms,
+            update,
+            read_hi: m.sub(at),
+            trim_hi: m.sub(now),
+            cap: self.settings.distinct_cap,
+        }
+    }
+
+    /// Marks the ids of the events that have updates; returns which events are duplicates and
+    /// the markers set (to undo if the updates fail).
+    async fn dedup(
+        &self,
+        defs: &Definitions,
+        events: &[EventInput],
+        planned: &[Planned],
+        deadline: Duration,
+    ) -> Result<(Vec<bool>, Vec<String>), StoreError> {
+        let mut dup = vec![false; events.len()];
+        let mut markers = Vec::new();
+        let mut owners = Vec::new();
+        let layout = self.store.layout();
+        for (i, e) in events.iter().enumerate() {
+            if let Some(id) = &e.id
+                && planned.iter().any(|p| p.event == i)
+            {
+                markers.push(layout.event_marker_key(e.event_type.as_str(), id));
+                owners.push(i);
+            }
+        }
+        if markers.is_empty() {
+            return Ok((dup, markers));
+        }
+        let fresh = self
+            .within(
+                deadline,
+                "events",
+                self.store.mark_events(&markers, defs.longest_ms),
+            )
+            .await?;
+        let mut set = Vec::new();
+        for ((i, m), new) in owners.into_iter().zip(markers).zip(fresh) {
+            if new {
+                set.push(m);
+            } else {
+                dup[i] = true;
+            }
+        }
+        Ok((dup, set))
+    }
+
+    /// Applies a batch of events (at most 1,000).
+    pub async fn ingest(&self, events: &[EventInput]) -> Result<IngestOutcome, VelocityError> {
+        if events.len() > MAX_EVENTS_PER_REQUEST {
+            return Err(ValidationError::new(
+                "too_many_events",
+                format!(
+                    "{} events in one request; at most {MAX_EVENTS_PER_REQUEST}",
+                    events.len()
+                ),
+            )
+            .into());
+        }
+        let now = now_ms();
+        let defs = self.defs();
+        let (planned, late) = self.plan(&defs, events, now)?;
+        let deadline = self.settings.write_deadline;
+        let (dup, markers) = self.dedup(&defs, events, &planned, deadline).await?;
+        let ops: Vec<MetricOp> = planned
+            .iter()
+            .filter(|p| !dup[p.event])
+            .map(|p| self.op(&p.metric, p.key.clone(), Some((p.sub, p.value)), now, now))
+            .collect();
+        if !ops.is_empty()
+            && let Err(e) = self
+                .within(deadline, "events", self.store.metric_ops(&ops))
+                .await
+        {
+            // Not applied: let a retry apply them.
+            let _ = tokio::time::timeout(deadline, self.store.unmark_events(&markers)).await;
+            return Err(e.into());
+        }
+        let outcome = IngestOutcome {
+            applied: ops.len() as u64,
+            duplicates: dup.iter().filter(|d| **d).count() as u64,
+            late: late.iter().filter(|l| **l).count() as u64,
+        };
+        let m = &self.metrics;
+        m.events
+            .with_label_values(&["applied"])
+            .inc_by(outcome.applied);
+        m.events
+            .with_label_values(&["duplicate"])
+            .inc_by(outcome.duplicates);
+        m.events.with_label_values(&["late"]).inc_by(outcome.late);
+        Ok(outcome)
+    }
+
+    // ---- features ----
+
+    /// Read ops for `metrics` at `at` with `fields`; every group-by field must be present.
+    fn read_ops(
+        &self,
+        defs: &Definitions,
+        metrics: &[MetricId],
+        fields: &Fields,
+        at: i64,
+        now: i64,
+    ) -> Result<Vec<(Arc<MetricDef>, MetricOp)>, VelocityError> {
+        let mut out = Vec::with_capacity(metrics.len());
+        for id in metrics {
+            let m = defs.metrics.get(id).ok_or_else(|| {
+                VelocityError::Invalid(ValidationError::new(
+                    "unknown_metric",
+                    format!("metric {id} is not defined"),
+                ))
+            })?;
+            let values = group_values(&m.spec.group_by, fields).ok_or_else(|| {
+                let missing = m
+                    .spec
+                    .group_by
+                    .iter()
+                    .find(|g| !fields.contains_key(g.as_str()))
+                    .expect("a missing field");
+                ValidationError::new(
+                    "missing_field",
+                    format!("fields.{missing} is needed by metric {id} (grouped by it)"),
+                )
+            })?;
+            let key = self
+                .store
+                .layout()
+                .metric_key(id.as_str(), m.version, &values);
+            out.push((m.clone(), self.op(m, key, None, at, now)));
+        }
+        Ok(out)
+    }
+
+    /// The values of `metrics` for the entity `fields` at `at` (default now).
+    pub async fn features(
+        &self,
+        metrics: &[MetricId],
+        fields: &Fields,
+        at: Option<i64>,
+    ) -> Result<Features, VelocityError> {
+        let now = now_ms();
+        let defs = self.defs();
+        let reads = self.read_ops(&defs, metrics, fields, at.unwrap_or(now), now)?;
+        let ops: Vec<MetricOp> = reads.iter().map(|(_, op)| op.clone()).collect();
+        let readings = self
+            .within(
+                self.settings.read_deadline,
+                "features",
+                self.store.metric_ops(&ops),
+            )
+            .await?;
+        Ok(self.note_caps(features_of(
+            reads.iter().map(|(m, _)| m.as_ref()).zip(readings),
+        )))
+    }
+
+    /// Evaluates rules on feature numbers.
+    pub fn evaluate_rules(
+        &self,
+        rules: &[RuleId],
+        numbers: &BTreeMap<MetricId, Option<f64>>,
+    ) -> BTreeMap<RuleId, bool> {
+        let defs = self.defs();
+        rules
+            .iter()
+            .filter_map(|id| defs.rules.get(id).map(|r| (id, r)))
+            .map(|(id, r)| (id.clone(), r.1.eval(&|m| numbers.get(m).copied().flatten())))
+            .collect()
+    }
+
+    /// The metrics the rules read, checking every rule exists.
+    pub fn rule_metrics(&self, rules: &[RuleId]) -> Result<Vec<MetricId>, VelocityError> {
+        let defs = self.defs();
+        let mut out = Vec::new();
+        for id in rules {
+            let r = defs.rules.get(id).ok_or_else(|| {
+                VelocityError::Invalid(ValidationError::new(
+                    "unknown_rule",
+                    format!("rule {id} is not defined"),
+                ))
+            })?;
+            out.extend(r.0.metrics.iter().cloned());
+        }
+        Ok(out)
+    }
+
+    /// The store work of `evaluate`: applies `event` (if any) and reads `metrics` for `fields`
+    /// in one round trip (two with an event id), within the read deadline.
+    pub async fn apply_and_read(
+        &self,
+        event: Option<&EventInput>,
+        metrics: &[MetricId],
+        fields: &Fields,
+    ) -> Result<Features, VelocityError> {
+        let now = now_ms();
+        let defs = self.defs();
+        let deadline = self.settings.read_deadline;
+        let events: Vec<EventInput> = event.into_iter().cloned().collect();
+        let (planned, _) = self.plan(&defs, &events, now)?;
+        let mut wanted: Vec<MetricId> = Vec::new();
+        for m in metrics {
+            if !wanted.contains(m) {
+                wanted.push(m.clone());
+            }
+        }
+        let reads = self.read_ops(&defs, &wanted, fields, now, now)?;
+        let (dup, markers) = self.dedup(&defs, &events, &planned, deadline).await?;
+        // Updates read their value back: a metric the event updates for the same entity
+        // needs no separate read.
+        let mut ops: Vec<MetricOp> = Vec::new();
+        let mut answer_of: Vec<Option<usize>> = vec![None; reads.len()];
+        for p in planned.iter().filter(|p| !dup[p.event]) {
+            let idx = ops.len();
+            ops.push(self.op(&p.metric, p.key.clone(), Some((p.sub, p.value)), now, now));
+            for (r, (_, op)) in reads.iter().enumerate() {
+                if op.key == p.key && answer_of[r].is_none() {
+                    answer_of[r] = Some(idx);
+                }
+            }
+        }
+        let applied = ops.len() as u64;
+        for (r, (_, op)) in reads.iter().enumerate() {
+            if answer_of[r].is_none() {
+                answer_of[r] = Some(ops.len());
+                ops.push(op.clone());
+            }
+        }
+        let readings = match self
+            .within(deadline, "evaluate", self.store.metric_ops(&ops))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tokio::time::timeout(deadline, self.store.unmark_events(&markers)).await;
+                return Err(e.into());
+            }
+        };
+        let m = &self.metrics;
+        m.events.with_label_values(&["applied"]).inc_by(applied);
+        m.events
+            .with_label_values(&["duplicate"])
+            .inc_by(dup.iter().filter(|d| **d).count() as u64);
+        Ok(self.note_caps(features_of(reads.iter().zip(&answer_of).map(
+            |((m, _), i)| (m.as_ref(), readings[i.expect("every read answered")]),
+        ))))
+    }
+
+    /// Counts and logs distinct counts read at their cap.
+    fn note_caps(&self, f: Features) -> Features {
+        if !f.capped.is_empty() {
+            self.metrics.distinct_capped.inc_by(f.capped.len() as u64);
+            tracing::warn!(
+                metrics = ?f.capped,
+                cap = self.settings.distinct_cap,
+                "distinct counts at their member cap: the true count may be higher"
+            );
+        }
+        f
+    }
+}
+
+fn unknown_metric(id: &MetricId) -> VelocityError {
+    VelocityError::NotFound(ValidationError::new(
+        "unknown_metric",
+        format!("metric {id} is not defined"),
+    ))
+}
+
+fn unknown_rule(id: &RuleId) -> VelocityError {
+    VelocityError::NotFound(ValidationError::new(
+        "unknown_rule",
+        format!("rule {id} is not defined"),
+    ))
+}
+
+/// The group-by values in order, or `None` if one is missing.
+fn group_values<'a>(group_by: &[FieldName], fields: &'a Fields) -> Option<Vec<&'a str>> {
+    group_by
+        .iter()
+        .map(|g| fields.get(g.as_str()).map(FieldValue::text))
+        .collect()
+}
+
+/// Feature values (API.md: counts and sums 0 when nothing was seen; AVG, MIN, MAX null).
+fn features_of<'a>(readings: impl Iterator<Item = (&'a MetricDef, MetricReading)>) -> Features {
+    let mut f = Features::default();
+    let scale = AMOUNT_SCALE as f64;
+    for (m, r) in readings {
+        let (json, number) = match (m.spec.aggregation, r) {
+            (Aggregation::Count, MetricReading::Sum(n)) => (Json::from(n), Some(n as f64)),
+            (Aggregation::Sum, MetricReading::Sum(s)) => (amount_json(s), Some(s as f64 / scale)),
+            (Aggregation::Avg, MetricReading::Avg { count: 0, .. }) => (Json::Null, None),
+            (Aggregation::Avg, MetricReading::Avg { sum, count }) => {
+                let avg = sum as f64 / count as f64 / scale;
+                (Json::from(avg), Some(avg))
+            }
+            (_, MetricReading::Extreme(Some(v))) => (amount_json(v), Some(v as f64 / scale)),
+            (_, MetricReading::Extreme(None)) => (Json::Null, None),
+            (_, MetricReading::Distinct { count, capped }) => {
+                if capped {
+                    f.capped.push(m.id.clone());
+                }
+                (Json::from(count), Some(count as f64))
+            }
+            (agg, other) => {
+                tracing::error!(?agg, ?other, "a reading of the wrong kind");
+                (Json::Null, None)
+            }
+        };
+        f.values.insert(m.id.clone(), json);
+        f.numbers.insert(m.id.clone(), number);
+    }
+    f
+}
