@@ -129,6 +129,9 @@ struct Planned {
 pub struct Velocity {
     store: Arc<dyn Store>,
     defs: RwLock<Arc<Definitions>>,
+    /// Reloads are numbered as they start; a slower, older one never overwrites a newer one.
+    reloads: std::sync::atomic::AtomicU64,
+    applied_reload: std::sync::Mutex<u64>,
     settings: VelocitySettings,
     metrics: Arc<Metrics>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
@@ -219,6 +222,8 @@ impl Velocity {
         let v = Arc::new(Self {
             store,
             defs: RwLock::new(Arc::new(defs)),
+            reloads: std::sync::atomic::AtomicU64::new(0),
+            applied_reload: std::sync::Mutex::new(0),
             settings,
             metrics,
             tasks: std::sync::Mutex::new(Vec::new()),
@@ -262,8 +267,18 @@ impl Velocity {
 
     /// Reloads the definitions from the store (kept as they were if it fails).
     pub async fn reload(&self) {
+        let this = self
+            .reloads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         match tokio::time::timeout(self.settings.write_deadline, load(self.store.as_ref())).await {
-            Ok(Ok(d)) => *self.defs.write().expect("definitions lock") = Arc::new(d),
+            Ok(Ok(d)) => {
+                let mut applied = self.applied_reload.lock().expect("reload lock");
+                if this > *applied {
+                    *applied = this;
+                    *self.defs.write().expect("definitions lock") = Arc::new(d);
+                }
+            }
             Ok(Err(e)) => tracing::warn!(error = %e, "reloading definitions failed"),
             Err(_) => tracing::warn!("reloading definitions timed out"),
         }
