@@ -520,7 +520,10 @@ async fn version_bumps_forget_old_counts(store: Arc<dyn Store>) {
     let e = event(None, "login", now_ms(), &[("userid", "u1")]);
     v.ingest(&[e.clone(), e.clone(), e.clone()]).await.unwrap();
     assert_eq!(
-        v.features(&[id.clone()], &u, None).await.unwrap().values[&id],
+        v.features(std::slice::from_ref(&id), &u, None)
+            .await
+            .unwrap()
+            .values[&id],
         json!(3)
     );
 
@@ -530,19 +533,25 @@ async fn version_bumps_forget_old_counts(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(d2.version, 2);
     assert_eq!(
-        v.features(&[id.clone()], &u, None).await.unwrap().values[&id],
+        v.features(std::slice::from_ref(&id), &u, None)
+            .await
+            .unwrap()
+            .values[&id],
         json!(0),
         "old counts are gone at once"
     );
-    v.ingest(&[e.clone()]).await.unwrap();
+    v.ingest(std::slice::from_ref(&e)).await.unwrap();
     assert_eq!(
-        v.features(&[id.clone()], &u, None).await.unwrap().values[&id],
+        v.features(std::slice::from_ref(&id), &u, None)
+            .await
+            .unwrap()
+            .values[&id],
         json!(1)
     );
 
     v.delete_metric(&id).await.unwrap();
     assert!(
-        matches!(v.features(&[id.clone()], &u, None).await, Err(VelocityError::Invalid(e)) if e.code == "unknown_metric")
+        matches!(v.features(std::slice::from_ref(&id), &u, None).await, Err(VelocityError::Invalid(e)) if e.code == "unknown_metric")
     );
     let d3 = v
         .put_metric(id.clone(), "COUNT(1h, login) BY userid", Some("1m"))
@@ -553,7 +562,10 @@ async fn version_bumps_forget_old_counts(store: Arc<dyn Store>) {
         "a re-created metric never reuses an old version"
     );
     assert_eq!(
-        v.features(&[id.clone()], &u, None).await.unwrap().values[&id],
+        v.features(std::slice::from_ref(&id), &u, None)
+            .await
+            .unwrap()
+            .values[&id],
         json!(0)
     );
 
