@@ -152,6 +152,7 @@ fn main() -> Res<()> {
         .build()?;
     let store = rt.block_on(RedisStore::open(RedisOptions {
         url: url.clone(),
+        cluster_nodes: Vec::new(),
         prefix: PREFIX.into(),
         expected_entries: Some(n),
         default_expected_entries: n,

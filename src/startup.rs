@@ -52,6 +52,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
         Some(url) => {
             let (store, report) = RedisStore::open(RedisOptions {
                 url: url.expose_secret().to_owned(),
+                cluster_nodes: Vec::new(),
                 prefix: settings.key_prefix.clone(),
                 expected_entries: settings.expected_entries,
                 default_expected_entries: DEFAULT_EXPECTED_ENTRIES,

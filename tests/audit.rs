@@ -19,6 +19,7 @@ const EXPIRED: u64 = 100;
 async fn open(server: &RedisServer, prefix: &str) -> RedisStore {
     let (store, _) = RedisStore::open(RedisOptions {
         url: server.url(),
+        cluster_nodes: Vec::new(),
         prefix: prefix.into(),
         expected_entries: Some(4000),
         default_expected_entries: 4000,

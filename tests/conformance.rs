@@ -62,6 +62,7 @@ async fn redis() -> Harness {
     let server = RedisServer::start();
     let (store, _) = RedisStore::open(RedisOptions {
         url: server.url(),
+        cluster_nodes: Vec::new(),
         prefix: unique_prefix(),
         expected_entries: Some(64 * 400),
         default_expected_entries: 1_000_000,

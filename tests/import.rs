@@ -30,6 +30,7 @@ async fn open(
     let (store, _) =
         namelist::store::redis::RedisStore::open(namelist::store::redis::RedisOptions {
             url: redis.url(),
+            cluster_nodes: Vec::new(),
             prefix: prefix.into(),
             expected_entries: Some(expected),
             default_expected_entries: expected,

@@ -96,7 +96,10 @@ async fn a_broken_subscription_is_restored_and_loses_nothing() {
         .arg("pubsub")
         .query(&mut redis.conn())
         .unwrap();
-    assert_eq!(killed, 2, "both instances had a subscription");
+    assert_eq!(
+        killed, 4,
+        "both instances had their two subscriptions (cache invalidation, definitions)"
+    );
     let res = a
         .post(
             "/v1/lists/black/entries",

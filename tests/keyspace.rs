@@ -14,6 +14,7 @@ use serde_json::json;
 fn options(redis: &RedisServer, prefix: &str, expected: Option<u64>) -> RedisOptions {
     RedisOptions {
         url: redis.url(),
+        cluster_nodes: Vec::new(),
         prefix: prefix.into(),
         expected_entries: expected,
         default_expected_entries: 1_000_000,

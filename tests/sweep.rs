@@ -25,6 +25,7 @@ type Snapshot = BTreeMap<Vec<u8>, (String, BTreeMap<Vec<u8>, Vec<u8>>)>;
 async fn open(redis: &RedisServer, prefix: &str, expected: u64) -> RedisStore {
     let (store, _) = RedisStore::open(RedisOptions {
         url: redis.url(),
+        cluster_nodes: Vec::new(),
         prefix: prefix.into(),
         expected_entries: Some(expected),
         default_expected_entries: expected,

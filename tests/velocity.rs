@@ -43,6 +43,7 @@ async fn memory_store() -> Arc<dyn Store> {
 async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
     let (store, _) = RedisStore::open(RedisOptions {
         url: redis.url(),
+        cluster_nodes: Vec::new(),
         prefix: unique_prefix(),
         expected_entries: Some(4000),
         default_expected_entries: 4000,

@@ -36,9 +36,17 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
     for (name, v) in raw {
         let text = v.get().trim();
         let value = match text.as_bytes().first() {
-            Some(b'"') => FieldValue::Text(
-                serde_json::from_str::<String>(text).expect("a JSON string parses"),
-            ),
+            // A raw value may hold escapes that are not a valid string (a lone surrogate).
+            Some(b'"') => match serde_json::from_str::<String>(text) {
+                Ok(s) => FieldValue::Text(s),
+                Err(e) => {
+                    return Err(ValidationError::new(
+                        "invalid_field",
+                        format!("not a valid string: {e}"),
+                    )
+                    .at(format!("{at}fields.{name}")));
+                }
+            },
             Some(b'-' | b'0'..=b'9') => FieldValue::Number(text.to_owned()),
             _ if text == "null" => continue,
             _ => {

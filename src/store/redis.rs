@@ -1,23 +1,28 @@
-//! The Redis store: the layout of `layout` on a single Redis node.
+//! The Redis store: the layout of `layout` on one Redis node or a Redis Cluster (`conn`).
 //!
-//! One multiplexed `ConnectionManager` carries every command (it pipelines concurrent callers
-//! and reconnects by itself after a failure); pub/sub uses its own connection. Reads are
-//! pipelined `HGET`s, one round trip per call. An upsert is one `MULTI`/`EXEC` pipeline
-//! (registry `SADD`s first, so a range is never stored before a reader would probe it; then
-//! multi-field `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`), so a write
-//! is taken whole or not at all. Deletes and lazy expiry are Lua scripts, one per bucket,
-//! called by SHA (loaded at start-up and again after a `NOSCRIPT`).
+//! One multiplexed connection (per node) carries every command, and pub/sub uses its own.
+//! Reads are batches of `HGET`s: one pipeline, one round trip (on a cluster, per-slot
+//! pipelines sent together). An upsert on one node is one `MULTI`/`EXEC` (registry `SADD`s
+//! first, so a range is never stored before a reader would probe it; then multi-field
+//! `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`), so it is taken whole or
+//! not at all. A cluster has no transaction across slots: there the same steps run in that
+//! order as three batches (registries; buckets; audit and publish), and an error at any step
+//! fails the write (it may be partly applied; a retry is idempotent). Deletes and lazy expiry
+//! are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
+//! `NOSCRIPT`).
 //!
 //! No call here has its own deadline beyond the connection's response timeout: the service
 //! wraps every call in the deadline that fits it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+
+use super::conn::{ConnectOptions, Keyed, RedisConn};
 
 use super::layout::{FORMAT_VERSION, MAX_MEAN_FILL};
 use super::{
@@ -224,7 +229,10 @@ return 1
 /// How to reach Redis and which keyspace to open.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
+    /// One Redis node (ignored when `cluster_nodes` is not empty).
     pub url: String,
+    /// Seed URLs of a Redis Cluster.
+    pub cluster_nodes: Vec<String>,
     pub prefix: String,
     /// Sizes a new keyspace; when set, must agree with an existing one.
     pub expected_entries: Option<u64>,
@@ -247,8 +255,10 @@ pub struct OpenReport {
 
 /// The Redis store.
 pub struct RedisStore {
-    client: Client,
-    conn: ConnectionManager,
+    /// One client per configured URL, for pub/sub (tried in turn).
+    pubsub_clients: Vec<Client>,
+    pubsub_next: AtomicUsize,
+    conn: RedisConn,
     layout: Layout,
     audit_max_len: usize,
     remove: Script,
@@ -357,17 +367,25 @@ pub fn min_listpack_entries(mean_fill: f64) -> u64 {
 impl RedisStore {
     /// Connects, opens (or creates) the keyspace and checks the server's listpack limit.
     pub async fn open(opts: RedisOptions) -> StoreResult<(Self, OpenReport)> {
-        let client = Client::open(opts.url.as_str())
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(opts.connect_timeout))
-            .set_response_timeout(Some(opts.response_timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client.clone(), config)
-            .await
-            .map_err(unavailable)?;
+        let cluster = !opts.cluster_nodes.is_empty();
+        let urls = if cluster {
+            opts.cluster_nodes.clone()
+        } else {
+            vec![opts.url.clone()]
+        };
+        let (mut conn, pubsub_clients) = RedisConn::connect(&ConnectOptions {
+            urls,
+            cluster,
+            connect_timeout: opts.connect_timeout,
+            response_timeout: opts.response_timeout,
+        })
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::InvalidClientConfig => {
+                StoreError::Unavailable(format!("invalid Redis URL: {e}"))
+            }
+            _ => unavailable(e),
+        })?;
 
         let wanted = Layout::buckets_for(
             opts.expected_entries
@@ -412,12 +430,22 @@ impl RedisStore {
             .expected_entries
             .map_or(MAX_MEAN_FILL as f64, |e| e as f64 / f64::from(buckets));
         let needed = min_listpack_entries(mean);
-        let limit: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("hash-max-listpack-entries")
-            .query_async(&mut conn)
+        // Every primary must allow the fill (the smallest limit decides).
+        let limit: redis::RedisResult<Vec<Vec<String>>> = conn
+            .on_every_primary(
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("hash-max-listpack-entries"),
+            )
             .await;
-        match limit.ok().and_then(|v| v.get(1).and_then(|s| s.parse::<u64>().ok())) {
+        let limit = limit.ok().and_then(|replies| {
+            replies
+                .iter()
+                .map(|v| v.get(1).and_then(|s| s.parse::<u64>().ok()))
+                .collect::<Option<Vec<u64>>>()
+                .and_then(|v| v.into_iter().min())
+        });
+        match limit {
             Some(limit) if limit < needed => warnings.push(format!(
                 "hash-max-listpack-entries is {limit} but buckets of a mean fill of {mean:.0} need at least {needed}: \
                  full buckets will convert to hashtables and cost several times the memory. Raise it (CONFIG SET \
@@ -430,7 +458,8 @@ impl RedisStore {
         }
 
         let store = Self {
-            client,
+            pubsub_clients,
+            pubsub_next: AtomicUsize::new(0),
             conn,
             layout,
             audit_max_len: opts.audit_max_len,
@@ -465,21 +494,22 @@ impl RedisStore {
 
     /// Appends one record to the capped audit stream (for tools that write in bulk).
     pub async fn append_audit(&self, record: &AuditRecord) -> StoreResult<()> {
-        let mut pipe = redis::pipe();
-        self.xadd(&mut pipe, record);
-        let mut conn = self.conn.clone();
-        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+        self.conn
+            .run_all(vec![self.xadd(record)])
+            .await
+            .map(drop)
+            .map_err(unavailable)
     }
 
-    /// A clone of the command connection, for tools that run their own commands.
-    pub fn connection(&self) -> ConnectionManager {
+    /// The command connection, for tools that run their own commands.
+    pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
-    fn xadd(&self, pipe: &mut redis::Pipeline, record: &AuditRecord) {
-        let cmd = pipe
-            .cmd("XADD")
-            .arg(self.layout.audit_key())
+    fn xadd(&self, record: &AuditRecord) -> Keyed {
+        let key = self.layout.audit_key();
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&key)
             .arg("MAXLEN")
             .arg("~")
             .arg(self.audit_max_len)
@@ -487,24 +517,26 @@ impl RedisStore {
         for (name, value) in &record.fields {
             cmd.arg(name).arg(value);
         }
-        cmd.ignore();
+        (key.into_bytes(), cmd)
     }
 
-    fn publish_cmd(&self, pipe: &mut redis::Pipeline, message: &Invalidation) {
-        pipe.cmd("PUBLISH")
-            .arg(self.layout.channel())
-            .arg(message.encode())
-            .ignore();
+    /// `PUBLISH` (keyless: on a cluster any node broadcasts it).
+    fn publish_cmd(&self, message: &Invalidation) -> Keyed {
+        let channel = self.layout.channel();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(&channel).arg(message.encode());
+        (channel.into_bytes(), cmd)
     }
 
-    /// Adds one metric op's `EVALSHA` to a pipeline.
-    fn add_metric_op(&self, pipe: &mut redis::Pipeline, op: &MetricOp) {
+    /// One metric op's `EVALSHA`.
+    fn metric_cmd(&self, op: &MetricOp) -> Keyed {
         let scripts = &self.metric_scripts;
         let (sub, value) = match op.update {
             Some((sub, v)) => (sub.to_string(), v),
             None => (String::new(), 0),
         };
         let expire_at = op.expire_at().unwrap_or(0);
+        let mut cmd = redis::cmd("EVALSHA");
         if op.family == MetricFamily::Approx {
             let mut keys = Vec::with_capacity(op.slots as usize + 1);
             if let Some((sub, _)) = op.update {
@@ -512,17 +544,14 @@ impl RedisStore {
             }
             let lo = op.read_hi - op.slots + 1;
             keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
-            let cmd = pipe
-                .cmd("EVALSHA")
-                .arg(scripts.approx.get_hash())
-                .arg(keys.len());
+            cmd.arg(scripts.approx.get_hash()).arg(keys.len());
             for k in &keys {
                 cmd.arg(k);
             }
             cmd.arg(if op.update.is_some() { "1" } else { "" })
                 .arg(value)
                 .arg(expire_at);
-            return;
+            return (op.key.clone().into_bytes(), cmd);
         }
         let (script, sub) = match op.family {
             MetricFamily::Sum => (&scripts.sum, sub),
@@ -535,9 +564,7 @@ impl RedisStore {
             MetricFamily::Distinct => (&scripts.distinct, sub),
             MetricFamily::Approx => unreachable!("handled above"),
         };
-        let cmd = pipe
-            .cmd("EVALSHA")
-            .arg(script.get_hash())
+        cmd.arg(script.get_hash())
             .arg(1)
             .arg(&op.key)
             .arg(sub)
@@ -558,6 +585,7 @@ impl RedisStore {
             }
             _ => {}
         }
+        (op.key.clone().into_bytes(), cmd)
     }
 
     /// One `EVALSHA REMOVE` per bucket of `keys`; (bucket, the keys' positions in order).
@@ -569,24 +597,34 @@ impl RedisStore {
         by_bucket.into_iter().collect()
     }
 
-    fn add_removals(
+    fn removals(
         &self,
-        pipe: &mut redis::Pipeline,
         keys: &[EntryKey],
         calls: &[(u32, Vec<usize>)],
         now_rel_ms: i64,
-    ) {
-        for (bucket, idx) in calls {
-            let cmd = pipe
-                .cmd("EVALSHA")
-                .arg(self.remove.get_hash())
-                .arg(1)
-                .arg(self.layout.bucket_key(*bucket))
-                .arg(now_rel_ms);
-            for &i in idx {
-                cmd.arg(keys[i].field);
-            }
-        }
+    ) -> Vec<Keyed> {
+        calls
+            .iter()
+            .map(|(bucket, idx)| {
+                let key = self.layout.bucket_key(*bucket);
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.remove.get_hash())
+                    .arg(1)
+                    .arg(&key)
+                    .arg(now_rel_ms);
+                for &i in idx {
+                    cmd.arg(keys[i].field);
+                }
+                (key.into_bytes(), cmd)
+            })
+            .collect()
+    }
+
+    /// A single-key command.
+    fn keyed(key: String, build: impl FnOnce(&mut Cmd, &str)) -> Keyed {
+        let mut cmd = Cmd::new();
+        build(&mut cmd, &key);
+        (key.into_bytes(), cmd)
     }
 }
 
@@ -610,47 +648,60 @@ impl Store for RedisStore {
     }
 
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for k in keys {
-            pipe.hget(self.layout.bucket_key(k.bucket), k.field);
-        }
-        let mut conn = self.conn.clone();
-        pipe.query_async(&mut conn).await.map_err(unavailable)
+        let cmds = keys
+            .iter()
+            .map(|k| {
+                Self::keyed(self.layout.bucket_key(k.bucket), |c, key| {
+                    c.arg("HGET").arg(key).arg(k.field);
+                })
+            })
+            .collect();
+        self.conn
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(|v| {
+                redis::from_redis_value_ref::<Option<u32>>(v)
+                    .map_err(|e| StoreError::Corrupt(format!("bucket value: {e}")))
+            })
+            .collect()
     }
 
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
-        if scopes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for (list, sandbox) in scopes {
-            pipe.smembers(self.layout.registry_key(list, sandbox));
-        }
-        let mut conn = self.conn.clone();
-        let raw: Vec<Vec<String>> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
-        Ok(raw
-            .into_iter()
-            .map(|members| {
+        let cmds = scopes
+            .iter()
+            .map(|(list, sandbox)| {
+                Self::keyed(self.layout.registry_key(list, sandbox), |c, key| {
+                    c.arg("SMEMBERS").arg(key);
+                })
+            })
+            .collect();
+        let raw = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        raw.iter()
+            .map(|v| {
+                let members: Vec<String> = redis::from_redis_value_ref(v)
+                    .map_err(|e| StoreError::Corrupt(format!("registry: {e}")))?;
                 let mut v: Vec<PrefixLen> = members
                     .iter()
                     .filter_map(|m| PrefixLen::parse_member(m))
                     .collect();
                 v.sort();
-                v
+                Ok(v)
             })
-            .collect())
+            .collect()
     }
 
     async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let mut registries = Vec::new();
         let mut scopes = Vec::new();
         for ((list, sandbox), len) in &batch.prefixes {
-            pipe.sadd(self.layout.registry_key(list, sandbox), len.member())
-                .ignore();
+            registries.push(Self::keyed(
+                self.layout.registry_key(list, sandbox),
+                |c, key| {
+                    c.arg("SADD").arg(key).arg(len.member());
+                },
+            ));
             scopes.push((list.to_string(), sandbox.to_string()));
         }
         let mut by_bucket: BTreeMap<u32, Vec<(i64, u32)>> = BTreeMap::new();
@@ -660,22 +711,34 @@ impl Store for RedisStore {
                 .or_default()
                 .push((k.field, *code));
         }
-        for (bucket, pairs) in &by_bucket {
-            pipe.hset_multiple(self.layout.bucket_key(*bucket), pairs)
-                .ignore();
-        }
-        for record in &batch.audit {
-            self.xadd(&mut pipe, record);
-        }
+        let buckets: Vec<Keyed> = by_bucket
+            .iter()
+            .map(|(bucket, pairs)| {
+                Self::keyed(self.layout.bucket_key(*bucket), |c, key| {
+                    c.arg("HSET").arg(key);
+                    for (f, v) in pairs {
+                        c.arg(f).arg(v);
+                    }
+                })
+            })
+            .collect();
+        let mut last: Vec<Keyed> = batch.audit.iter().map(|r| self.xadd(r)).collect();
         if !scopes.is_empty() {
             scopes.sort();
             scopes.dedup();
-            self.publish_cmd(&mut pipe, &Invalidation::Scopes(scopes));
+            last.push(self.publish_cmd(&Invalidation::Scopes(scopes)));
         }
         let keys = batch.entries.iter().map(|(k, _)| *k).collect();
-        self.publish_cmd(&mut pipe, &Invalidation::Keys(keys));
-        let mut conn = self.conn.clone();
-        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+        last.push(self.publish_cmd(&Invalidation::Keys(keys)));
+        if self.conn.is_cluster() {
+            // No transaction across slots: the same order, step by step.
+            for step in [registries, buckets, last] {
+                self.conn.run_all(step).await.map_err(unavailable)?;
+            }
+            return Ok(());
+        }
+        let all = registries.into_iter().chain(buckets).chain(last).collect();
+        self.conn.run_atomic(all).await.map_err(unavailable)
     }
 
     async fn remove(
@@ -687,41 +750,44 @@ impl Store for RedisStore {
         let calls = self.removal_calls(keys);
         let now_rel = now_ms - EPOCH_2020_MS;
         let invalidation = Invalidation::Keys(keys.to_vec());
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        self.add_removals(&mut pipe, keys, &calls, now_rel);
-        for record in &audit {
-            self.xadd(&mut pipe, record);
-        }
-        self.publish_cmd(&mut pipe, &invalidation);
-        let mut conn = self.conn.clone();
-        let mut results: Vec<redis::RedisResult<Vec<i64>>> =
-            pipe.query_async(&mut conn).await.map_err(unavailable)?;
-        results.truncate(calls.len());
-
+        let mut results = self
+            .conn
+            .run(self.removals(keys, &calls, now_rel))
+            .await
+            .map_err(unavailable)?;
         if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
-            // The script cache was flushed (a restart): load and redo the deletions, then
-            // publish again so no instance refetches between the two. The audit is written.
+            // The script cache was flushed (a restart): load and redo what did not run.
             self.load_scripts().await?;
-            let mut pipe = redis::pipe();
-            self.add_removals(&mut pipe, keys, &calls, now_rel);
-            self.publish_cmd(&mut pipe, &invalidation);
-            results = pipe
-                .query_async::<Vec<Vec<i64>>>(&mut conn)
-                .await
-                .map_err(unavailable)?
-                .into_iter()
-                .map(Ok)
+            let again: Vec<usize> = (0..results.len())
+                .filter(|&i| results[i].as_ref().is_err_and(is_noscript))
                 .collect();
+            let cmds = self.removals(keys, &calls, now_rel);
+            let redo: Vec<Keyed> = cmds
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| again.contains(i))
+                .map(|(_, c)| c)
+                .collect();
+            for (i, r) in again
+                .into_iter()
+                .zip(self.conn.run(redo).await.map_err(unavailable)?)
+            {
+                results[i] = r;
+            }
         }
-
         let mut removed = vec![false; keys.len()];
         for ((_, idx), result) in calls.iter().zip(results) {
-            let flags = result.map_err(unavailable)?;
+            let flags: Vec<i64> = result
+                .and_then(|v| Ok(redis::from_redis_value(v)?))
+                .map_err(unavailable)?;
             for (&i, flag) in idx.iter().zip(flags) {
                 removed[i] |= flag == 1;
             }
         }
+        // Audit and tell every instance, once the deletions are done.
+        let mut last: Vec<Keyed> = audit.iter().map(|r| self.xadd(r)).collect();
+        last.push(self.publish_cmd(&invalidation));
+        self.conn.run_all(last).await.map_err(unavailable)?;
         Ok(removed)
     }
 
@@ -739,8 +805,12 @@ impl Store for RedisStore {
     }
 
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
+        // On a cluster any node delivers every PUBLISH: subscribe to the seeds in turn, so
+        // a node that is down (or was failed over) is skipped next time.
+        let i = self.pubsub_next.fetch_add(1, Ordering::Relaxed) % self.pubsub_clients.len();
+        let client = self.pubsub_clients[i].clone();
         let connect = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
+            let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(self.layout.channel()).await?;
             Ok::<_, RedisError>(pubsub)
         };
@@ -777,9 +847,10 @@ impl Store for RedisStore {
     }
 
     async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
-        let mut conn = self.conn.clone();
-        conn.publish::<_, _, ()>(self.layout.channel(), message.encode())
+        self.conn
+            .run_all(vec![self.publish_cmd(message)])
             .await
+            .map(drop)
             .map_err(unavailable)
     }
 
@@ -809,18 +880,12 @@ impl Store for RedisStore {
     async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
         let mut out: Vec<Option<MetricReading>> = vec![None; ops.len()];
         let mut pending: Vec<usize> = (0..ops.len()).collect();
-        let mut conn = self.conn.clone();
         for attempt in 0..2 {
             if pending.is_empty() {
                 break;
             }
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &i in &pending {
-                self.add_metric_op(&mut pipe, &ops[i]);
-            }
-            let replies: Vec<redis::RedisResult<redis::Value>> =
-                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let cmds = pending.iter().map(|&i| self.metric_cmd(&ops[i])).collect();
+            let replies = self.conn.run(cmds).await.map_err(unavailable)?;
             let mut again = Vec::new();
             for (&i, reply) in pending.iter().zip(replies) {
                 match reply {
@@ -841,34 +906,33 @@ impl Store for RedisStore {
     }
 
     async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
-        if markers.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for m in markers {
-            pipe.cmd("SET")
-                .arg(m)
-                .arg(1)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms.max(1));
-        }
-        let mut conn = self.conn.clone();
-        let replies: Vec<Option<String>> =
-            pipe.query_async(&mut conn).await.map_err(unavailable)?;
-        Ok(replies.into_iter().map(|r| r.is_some()).collect())
+        let cmds = markers
+            .iter()
+            .map(|m| {
+                Self::keyed(m.clone(), |c, key| {
+                    c.arg("SET")
+                        .arg(key)
+                        .arg(1)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl_ms.max(1));
+                })
+            })
+            .collect();
+        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        Ok(replies.iter().map(|r| *r != redis::Value::Nil).collect())
     }
 
     async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
-        if markers.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
-        for m in markers {
-            pipe.del(m).ignore();
-        }
-        let mut conn = self.conn.clone();
-        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+        let cmds = markers
+            .iter()
+            .map(|m| {
+                Self::keyed(m.clone(), |c, key| {
+                    c.arg("DEL").arg(key);
+                })
+            })
+            .collect();
+        self.conn.run_all(cmds).await.map(drop).map_err(unavailable)
     }
 
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {

@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::store::conn::RedisConn;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use redis::aio::ConnectionManager;
 use redis::{Script, ServerErrorKind, Value};
 use serde::Serialize;
 
@@ -460,7 +460,7 @@ fn int(v: &Value) -> Option<u64> {
 
 /// Probes a batch of bucket keys in one pipeline; reloads the script after a NOSCRIPT.
 async fn probe_batch(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     script: &Script,
     keys: &[String],
 ) -> anyhow::Result<Vec<Outcome>> {
@@ -545,7 +545,7 @@ async fn probe_batch(
 }
 
 /// `INFO <section>` as (name, value) pairs; empty if refused.
-async fn info(conn: &mut ConnectionManager, section: &str) -> BTreeMap<String, String> {
+async fn info(conn: &mut RedisConn, section: &str) -> BTreeMap<String, String> {
     let text: String = match redis::cmd("INFO").arg(section).query_async(conn).await {
         Ok(t) => t,
         Err(_) => return BTreeMap::new(),
@@ -572,7 +572,7 @@ fn server_memory(info: &BTreeMap<String, String>) -> ServerMemory {
 }
 
 /// `hash-max-listpack-entries` (or the pre-7 `hash-max-ziplist-entries`); `None` if refused.
-async fn listpack_limit(conn: &mut ConnectionManager) -> Option<u64> {
+async fn listpack_limit(conn: &mut RedisConn) -> Option<u64> {
     for name in ["hash-max-listpack-entries", "hash-max-ziplist-entries"] {
         let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
             .arg("GET")
@@ -601,7 +601,7 @@ async fn pace(done: u64, started: Instant, rate: Option<u64>) {
 
 /// The walk's state: totals plus what the probes found that is not a bucket.
 struct Walk<'a> {
-    conn: ConnectionManager,
+    conn: RedisConn,
     script: Script,
     opts: &'a Args,
     limit: Option<u64>,

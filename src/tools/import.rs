@@ -32,10 +32,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::store::conn::RedisConn;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 use super::Global;
@@ -865,7 +865,7 @@ struct BatchOutcome {
 
 /// Writes one batch of buckets: RESTORE what does not exist, HSET the rest.
 async fn write_batch(
-    mut conn: ConnectionManager,
+    mut conn: RedisConn,
     layout: &Layout,
     format: Option<DumpFormat>,
     batch: Vec<BucketWrite>,
@@ -933,7 +933,7 @@ async fn write_batch(
 
 /// Learns the server's DUMP format and proves the RESTORE path on a probe bucket: restored
 /// content and `MEMORY USAGE` must equal an `HSET`-built twin's. `None` (HSET only) if not.
-async fn prove_restore(conn: &mut ConnectionManager, layout: &Layout) -> Option<DumpFormat> {
+async fn prove_restore(conn: &mut RedisConn, layout: &Layout) -> Option<DumpFormat> {
     let pid = std::process::id();
     let (a, b, c) = (
         format!("{}probe:{pid}:a", layout.prefix()),

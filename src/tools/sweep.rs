@@ -48,8 +48,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use crate::store::conn::RedisConn;
 use anyhow::{Context, bail};
-use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
 use serde::{Deserialize, Serialize};
 
@@ -349,7 +349,7 @@ impl Pacer {
 
 /// The connection, the pacer and the command count of one run.
 struct Sweeper {
-    conn: ConnectionManager,
+    conn: RedisConn,
     pacer: Pacer,
     ops: u64,
 }

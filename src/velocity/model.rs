@@ -193,7 +193,11 @@ impl Amount {
         };
         let (mantissa, exp) = match t.find(['e', 'E']) {
             Some(i) => {
-                let e: i32 = t[i + 1..].parse().map_err(|_| WHY.to_owned())?;
+                let e: i64 = t[i + 1..].parse().map_err(|_| WHY.to_owned())?;
+                // Anything past ±40 is either zero-padded nonsense or out of range.
+                if e.abs() > 40 {
+                    return Err("is out of range".into());
+                }
                 (&t[..i], e)
             }
             None => (t, 0),
@@ -208,11 +212,14 @@ impl Amount {
         // digits × 10^(exp − frac_len + 4) must be an integer.
         let digits: String = format!("{int}{frac}");
         let digits = digits.trim_start_matches('0');
-        let shift = exp - frac.len() as i32 + 4;
+        if frac.len() > 40 || int.len() > 40 {
+            return Err("is out of range".into());
+        }
+        let shift = exp - frac.len() as i64 + 4;
         let value: i128 = if digits.is_empty() {
             0
         } else if shift >= 0 {
-            if digits.len() as i32 + shift > 20 {
+            if digits.len() as i64 + shift > 20 {
                 return Err("is too large".into());
             }
             let d: i128 = digits.parse().map_err(|_| WHY.to_owned())?;
@@ -357,6 +364,7 @@ mod tests {
         ] {
             assert_eq!(Amount::parse(text), Ok(Amount(scaled)), "{text}");
         }
+        let long_zero = format!("0.{}", "0".repeat(100));
         for bad in [
             "",
             "abc",
@@ -367,6 +375,10 @@ mod tests {
             "1e400",
             "99999999999999999999",
             "900000000000.0001",
+            "1e2147483647",
+            "1.0000e-2147483648",
+            "0e99999999999",
+            long_zero.as_str(),
         ] {
             assert!(Amount::parse(bad).is_err(), "{bad:?} should be refused");
         }

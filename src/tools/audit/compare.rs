@@ -23,9 +23,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::store::conn::RedisConn;
 use anyhow::{Context, bail};
 use redis::Value;
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use super::SplitMix;
@@ -208,7 +208,7 @@ fn layouts(scratch: &str, pairs: &[(i64, u32)], mean_fill: f64) -> Vec<ScratchLa
 
 /// Up to `n` (field, code) pairs from `keys` (HGETALL, a few buckets per round trip).
 async fn fetch_pairs(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     keys: &[String],
     n: usize,
 ) -> anyhow::Result<(Vec<(i64, u32)>, u64)> {
@@ -250,7 +250,7 @@ async fn fetch_pairs(
     Ok((pairs, used))
 }
 
-async fn write(conn: &mut ConnectionManager, keys: &[(String, Payload)]) -> anyhow::Result<()> {
+async fn write(conn: &mut RedisConn, keys: &[(String, Payload)]) -> anyhow::Result<()> {
     let mut pipe = redis::pipe();
     let mut queued = 0;
     for (name, payload) in keys {
@@ -283,11 +283,7 @@ async fn write(conn: &mut ConnectionManager, keys: &[(String, Payload)]) -> anyh
 }
 
 /// (bytes, hashtable keys) of the scratch keys.
-async fn measure(
-    conn: &mut ConnectionManager,
-    names: &[&str],
-    batch: usize,
-) -> anyhow::Result<(u64, u64)> {
+async fn measure(conn: &mut RedisConn, names: &[&str], batch: usize) -> anyhow::Result<(u64, u64)> {
     let (mut bytes, mut hashtables) = (0, 0);
     for chunk in names.chunks(batch.max(1)) {
         let mut pipe = redis::pipe();
@@ -312,7 +308,7 @@ async fn measure(
 }
 
 /// Deletes the scratch keys; how many are still there afterwards.
-async fn delete(conn: &mut ConnectionManager, names: &[&str]) -> anyhow::Result<u64> {
+async fn delete(conn: &mut RedisConn, names: &[&str]) -> anyhow::Result<u64> {
     for chunk in names.chunks(10_000) {
         let mut pipe = redis::pipe();
         for part in chunk.chunks(500) {
@@ -339,7 +335,7 @@ async fn delete(conn: &mut ConnectionManager, names: &[&str]) -> anyhow::Result<
 
 /// Writes, measures and deletes each layout of a sample of the entries in `source_keys`.
 pub(super) async fn compare(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     layout: &Layout,
     source_keys: &[String],
     sample: usize,
