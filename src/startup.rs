@@ -31,8 +31,6 @@ pub enum StartupError {
         addr: String,
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// The opened store, and the embedded one again if that is what it is (for snapshots).
@@ -43,16 +41,16 @@ pub struct OpenedStore {
 
 /// Opens the configured store: Redis when a URL is set, else the embedded one.
 pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError> {
-    if !settings.redis_cluster_nodes.is_empty() {
-        return Err(StartupError::Unsupported(
-            "Redis Cluster is not supported by this build yet; set NAMELIST_REDIS_URL".into(),
-        ));
-    }
-    match &settings.redis_url {
-        Some(url) => {
+    let cluster = !settings.redis_cluster_nodes.is_empty();
+    match (&settings.redis_url, cluster) {
+        (Some(_), _) | (None, true) => {
             let (store, report) = RedisStore::open(RedisOptions {
-                url: url.expose_secret().to_owned(),
-                cluster_nodes: Vec::new(),
+                url: settings
+                    .redis_url
+                    .as_ref()
+                    .map(|u| u.expose_secret().to_owned())
+                    .unwrap_or_default(),
+                cluster_nodes: settings.redis_cluster_nodes.clone(),
                 prefix: settings.key_prefix.clone(),
                 expected_entries: settings.expected_entries,
                 default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
@@ -62,7 +60,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
             })
             .await?;
             tracing::info!(
-                store = "redis",
+                store = if cluster { "redis-cluster" } else { "redis" },
                 prefix = settings.key_prefix,
                 buckets = report.buckets,
                 created = report.created,
@@ -77,7 +75,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 memory: None,
             })
         }
-        None => {
+        (None, false) => {
             let recorded = match &settings.snapshot_path {
                 Some(p) => MemoryStore::snapshot_buckets(p)?,
                 None => None,

@@ -16,7 +16,7 @@ use namelist::store::memory::MemoryStore;
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Layout, Store};
 
-use common::{RedisServer, unique_prefix};
+use common::{RedisCluster, RedisServer, unique_prefix};
 
 struct Harness {
     lists: NameLists,
@@ -55,6 +55,23 @@ async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>) -> Harness {
 
 async fn memory() -> Harness {
     let store = MemoryStore::open(Layout::new(unique_prefix(), 64), 1000, None).unwrap();
+    ready(Arc::new(store), None).await
+}
+
+/// A fresh keyspace (prefix) on a shared cluster.
+async fn on_cluster(cluster: &RedisCluster) -> Harness {
+    let (store, _) = RedisStore::open(RedisOptions {
+        url: String::new(),
+        cluster_nodes: cluster.urls(),
+        prefix: unique_prefix(),
+        expected_entries: Some(64 * 400),
+        default_expected_entries: 1_000_000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        audit_max_len: 1000,
+    })
+    .await
+    .unwrap();
     ready(Arc::new(store), None).await
 }
 
@@ -744,6 +761,15 @@ macro_rules! conformance {
                 async fn $case() {
                     super::$case(&super::redis().await).await;
                 }
+            )*
+        }
+        /// Every case on one local 6-node cluster (3 primaries, 3 replicas).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_all_cases() {
+            let cluster = tokio::task::block_in_place(RedisCluster::start);
+            $(
+                eprintln!("cluster: {}", stringify!($case));
+                $case(&on_cluster(&cluster).await).await;
             )*
         }
     };

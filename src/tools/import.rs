@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::RedisConn;
+use crate::store::conn::{Keyed, RedisConn};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -863,9 +863,19 @@ struct BatchOutcome {
     entries: u64,
 }
 
-/// Writes one batch of buckets: RESTORE what does not exist, HSET the rest.
+fn hset(key: &str, pairs: &[(i64, i64)]) -> Keyed {
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(key);
+    for (f, v) in pairs {
+        cmd.arg(f).arg(v);
+    }
+    (key.as_bytes().to_vec(), cmd)
+}
+
+/// Writes one batch of buckets: RESTORE what does not exist, HSET the rest. On a cluster the
+/// batch is split by slot and sent concurrently (`RedisConn::run`).
 async fn write_batch(
-    mut conn: RedisConn,
+    conn: RedisConn,
     layout: &Layout,
     format: Option<DumpFormat>,
     batch: Vec<BucketWrite>,
@@ -874,58 +884,58 @@ async fn write_batch(
     let keys: Vec<String> = batch.iter().map(|b| layout.bucket_key(b.bucket)).collect();
     let exists: Vec<bool> = match format {
         Some(_) => {
-            let mut pipe = redis::pipe();
-            for k in &keys {
-                pipe.exists(k);
-            }
-            pipe.query_async(&mut conn).await.context("EXISTS")?
+            let cmds = keys
+                .iter()
+                .map(|k| {
+                    let mut c = redis::cmd("EXISTS");
+                    c.arg(k);
+                    (k.as_bytes().to_vec(), c)
+                })
+                .collect();
+            conn.run_all(cmds)
+                .await
+                .context("EXISTS")?
+                .iter()
+                .map(|v| redis::from_redis_value_ref::<bool>(v).context("EXISTS reply"))
+                .collect::<anyhow::Result<_>>()?
         }
         None => vec![true; batch.len()],
     };
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    let mut restored = Vec::new();
+    let mut cmds = Vec::with_capacity(batch.len());
+    let mut is_restore = Vec::with_capacity(batch.len());
     for (i, b) in batch.iter().enumerate() {
         outcome.entries += b.pairs.len() as u64;
         match format {
             Some(f) if !exists[i] => {
-                let payload = f.hash_payload(&b.pairs)?;
-                pipe.cmd("RESTORE").arg(&keys[i]).arg(0).arg(payload);
-                restored.push(i);
+                let mut c = redis::cmd("RESTORE");
+                c.arg(&keys[i]).arg(0).arg(f.hash_payload(&b.pairs)?);
+                cmds.push((keys[i].as_bytes().to_vec(), c));
+                is_restore.push(true);
             }
             _ => {
-                pipe.hset_multiple(&keys[i], &b.pairs);
+                cmds.push(hset(&keys[i], &b.pairs));
+                is_restore.push(false);
                 outcome.hset += 1;
             }
         }
     }
-    let results: Vec<redis::RedisResult<redis::Value>> = pipe
-        .query_async(&mut conn)
-        .await
-        .context("writing buckets")?;
-    let mut restored_iter = restored.iter().peekable();
+    let results = conn.run(cmds).await.context("writing buckets")?;
     let mut fallback = Vec::new();
     for (i, r) in results.into_iter().enumerate() {
-        let is_restore = restored_iter.peek() == Some(&&i);
-        if is_restore {
-            restored_iter.next();
-        }
         match r {
-            Ok(_) if is_restore => outcome.restored += 1,
+            Ok(_) if is_restore[i] => outcome.restored += 1,
             Ok(_) => {}
-            Err(e) if is_restore && e.to_string().contains("BUSYKEY") => fallback.push(i),
+            Err(e) if is_restore[i] && e.to_string().contains("BUSYKEY") => fallback.push(i),
             Err(e) => return Err(e).with_context(|| format!("writing {}", keys[i])),
         }
     }
     if !fallback.is_empty() {
         // Created by someone else since EXISTS: add our fields to it.
-        let mut pipe = redis::pipe();
-        for &i in &fallback {
-            pipe.hset_multiple(&keys[i], &batch[i].pairs).ignore();
-        }
-        pipe.query_async::<()>(&mut conn)
-            .await
-            .context("HSET fallback")?;
+        let cmds = fallback
+            .iter()
+            .map(|&i| hset(&keys[i], &batch[i].pairs))
+            .collect();
+        conn.run_all(cmds).await.context("HSET fallback")?;
         outcome.hset += fallback.len() as u64;
     }
     Ok(outcome)
@@ -990,12 +1000,10 @@ async fn prove_restore(conn: &mut RedisConn, layout: &Layout) -> Option<DumpForm
         Ok(format)
     }
     .await;
-    let _: Result<(), _> = redis::cmd("DEL")
-        .arg(&a)
-        .arg(&b)
-        .arg(&c)
-        .query_async(conn)
-        .await;
+    // One key per DEL: on a cluster the probes live in different slots.
+    for k in [&a, &b, &c] {
+        let _: Result<(), _> = redis::cmd("DEL").arg(k).query_async(conn).await;
+    }
     match result {
         Ok(f) => Some(f),
         Err(e) => {
@@ -1121,14 +1129,16 @@ pub async fn import(
     let mut conn = store.connection();
     // Phase 2: ranges are registered before any entry is written.
     if !prefixes.is_empty() {
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::new();
         let mut scopes: Vec<(String, String)> = Vec::new();
         for ((list, sandbox), len) in &prefixes {
-            pipe.sadd(layout.registry_key(list, sandbox), len.member())
-                .ignore();
+            let key = layout.registry_key(list, sandbox);
+            let mut c = redis::cmd("SADD");
+            c.arg(&key).arg(len.member());
+            cmds.push((key.into_bytes(), c));
             scopes.push((list.to_string(), sandbox.to_string()));
         }
-        pipe.query_async::<()>(&mut conn)
+        conn.run_all(cmds)
             .await
             .context("registering prefix lengths")?;
         scopes.sort();

@@ -31,6 +31,9 @@ pub struct Global {
     /// Redis URL (overrides NAMELIST_REDIS_URL and the config file).
     #[arg(long, global = true)]
     pub redis_url: Option<String>,
+    /// Seed URLs of a Redis Cluster, comma-separated (overrides NAMELIST_REDIS_CLUSTER_NODES).
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub cluster_nodes: Vec<String>,
     /// Key prefix (overrides NAMELIST_KEY_PREFIX and the config file).
     #[arg(long, global = true)]
     pub prefix: Option<String>,
@@ -45,6 +48,11 @@ impl Global {
         let mut s = Settings::load(self.config.as_deref())?;
         if let Some(url) = &self.redis_url {
             s.redis_url = Some(SecretString::from(url.clone()));
+            s.redis_cluster_nodes.clear();
+        }
+        if !self.cluster_nodes.is_empty() {
+            s.redis_cluster_nodes = self.cluster_nodes.clone();
+            s.redis_url = None;
         }
         if let Some(p) = &self.prefix {
             s.key_prefix = p.clone();
@@ -58,12 +66,18 @@ impl Global {
     /// Opens the keyspace the service would open, with generous timeouts for bulk work.
     pub async fn open(&self) -> anyhow::Result<(RedisStore, Settings)> {
         let settings = self.settings()?;
-        let Some(url) = &settings.redis_url else {
-            bail!("no Redis configured: set NAMELIST_REDIS_URL or pass --redis-url");
-        };
+        if settings.redis_url.is_none() && settings.redis_cluster_nodes.is_empty() {
+            bail!(
+                "no Redis configured: set NAMELIST_REDIS_URL (or NAMELIST_REDIS_CLUSTER_NODES), or pass --redis-url (or --cluster-nodes)"
+            );
+        }
         let (store, report) = RedisStore::open(RedisOptions {
-            url: url.expose_secret().to_owned(),
-            cluster_nodes: Vec::new(),
+            url: settings
+                .redis_url
+                .as_ref()
+                .map(|u| u.expose_secret().to_owned())
+                .unwrap_or_default(),
+            cluster_nodes: settings.redis_cluster_nodes.clone(),
             prefix: settings.key_prefix.clone(),
             expected_entries: settings.expected_entries,
             default_expected_entries: DEFAULT_EXPECTED_ENTRIES,

@@ -41,6 +41,17 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// Starts a server on `port` (`None` if it could not start there).
+    pub fn start_on(port: u16, extra: &[&str]) -> Option<Self> {
+        let mut server = Self {
+            port,
+            dir: tempfile::tempdir().expect("temp dir"),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        server.spawn().then_some(server)
+    }
+
     /// Starts a server with extra `redis-server` arguments (`["--hash-max-listpack-entries", "64"]`).
     pub fn start_with(extra: &[&str]) -> Self {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
@@ -137,6 +148,131 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A local Redis Cluster of 3 primaries and 3 replicas, `redis-server --cluster-enabled yes`
+/// joined by `redis-cli --cluster create ... --cluster-replicas 1`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+/// A port whose cluster-bus port (+10000) is free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let p = 20_000 + (rand_u16() % 25_000);
+        let ok = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if ok(p) && ok(p + 10_000) {
+            return p;
+        }
+    }
+}
+
+fn rand_u16() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish() as u16
+}
+
+impl RedisCluster {
+    /// Starts six nodes and joins them (a node timeout of 1 s, so failover is quick).
+    pub fn start() -> Self {
+        for _ in 0..5 {
+            let mut nodes = Vec::new();
+            while nodes.len() < 6 {
+                let port = free_cluster_port();
+                if let Some(n) = RedisServer::start_on(
+                    port,
+                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"],
+                ) {
+                    nodes.push(n);
+                }
+            }
+            let addrs: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port))
+                .collect();
+            let out = Command::new("redis-cli")
+                .args(["--cluster", "create"])
+                .args(&addrs)
+                .args(["--cluster-replicas", "1", "--cluster-yes"])
+                .output()
+                .expect("running redis-cli --cluster create");
+            if !out.status.success() {
+                continue;
+            }
+            let cluster = Self { nodes };
+            if cluster.wait_ok(Duration::from_secs(20)) {
+                return cluster;
+            }
+        }
+        panic!("could not start a local Redis Cluster");
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` and sees every slot covered.
+    pub fn wait_ok(&self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let all_ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                redis::Client::open(n.url())
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+                    .is_ok_and(|info| {
+                        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                    })
+            });
+            if all_ok {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// The seed URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// A node currently acting as a primary.
+    pub fn primary(&self) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| {
+                n.child.is_some()
+                    && redis::Client::open(n.url())
+                        .and_then(|c| c.get_connection())
+                        .and_then(|mut c| redis::cmd("ROLE").query::<redis::Value>(&mut c))
+                        .is_ok_and(|v| format!("{v:?}").contains("master"))
+            })
+            .expect("a primary")
+    }
+
+    /// A digest of every node's data, in port order (equal digests, equal data).
+    pub fn digest(&self) -> String {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(RedisServer::digest)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A cluster connection (sync), for arranging and inspecting state.
+    pub fn conn(&self) -> redis::cluster::ClusterConnection {
+        redis::cluster::ClusterClient::new(self.urls())
+            .expect("cluster client")
+            .get_connection()
+            .expect("cluster connection")
+    }
+}
+
+/// Test settings on this cluster.
+pub fn cluster_settings(cluster: &RedisCluster) -> Settings {
+    Settings {
+        redis_cluster_nodes: cluster.urls(),
+        ..test_settings()
     }
 }
 
