@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RedisServer, unique_prefix};
+use common::{RedisCluster, RedisServer, unique_prefix};
 use namelist::domain::{EventType, MetricId, RuleId, now_ms};
 use namelist::lists::FailMode;
 use namelist::metrics::Metrics;
@@ -25,6 +25,7 @@ use namelist::velocity::{
     EventInput, FieldValue, Fields, Velocity, VelocityError, VelocitySettings,
 };
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use serde_json::{Value as Json, json};
 
 fn settings() -> VelocitySettings {
@@ -44,6 +45,22 @@ async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
     let (store, _) = RedisStore::open(RedisOptions {
         url: redis.url(),
         cluster_nodes: Vec::new(),
+        prefix: unique_prefix(),
+        expected_entries: Some(4000),
+        default_expected_entries: 4000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(5),
+        audit_max_len: 100,
+    })
+    .await
+    .unwrap();
+    Arc::new(store)
+}
+
+async fn cluster_store(cluster: &RedisCluster) -> Arc<dyn Store> {
+    let (store, _) = RedisStore::open(RedisOptions {
+        url: String::new(),
+        cluster_nodes: cluster.urls(),
         prefix: unique_prefix(),
         expected_entries: Some(4000),
         default_expected_entries: 4000,
@@ -801,6 +818,25 @@ macro_rules! on_both_stores {
                     super::$case(super::redis_store(&redis).await).await;
                 }
             )*
+        }
+        /// Every case, and oracle streams, on one local 6-node cluster.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_all_cases() {
+            let cluster = tokio::task::block_in_place(RedisCluster::start);
+            $(
+                eprintln!("cluster: {}", stringify!($case));
+                $case(cluster_store(&cluster).await).await;
+            )*
+            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+                cases: 8,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            });
+            let strategy = (events_strategy(), 1usize..50, prop::collection::vec(0i64..i64::MAX, 6));
+            for _ in 0..8 {
+                let (evs, batch, probes) = strategy.new_tree(&mut runner).unwrap().current();
+                run_case(cluster_store(&cluster).await, evs, batch, probes).await.unwrap();
+            }
         }
     };
 }
