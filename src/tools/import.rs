@@ -83,7 +83,7 @@ pub struct Args {
     /// Validate only: nothing is written, Redis is not contacted.
     #[arg(long)]
     pub dry_run: bool,
-    /// Continue an interrupted run from its checkpoint.
+    /// Continue an interrupted run from its checkpoint (without one: from the start).
     #[arg(long)]
     pub resume: bool,
     /// Checkpoint file. Default: `<FILE>.checkpoint`.
@@ -1039,7 +1039,6 @@ pub async fn import(
     let started = Instant::now();
     let mut summary = ImportSummary {
         dry_run: args.dry_run,
-        resumed: args.resume,
         ..Default::default()
     };
     if args.resume && args.input_path().is_none() {
@@ -1049,10 +1048,13 @@ pub async fn import(
     let input = args.input_path().map(input_id).transpose()?;
     let mut done_below = 0u32;
     let mut now = now_ms();
-    if args.resume {
-        let path = checkpoint_path
-            .as_ref()
-            .expect("a file input has a checkpoint path");
+    let resumable = checkpoint_path.as_ref().filter(|p| p.exists());
+    summary.resumed = args.resume && resumable.is_some();
+    if args.resume && resumable.is_none() {
+        // Nothing to resume (the first attempt of a Job, say): a clean run.
+        eprintln!("note: no checkpoint to resume from; importing from the start");
+    }
+    if let Some(path) = resumable.filter(|_| args.resume) {
         let cp: Checkpoint = serde_json::from_slice(
             &std::fs::read(path)
                 .with_context(|| format!("reading checkpoint {}", path.display()))?,
