@@ -3,11 +3,11 @@
 
 mod common;
 
-use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use common::{Backend, RedisCluster, RedisServer, TestApp, spawn_app};
 use serde_json::{Value, json};
 
-async fn app_on(redis: &RedisServer) -> TestApp {
-    let mut settings = redis_settings(redis);
+async fn app_on(redis: &Backend) -> TestApp {
+    let mut settings = redis.settings();
     settings.max_body_bytes = 1024 * 1024;
     spawn_app(settings).await
 }
@@ -31,10 +31,8 @@ async fn expect_error(res: reqwest::Response, status: u16, code: &str) -> String
         .to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_endpoint_round_trips() {
-    let redis = RedisServer::start();
-    let app = app_on(&redis).await;
+async fn every_endpoint_round_trips(redis: &Backend) {
+    let app = app_on(redis).await;
     let future = namelist::domain::now_ms() + 86_400_000;
 
     let res = app
@@ -150,10 +148,8 @@ async fn every_endpoint_round_trips() {
     assert!(!text.contains("13800000000"), "no identifier in metrics");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_entries_in_one_request() {
-    let redis = RedisServer::start();
-    let app = app_on(&redis).await;
+async fn ten_thousand_entries_in_one_request(redis: &Backend) {
+    let app = app_on(redis).await;
     let entries: Vec<Value> = (0..10_000)
         .map(|i| json!({"dimension": "uid", "value": format!("user-{i}"), "ttl_seconds": 3600}))
         .collect();
@@ -223,10 +219,8 @@ fn raw(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_bad_request_is_a_4xx_and_changes_nothing() {
-    let redis = RedisServer::start();
-    let app = app_on(&redis).await;
+async fn every_bad_request_is_a_4xx_and_changes_nothing(redis: &Backend) {
+    let app = app_on(redis).await;
     let past = namelist::domain::now_ms() - 1000;
     let post = "/v1/lists/black/entries";
     let ok_entry = json!({"dimension": "uid", "value": "fine"});
@@ -565,10 +559,8 @@ async fn every_bad_request_is_a_4xx_and_changes_nothing() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn values_are_normalised_before_matching() {
-    let redis = RedisServer::start();
-    let app = app_on(&redis).await;
+async fn values_are_normalised_before_matching(redis: &Backend) {
+    let app = app_on(redis).await;
     let res = app
         .post(
             "/v1/lists/grey/entries",
@@ -613,8 +605,11 @@ async fn values_are_normalised_before_matching() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_are_listpacks_with_integer_fields() {
-    let redis = RedisServer::start();
-    let app = app_on(&redis).await;
+    let backend = Backend::Node(RedisServer::start());
+    let app = app_on(&backend).await;
+    let Backend::Node(redis) = &backend else {
+        unreachable!()
+    };
     let entries: Vec<Value> = (0..2_000)
         .map(|i| json!({"dimension": "device", "value": format!("dev-{i}"), "ttl_seconds": 86_400 * 30}))
         .collect();
@@ -659,3 +654,32 @@ async fn buckets_are_listpacks_with_integer_fields() {
     assert_eq!(meta["format"], "1");
     assert_eq!(meta["buckets"], "2500");
 }
+
+macro_rules! on_a_node_and_a_cluster {
+    ($($case:ident),* $(,)?) => {
+        mod one_node {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::Backend::Node(super::RedisServer::start())).await;
+                }
+            )*
+        }
+        /// Every case on one local 6-node cluster.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_all_cases() {
+            let cluster = Backend::Cluster(tokio::task::block_in_place(RedisCluster::start));
+            $(
+                eprintln!("cluster: {}", stringify!($case));
+                $case(&cluster).await;
+            )*
+        }
+    };
+}
+
+on_a_node_and_a_cluster!(
+    every_endpoint_round_trips,
+    ten_thousand_entries_in_one_request,
+    every_bad_request_is_a_4xx_and_changes_nothing,
+    values_are_normalised_before_matching,
+);

@@ -239,21 +239,24 @@ impl RedisCluster {
     pub fn primary(&self) -> usize {
         self.nodes
             .iter()
-            .position(|n| {
-                n.child.is_some()
-                    && redis::Client::open(n.url())
-                        .and_then(|c| c.get_connection())
-                        .and_then(|mut c| redis::cmd("ROLE").query::<redis::Value>(&mut c))
-                        .is_ok_and(|v| format!("{v:?}").contains("master"))
-            })
+            .position(Self::is_primary)
             .expect("a primary")
     }
 
-    /// A digest of every node's data, in port order (equal digests, equal data).
+    fn is_primary(node: &RedisServer) -> bool {
+        node.child.is_some()
+            && redis::Client::open(node.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("ROLE").query::<redis::Value>(&mut c))
+                .is_ok_and(|v| format!("{v:?}").contains("master"))
+    }
+
+    /// A digest of the primaries' data, in port order (equal digests, equal data). Replicas
+    /// are left out: they catch up asynchronously.
     pub fn digest(&self) -> String {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some())
+            .filter(|n| Self::is_primary(n))
             .map(RedisServer::digest)
             .collect::<Vec<_>>()
             .join(",")
@@ -265,6 +268,30 @@ impl RedisCluster {
             .expect("cluster client")
             .get_connection()
             .expect("cluster connection")
+    }
+}
+
+/// A Redis to run a suite on: one node, or a local cluster.
+pub enum Backend {
+    Node(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Backend {
+    /// Test settings (a fresh key prefix) on this Redis.
+    pub fn settings(&self) -> Settings {
+        match self {
+            Backend::Node(r) => redis_settings(r),
+            Backend::Cluster(c) => cluster_settings(c),
+        }
+    }
+
+    /// A digest of all the data (equal digests, equal data).
+    pub fn digest(&self) -> String {
+        match self {
+            Backend::Node(r) => r.digest(),
+            Backend::Cluster(c) => c.digest(),
+        }
     }
 }
 
