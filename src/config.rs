@@ -63,6 +63,11 @@ pub struct Settings {
     /// Most members a COUNT_DISTINCT entity keeps (the oldest go first); reads at the cap are
     /// reported.
     pub distinct_cap: u32,
+    /// Writes are acknowledged only once this many replicas have them (`WAIT`), so an
+    /// acknowledged write survives a failover. 0: once the primary has them.
+    pub write_replicas: u32,
+    /// TOML file of `[[tokens]]` (`name`, `role`, `token`); unset: no auth (said loudly).
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// How logs are written.
@@ -97,6 +102,8 @@ impl Default for Settings {
             workers: None,
             log_format: LogFormat::Json,
             distinct_cap: 10_000,
+            write_replicas: 0,
+            tokens_file: None,
         }
     }
 }
@@ -154,10 +161,12 @@ const KEYS: &[&str] = &[
     "workers",
     "log_format",
     "distinct_cap",
+    "write_replicas",
+    "tokens_file",
 ];
 
 /// Variables that are not settings but are read elsewhere.
-const OTHER_VARS: &[&str] = &["config", "tokens_file"];
+const OTHER_VARS: &[&str] = &["config"];
 
 impl Settings {
     /// Loads defaults → `file` (if any) → `NAMELIST_*` environment.

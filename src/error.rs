@@ -7,10 +7,13 @@
 //! | body not JSON                  | 400    | `invalid_json`            |
 //! | JSON of the wrong shape        | 400    | `invalid_body`            |
 //! | body over the limit            | 413    | `payload_too_large`       |
+//! | body not received within 10 s  | 408    | `request_timeout`         |
 //! | no such route                  | 404    | `not_found`               |
 //! | no such metric / rule          | 404    | `unknown_metric` / `unknown_rule` |
 //! | metric still read by a rule    | 409    | `metric_in_use`           |
 //! | method not allowed             | 405    | `method_not_allowed`      |
+//! | no or invalid bearer token     | 401    | `unauthorized` (+ `WWW-Authenticate: Bearer`) |
+//! | a token whose role is too low  | 403    | `forbidden`               |
 //! | store unreachable or too slow  | 503    | `store_unavailable` (+ `Retry-After: 1`) |
 //! | anything else                  | 500    | `internal`                |
 //!
@@ -36,6 +39,8 @@ pub enum ApiError {
     InvalidBody(String),
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request body did not arrive within {0:?}")]
+    RequestTimeout(std::time::Duration),
     #[error("no such resource")]
     NotFound,
     /// A named thing that does not exist (404 with its own code, e.g. `unknown_metric`).
@@ -46,6 +51,12 @@ pub enum ApiError {
     Conflict(ValidationError),
     #[error("method not allowed on this resource")]
     MethodNotAllowed,
+    /// No valid bearer token (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A valid token whose role is too low (403).
+    #[error("{0}")]
+    Forbidden(String),
     #[error(transparent)]
     Unavailable(StoreError),
     #[error("{0}")]
@@ -80,8 +91,11 @@ impl ApiError {
             ApiError::InvalidJson(_) => "invalid_json",
             ApiError::InvalidBody(_) => "invalid_body",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::Unavailable(_) => "store_unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -95,9 +109,12 @@ impl ResponseError for ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::NotFound | ApiError::Missing(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -119,6 +136,9 @@ impl ResponseError for ApiError {
         let mut res = HttpResponse::build(status);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             res.insert_header(("Retry-After", "1"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            res.insert_header(("WWW-Authenticate", "Bearer"));
         }
         res.json(json!({"error": {"code": self.code(), "message": message}}))
     }

@@ -7,6 +7,7 @@
 //! * `lists`: the name-list service.
 //! * `routes`, `error`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
 
+pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod domain;

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Feature reads that found a COUNT_DISTINCT entity at its member cap.
     pub distinct_capped: IntCounter,
+    /// Requests refused by auth, by reason (`missing`, `invalid`, `forbidden`).
+    pub auth_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -109,6 +111,14 @@ impl Metrics {
                 &["outcome"],
             )
             .expect("valid metric"),
+            auth_failures: IntCounterVec::new(
+                Opts::new(
+                    "namelist_auth_failures_total",
+                    "Requests refused by auth: missing or invalid token, role too low",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             distinct_capped: counter(
                 "namelist_distinct_capped_total",
                 "Distinct counts read at their member cap (the true count may be higher)",
@@ -148,6 +158,7 @@ impl Metrics {
             Box::new(self.subscription_up.clone()),
             Box::new(self.events.clone()),
             Box::new(self.distinct_capped.clone()),
+            Box::new(self.auth_failures.clone()),
         ];
         for c in all {
             r.register(c).expect("metric names are unique");

@@ -9,6 +9,7 @@ use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use secrecy::ExposeSecret;
 
+use crate::auth::Tokens;
 use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, Settings};
 use crate::lists::NameLists;
 use crate::metrics::Metrics;
@@ -24,6 +25,8 @@ use crate::velocity::Velocity;
 pub enum StartupError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tokens(#[from] crate::auth::TokensError),
     #[error("opening the store: {0}")]
     Store(#[from] StoreError),
     #[error("binding {addr}: {source}")]
@@ -57,6 +60,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
                 response_timeout: Duration::from_millis(settings.write_deadline_ms),
                 audit_max_len: settings.audit_max_len,
+                write_replicas: settings.write_replicas,
             })
             .await?;
             tracing::info!(
@@ -111,11 +115,22 @@ pub struct Application {
     lists: web::Data<NameLists>,
     memory: Option<Arc<MemoryStore>>,
     snapshotter: Option<tokio::task::JoinHandle<()>>,
+    reloader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Application {
     /// Opens the store and binds the listener (`listen` may use port 0).
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let tokens = Arc::new(Tokens::load(settings.tokens_file.as_deref())?);
+        if tokens.is_open() {
+            let warning = "NO AUTH: no tokens file (NAMELIST_TOKENS_FILE) is configured, so every \
+                           /v1 endpoint is open to anyone who can reach this port";
+            tracing::error!("{warning}");
+            eprintln!("WARNING: {warning}");
+        } else {
+            tracing::info!(tokens = tokens.len(), "bearer-token auth on");
+        }
+        let reloader = tokens.spawn_reloader(Duration::from_secs(10));
         let opened = open_store(&settings).await?;
         let metrics = Arc::new(Metrics::new());
         let lists = web::Data::new(NameLists::new(
@@ -141,8 +156,10 @@ impl Application {
         let metrics = web::Data::from(metrics);
         let limit = web::Data::new(BodyLimit(settings.max_body_bytes));
         let app_lists = lists.clone();
+        let app_tokens = web::Data::from(tokens);
         let mut server = HttpServer::new(move || {
             App::new()
+                .app_data(app_tokens.clone())
                 .app_data(app_lists.clone())
                 .app_data(velocity.clone())
                 .app_data(metrics.clone())
@@ -193,6 +210,7 @@ impl Application {
             lists,
             memory: opened.memory,
             snapshotter,
+            reloader,
         })
     }
 
@@ -214,7 +232,7 @@ impl Application {
     /// writes the embedded store's snapshot.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
-        if let Some(t) = self.snapshotter {
+        for t in [self.snapshotter, self.reloader].into_iter().flatten() {
             t.abort();
         }
         if let Some(m) = self.memory {

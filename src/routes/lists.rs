@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::json::JsonBody;
+use crate::auth::{Caller, caller_name};
 use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
 use crate::error::ApiError;
 use crate::lists::{EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry};
@@ -122,6 +123,7 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
 pub async fn upsert(
     lists: web::Data<NameLists>,
     list: web::Path<String>,
+    caller: Option<web::ReqData<Caller>>,
     body: JsonBody<UpsertBody>,
 ) -> Result<HttpResponse, ApiError> {
     let list = list_name(list.into_inner())?;
@@ -133,7 +135,7 @@ pub async fn upsert(
         .enumerate()
         .map(|(i, item)| new_entry(i, item, now))
         .collect::<Result<Vec<_>, _>>()?;
-    let written = lists.upsert(&list, entries, "anonymous").await?;
+    let written = lists.upsert(&list, entries, &caller_name(&caller)).await?;
     Ok(HttpResponse::Ok().json(json!({ "written": written })))
 }
 
@@ -141,6 +143,7 @@ pub async fn upsert(
 pub async fn remove(
     lists: web::Data<NameLists>,
     list: web::Path<String>,
+    caller: Option<web::ReqData<Caller>>,
     body: JsonBody<DeleteBody>,
 ) -> Result<HttpResponse, ApiError> {
     let list = list_name(list.into_inner())?;
@@ -151,7 +154,7 @@ pub async fn remove(
         .enumerate()
         .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox))
         .collect::<Result<Vec<_>, _>>()?;
-    let removed = lists.remove(&list, entries, "anonymous").await?;
+    let removed = lists.remove(&list, entries, &caller_name(&caller)).await?;
     Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
 }
 

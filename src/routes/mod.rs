@@ -12,67 +12,112 @@ use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::Next;
+use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpResponse, web};
 
+use crate::auth::{require_admin, require_read, require_write};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// Mounts every route.
+/// Mounts every route; each `/v1` route requires its role (see `auth`).
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::resource("/v1/lists/{list}/entries")
-            .route(web::post().to(lists::upsert))
-            .route(web::delete().to(lists::remove))
+            .route(web::post().to(lists::upsert).wrap(from_fn(require_write)))
+            .route(web::delete().to(lists::remove).wrap(from_fn(require_write)))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/lists/{list}/entries/{dimension}/{value:.*}")
-            .route(web::get().to(lists::lookup))
+            .route(web::get().to(lists::lookup).wrap(from_fn(require_read)))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/check")
-            .route(web::post().to(check::check))
+            .route(web::post().to(check::check).wrap(from_fn(require_read)))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/metrics")
-            .route(web::get().to(velocity::list_metrics))
+            .route(
+                web::get()
+                    .to(velocity::list_metrics)
+                    .wrap(from_fn(require_read)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/metrics/{id}")
-            .route(web::put().to(velocity::put_metric))
-            .route(web::get().to(velocity::get_metric))
-            .route(web::delete().to(velocity::delete_metric))
+            .route(
+                web::put()
+                    .to(velocity::put_metric)
+                    .wrap(from_fn(require_admin)),
+            )
+            .route(
+                web::get()
+                    .to(velocity::get_metric)
+                    .wrap(from_fn(require_read)),
+            )
+            .route(
+                web::delete()
+                    .to(velocity::delete_metric)
+                    .wrap(from_fn(require_admin)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/rules")
-            .route(web::get().to(velocity::list_rules))
+            .route(
+                web::get()
+                    .to(velocity::list_rules)
+                    .wrap(from_fn(require_read)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/rules/{id}")
-            .route(web::put().to(velocity::put_rule))
-            .route(web::get().to(velocity::get_rule))
-            .route(web::delete().to(velocity::delete_rule))
+            .route(
+                web::put()
+                    .to(velocity::put_rule)
+                    .wrap(from_fn(require_admin)),
+            )
+            .route(
+                web::get()
+                    .to(velocity::get_rule)
+                    .wrap(from_fn(require_read)),
+            )
+            .route(
+                web::delete()
+                    .to(velocity::delete_rule)
+                    .wrap(from_fn(require_admin)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/events")
-            .route(web::post().to(events::post_events))
+            .route(
+                web::post()
+                    .to(events::post_events)
+                    .wrap(from_fn(require_write)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/features")
-            .route(web::post().to(events::post_features))
+            .route(
+                web::post()
+                    .to(events::post_features)
+                    .wrap(from_fn(require_read)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/evaluate")
-            .route(web::post().to(events::post_evaluate))
+            .route(
+                web::post()
+                    .to(events::post_evaluate)
+                    .wrap(from_fn(require_read)),
+            )
             .default_service(web::to(method_not_allowed)),
     )
     .service(web::resource("/healthz").route(web::get().to(health::healthz)))
