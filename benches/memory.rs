@@ -159,6 +159,7 @@ fn main() -> Res<()> {
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 1,
+        write_replicas: 0,
     }));
     let (store, report) = store?;
     for w in &report.warnings {

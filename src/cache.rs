@@ -358,8 +358,8 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::{
-        AuditRecord, DefinitionKind, Invalidation, InvalidationStream, Layout, MetricOp,
-        MetricReading, StoreResult, StoredDefinition, WriteBatch,
+        AuditRecord, DefinitionKind, Invalidation, InvalidationStream, Layout, MetricAnswer,
+        MetricOp, StoreResult, StoredDefinition, WriteBatch,
     };
 
     /// A real (embedded) store whose reads are slow and counted.
@@ -411,14 +411,8 @@ mod tests {
         async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
             self.inner.audit_tail(count).await
         }
-        async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
+        async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
             self.inner.metric_ops(ops).await
-        }
-        async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
-            self.inner.mark_events(markers, ttl_ms).await
-        }
-        async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
-            self.inner.unmark_events(markers).await
         }
         async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
             self.inner.definitions(kind).await

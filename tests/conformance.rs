@@ -69,6 +69,7 @@ async fn on_cluster(cluster: &RedisCluster) -> Harness {
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         audit_max_len: 1000,
+        write_replicas: 0,
     })
     .await
     .unwrap();
@@ -86,6 +87,7 @@ async fn redis() -> Harness {
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         audit_max_len: 1000,
+        write_replicas: 0,
     })
     .await
     .unwrap();

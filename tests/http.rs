@@ -246,7 +246,7 @@ async fn every_bad_request_is_a_4xx_and_changes_nothing(redis: &Backend) {
             400,
             "invalid_json",
         ),
-        raw("POST", post, &[b'['; 5000], 400, "invalid_body"),
+        raw("POST", post, &[b'['; 5000], 400, "invalid_json"),
         raw("POST", post, b"[]", 400, "invalid_body"),
         bad(
             "POST",

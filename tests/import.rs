@@ -37,6 +37,7 @@ async fn open(
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(30),
             audit_max_len: 1000,
+            write_replicas: 0,
         })
         .await
         .unwrap();
@@ -175,7 +176,7 @@ async fn restore_builds_what_hset_would() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rows.csv");
     let rows = rows(20_000, "r");
-    write_csv(&file, &rows);
+    write_csv_absolute(&file, &rows);
 
     let restored = open(&redis, "r:", 20_000).await;
     let a = import(

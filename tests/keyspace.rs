@@ -21,6 +21,7 @@ fn options(redis: &RedisServer, prefix: &str, expected: Option<u64>) -> RedisOpt
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(1),
         audit_max_len: 100,
+        write_replicas: 0,
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::json::JsonBody;
 use crate::domain::{Dimension, ListName, Sandbox, ValidationError, Value};
 use crate::error::ApiError;
-use crate::lists::{CheckQuery, NameLists};
+use crate::lists::{CheckQuery, MAX_CHECK_LISTS, MAX_CHECK_VALUES, NameLists};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +29,27 @@ enum OneOrMany {
 impl CheckBody {
     /// Parses and normalises the whole request; values of one dimension are deduplicated.
     pub fn parse(self) -> Result<CheckQuery, ValidationError> {
+        // Sizes first: nothing is parsed (or deduplicated) past the limits.
+        if self.lists.is_empty() || self.lists.len() > MAX_CHECK_LISTS {
+            return Err(ValidationError::new(
+                "invalid_lists",
+                format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
+            ));
+        }
+        let total: usize = self
+            .subjects
+            .values()
+            .map(|v| match v {
+                OneOrMany::One(_) => 1,
+                OneOrMany::Many(v) => v.len(),
+            })
+            .sum();
+        if total > MAX_CHECK_VALUES {
+            return Err(ValidationError::new(
+                "too_many_values",
+                format!("subjects hold {total} values; at most {MAX_CHECK_VALUES} per check"),
+            ));
+        }
         let sandbox = Sandbox::parse_or_default(self.sandbox).map_err(|e| e.at("sandbox"))?;
         let mut lists = Vec::with_capacity(self.lists.len());
         for (i, l) in self.lists.into_iter().enumerate() {

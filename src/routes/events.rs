@@ -13,10 +13,11 @@ use serde_json::value::RawValue;
 use serde_json::{Value as Json, json};
 
 use super::check::CheckBody;
-use super::json::{JsonBody, decode};
+use super::json::{JsonBody, decode, decode_part};
 use crate::domain::{EventType, MetricId, RuleId, ValidationError};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, FailMode, NameLists};
+use crate::velocity::service::MAX_VALUE_LEN;
 use crate::velocity::{EventInput, Features, FieldValue, Fields, Velocity, VelocityError};
 
 #[derive(Deserialize)]
@@ -56,6 +57,13 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
                 );
             }
         };
+        if value.text().len() > MAX_VALUE_LEN {
+            return Err(ValidationError::new(
+                "invalid_field",
+                format!("longer than {MAX_VALUE_LEN} bytes"),
+            )
+            .at(format!("{at}fields.{name}")));
+        }
         out.insert(name, value);
     }
     Ok(out)
@@ -85,14 +93,15 @@ pub async fn post_events(
                 "a batch is {\"events\": [...]} with nothing beside it".into(),
             ));
         }
-        let list: Vec<EventBody> = decode(raw["events"].get().as_bytes()).map_err(|e| match e {
-            // serde's path starts at the array: `[3].type: ...`.
-            ApiError::InvalidBody(m) if m.starts_with('[') => {
-                ApiError::InvalidBody(format!("events{m}"))
-            }
-            ApiError::InvalidBody(m) => ApiError::InvalidBody(format!("events: {m}")),
-            other => other,
-        })?;
+        let list: Vec<EventBody> =
+            decode_part(raw["events"].get().as_bytes()).map_err(|e| match e {
+                // serde's path starts at the array: `[3].type: ...`.
+                ApiError::InvalidBody(m) if m.starts_with('[') => {
+                    ApiError::InvalidBody(format!("events{m}"))
+                }
+                ApiError::InvalidBody(m) => ApiError::InvalidBody(format!("events: {m}")),
+                other => other,
+            })?;
         if list.len() > crate::velocity::service::MAX_EVENTS_PER_REQUEST {
             return Err(ValidationError::new(
                 "too_many_events",

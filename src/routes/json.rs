@@ -11,6 +11,9 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
+/// How long a request body may take to arrive.
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The body limit, as app data.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
@@ -36,27 +39,50 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             if declared.is_some_and(|n| n > limit) {
                 return Err(ApiError::PayloadTooLarge { limit });
             }
-            let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
-            while let Some(chunk) = payload.next().await {
-                let chunk =
-                    chunk.map_err(|e| ApiError::InvalidJson(format!("reading body: {e}")))?;
-                if body.len() + chunk.len() > limit {
-                    return Err(ApiError::PayloadTooLarge { limit });
+            // Memory grows with what arrives, not with what a client claims will.
+            let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(64 * 1024));
+            let read = async {
+                while let Some(chunk) = payload.next().await {
+                    let chunk =
+                        chunk.map_err(|e| ApiError::InvalidJson(format!("reading body: {e}")))?;
+                    if body.len() + chunk.len() > limit {
+                        return Err(ApiError::PayloadTooLarge { limit });
+                    }
+                    body.extend_from_slice(&chunk);
                 }
-                body.extend_from_slice(&chunk);
-            }
+                Ok(())
+            };
+            // A client that trickles its body must not hold a worker's attention forever.
+            tokio::time::timeout(BODY_TIMEOUT, read)
+                .await
+                .map_err(|_| ApiError::RequestTimeout(BODY_TIMEOUT))??;
             decode(&body).map(JsonBody)
         })
     }
 }
 
-/// Decodes a JSON document, naming the path of a value of the wrong shape.
+/// Decodes a request body: a JSON object (serde would fill a struct from an array, field by
+/// field, so an array is refused here), naming the path of a value of the wrong shape.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::InvalidJson(
-            "request body is empty; expected a JSON object".into(),
-        ));
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => {
+            return Err(ApiError::InvalidJson(
+                "request body is empty; expected a JSON object".into(),
+            ));
+        }
+        Some(b) if *b != b'{' => {
+            return Err(decode_value(body).map_or_else(
+                |e| e,
+                |_| ApiError::InvalidBody("the body must be a JSON object".into()),
+            ));
+        }
+        Some(_) => {}
     }
+    decode_part(body)
+}
+
+/// Decodes any JSON document (a part of a body already known to be an object).
+pub fn decode_part<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -75,6 +101,13 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     de.end()
         .map_err(|e| ApiError::InvalidJson(format!("body is not valid JSON: {e}")))?;
     Ok(value)
+}
+
+/// Why a non-object body is refused: broken JSON, or valid JSON of the wrong kind.
+fn decode_value(body: &[u8]) -> Result<(), ApiError> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map(drop)
+        .map_err(|e| ApiError::InvalidJson(format!("body is not valid JSON: {e}")))
 }
 
 #[cfg(test)]
@@ -101,13 +134,15 @@ mod tests {
         assert!(e.to_string().starts_with("entries[1].value:"), "{e}");
         let e = decode::<Body>(br#"{"entries":[{"value":"a""#).unwrap_err();
         assert_eq!(e.code(), "invalid_json");
+        let e = decode::<Body>(br#"[[{"value":"a"}]]"#).unwrap_err();
+        assert_eq!(e.code(), "invalid_body", "an array is not a body");
         let e = decode::<Body>(b"{\"entries\":[]} x").unwrap_err();
         assert_eq!(e.code(), "invalid_json");
         let e = decode::<Body>(b"\xff\xfe").unwrap_err();
         assert_eq!(e.code(), "invalid_json");
         let e = decode::<Body>(br#"{"entries":[],"extra":1}"#).unwrap_err();
         assert_eq!(e.code(), "invalid_body");
-        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let deep = format!("{}1{}", "{\"a\":".repeat(10_000), "}".repeat(10_000));
         assert_eq!(
             decode::<serde_json::Value>(deep.as_bytes())
                 .unwrap_err()

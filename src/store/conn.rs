@@ -17,7 +17,7 @@ use futures::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 /// Installs rustls's crypto provider once per process (for `rediss://`).
@@ -185,19 +185,157 @@ impl RedisConn {
         self.run(cmds).await?.into_iter().collect()
     }
 
-    /// Runs commands as one `MULTI`/`EXEC` on a node (all or nothing); on a cluster, where no
-    /// transaction spans slots, as `run_all`.
-    pub async fn run_atomic(&self, cmds: Vec<Keyed>) -> RedisResult<()> {
+    /// Runs writes and, with `replicas > 0`, waits (`WAIT`) until that many replicas of every
+    /// node written to have them: a write acknowledged then survives the loss of its primary.
+    /// `atomic` makes it one `MULTI`/`EXEC` on a node (all or nothing); a cluster has no
+    /// transaction across slots, so there it only keeps each slot's commands together.
+    pub async fn run_writes(
+        &self,
+        cmds: Vec<Keyed>,
+        atomic: bool,
+        replicas: u32,
+        wait: Duration,
+    ) -> RedisResult<Vec<Value>> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wait_cmd = || {
+            let mut w = redis::cmd("WAIT");
+            w.arg(replicas).arg(wait.as_millis() as u64);
+            w
+        };
+        let check_wait = |v: &Value| -> RedisResult<()> {
+            let acked: u32 = redis::from_redis_value_ref(v)?;
+            if acked < replicas {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "write not replicated in time",
+                    format!("{acked} of {replicas} replicas acknowledged within {wait:?}"),
+                )));
+            }
+            Ok(())
+        };
         match self {
             RedisConn::Single(c) => {
                 let mut pipe = redis::pipe();
-                pipe.atomic();
-                for (_, cmd) in cmds {
-                    pipe.add_command(cmd).ignore();
+                let n = cmds.len();
+                if atomic {
+                    pipe.cmd("MULTI");
                 }
-                pipe.query_async(&mut c.clone()).await
+                for (_, cmd) in cmds {
+                    pipe.add_command(cmd);
+                }
+                if atomic {
+                    pipe.cmd("EXEC");
+                }
+                if replicas > 0 {
+                    pipe.add_command(wait_cmd());
+                }
+                let mut replies: Vec<Value> = pipe.query_async(&mut c.clone()).await?;
+                if replicas > 0 {
+                    check_wait(&replies.pop().expect("the WAIT reply"))?;
+                }
+                if atomic {
+                    // MULTI, n QUEUED, then EXEC's array of the real replies.
+                    let exec = replies.pop().expect("the EXEC reply");
+                    return match exec {
+                        Value::Array(v) => v
+                            .into_iter()
+                            .map(|v| match v {
+                                Value::ServerError(e) => Err(e.into()),
+                                v => Ok(v),
+                            })
+                            .collect(),
+                        Value::Nil => Err(RedisError::from((
+                            redis::ErrorKind::Io,
+                            "transaction aborted",
+                        ))),
+                        other => Ok(vec![other; n]),
+                    };
+                }
+                Ok(replies)
             }
-            RedisConn::Cluster(_) => self.run_all(cmds).await.map(drop),
+            RedisConn::Cluster(c) => {
+                let n = cmds.len();
+                let mut groups: HashMap<Slot, (Vec<usize>, Pipeline)> = HashMap::new();
+                for (i, (key, cmd)) in cmds.into_iter().enumerate() {
+                    let g = groups
+                        .entry(Slot::for_key(&key))
+                        .or_insert_with(|| (Vec::new(), redis::pipe()));
+                    g.0.push(i);
+                    g.1.add_command(cmd);
+                }
+                let replies = join_all(groups.into_values().map(|(idx, mut pipe)| {
+                    let mut conn = c.clone();
+                    if replicas > 0 {
+                        // Keyless: it follows the pipeline to the node of its slot.
+                        pipe.add_command(wait_cmd());
+                    }
+                    async move {
+                        let mut r: Vec<Value> = pipe.query_async(&mut conn).await?;
+                        if replicas > 0 {
+                            check_wait(&r.pop().expect("the WAIT reply"))?;
+                        }
+                        Ok::<_, RedisError>((idx, r))
+                    }
+                }))
+                .await;
+                let mut out: Vec<Value> = vec![Value::Nil; n];
+                for r in replies {
+                    let (idx, values) = r?;
+                    for (i, v) in idx.into_iter().zip(values) {
+                        out[i] = v;
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Waits (`WAIT`) until `replicas` replicas of the primaries owning `keys` have every
+    /// write sent so far; an error if fewer acknowledge within `timeout`.
+    pub async fn wait_for(
+        &self,
+        keys: &[Vec<u8>],
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<()> {
+        if replicas == 0 || keys.is_empty() {
+            return Ok(());
+        }
+        let mut w = redis::cmd("WAIT");
+        w.arg(replicas).arg(timeout.as_millis() as u64);
+        let acks: Vec<u32> = match self {
+            RedisConn::Single(c) => vec![w.query_async(&mut c.clone()).await?],
+            RedisConn::Cluster(c) => {
+                let mut slots: Vec<Slot> = keys.iter().map(Slot::for_key).collect();
+                slots.sort_by_key(|s| format!("{s:?}"));
+                slots.dedup();
+                let replies = join_all(slots.into_iter().map(|slot| {
+                    let mut conn = c.clone();
+                    let w = w.clone();
+                    async move {
+                        let route = Route::with_slot(slot, SlotAddr::Master);
+                        let v = conn
+                            .route_command(
+                                w,
+                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                            )
+                            .await?;
+                        redis::from_redis_value::<u32>(v).map_err(RedisError::from)
+                    }
+                }))
+                .await;
+                replies.into_iter().collect::<RedisResult<_>>()?
+            }
+        };
+        match acks.into_iter().min() {
+            Some(a) if a < replicas => Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "write not replicated in time",
+                format!("{a} of {replicas} replicas acknowledged within {timeout:?}"),
+            ))),
+            _ => Ok(()),
         }
     }
 

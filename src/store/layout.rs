@@ -57,8 +57,11 @@
 //! window are trimmed on update, and every key expires when its newest data can no longer be
 //! read (`PEXPIREAT (i + W/r)·r`).
 //!
-//! Event ids (idempotent ingestion) are `<prefix>e:<h>` strings (`h` from the event type and
-//! id), set with `NX` and expiring after the longest window. Definitions live in the hashes
+//! Idempotent ingestion: next to each entity key, `<key>:e` is a sorted set of the events (64
+//! bits of the hash of type and id) already applied to it, scored by sub-window, trimmed and
+//! expiring like the entity. The update script checks and records the event in the same
+//! atomic call as the update, so a replay (or a retry after a timeout whose update did land)
+//! is never applied twice, and a retry after a failure always is. Definitions live in the hashes
 //! `<prefix>defs:metric` and `<prefix>defs:rule`: field = id, value =
 //! `<version>\n<fingerprint>\n<JSON>` (a deleted one keeps `<version>\n\n` so a re-created
 //! metric never reuses an old version's counts).
@@ -221,13 +224,9 @@ impl Layout {
         format!("{base}:{sub}")
     }
 
-    /// The marker of an event id (idempotent ingestion).
-    pub fn event_marker_key(&self, event_type: &str, id: &str) -> String {
-        let mut h = Vec::with_capacity(event_type.len() + id.len() + 1);
-        h.extend_from_slice(event_type.as_bytes());
-        h.push(b'\n');
-        h.extend_from_slice(id.as_bytes());
-        format!("{}e:{}", self.prefix, short_hash(&h))
+    /// The set of events already applied to a metric entity (idempotent ingestion).
+    pub fn metric_seen_key(base: &str) -> String {
+        format!("{base}:e")
     }
 
     /// The hash of metric (`metric`) or rule (`rule`) definitions.
@@ -438,10 +437,7 @@ mod tests {
             "values are joined unambiguously"
         );
         assert_eq!(Layout::metric_sub_key(&k, 17_737), format!("{k}:17737"));
-        assert_ne!(
-            l.event_marker_key("login", "1"),
-            l.event_marker_key("transaction", "1")
-        );
+        assert_eq!(Layout::metric_seen_key(&k), format!("{k}:e"));
     }
 
     #[test]

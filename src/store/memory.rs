@@ -26,9 +26,9 @@ use tokio::sync::broadcast;
 
 use super::layout::FORMAT_VERSION;
 use super::{
-    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricFamily,
-    MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult, StoredDefinition,
-    WriteBatch, code_is_live,
+    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult,
+    StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -38,8 +38,6 @@ struct State {
     registries: HashMap<Scope, BTreeSet<PrefixLen>>,
     audit: VecDeque<AuditRecord>,
     metrics: HashMap<String, MetricState>,
-    /// Event-id markers and when they expire.
-    markers: HashMap<String, i64>,
     /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
     definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
     ops_since_purge: u64,
@@ -50,6 +48,9 @@ struct MetricState {
     /// Unix ms; the APPROX family keeps one per sub-window instead.
     expire_at: i64,
     data: MetricData,
+    /// Events already applied (hash → sub-window), and when that set expires.
+    seen: HashMap<i64, i64>,
+    seen_expire_at: i64,
 }
 
 enum MetricData {
@@ -66,6 +67,8 @@ impl MetricState {
     fn new(op: &MetricOp) -> Self {
         Self {
             expire_at: i64::MAX,
+            seen: HashMap::new(),
+            seen_expire_at: i64::MAX,
             data: match op.family {
                 MetricFamily::Distinct => MetricData::Zset(HashMap::new()),
                 MetricFamily::Approx => MetricData::Subs(BTreeMap::new()),
@@ -75,19 +78,41 @@ impl MetricState {
     }
 
     fn is_empty(&self) -> bool {
-        match &self.data {
-            MetricData::Hash(h) => h.is_empty(),
-            MetricData::Zset(z) => z.is_empty(),
-            MetricData::Subs(s) => s.is_empty(),
-        }
+        self.seen.is_empty()
+            && match &self.data {
+                MetricData::Hash(h) => h.is_empty(),
+                MetricData::Zset(z) => z.is_empty(),
+                MetricData::Subs(s) => s.is_empty(),
+            }
     }
 
     /// Applies one op with the semantics of the Lua scripts in `store::redis`.
-    fn apply(&mut self, op: &MetricOp, now: i64) -> MetricReading {
+    fn apply(&mut self, op: &MetricOp, now: i64) -> MetricAnswer {
         let n = op.slots;
         let floor = op.trim_hi - n + 1;
         let (lo, hi) = (op.read_hi - n + 1, op.read_hi);
-        if let Some((sub, value)) = op.update {
+        let mut update = op.update;
+        let mut duplicate = false;
+        if let (Some((sub, _)), Some(event)) = (op.update, op.event) {
+            if self.seen_expire_at <= now {
+                self.seen.clear();
+                self.seen_expire_at = i64::MAX;
+            }
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.entry(event) {
+                let at = op.expire_at().unwrap_or(i64::MAX);
+                slot.insert(sub);
+                self.seen.retain(|_, s| *s >= floor);
+                self.seen_expire_at = if self.seen_expire_at == i64::MAX {
+                    at
+                } else {
+                    self.seen_expire_at.max(at)
+                };
+            } else {
+                duplicate = true;
+                update = None;
+            }
+        }
+        if let Some((sub, value)) = update {
             let at = op.expire_at().unwrap_or(i64::MAX);
             match &mut self.data {
                 MetricData::Hash(h) => {
@@ -143,8 +168,14 @@ impl MetricState {
         if let MetricData::Subs(subs) = &mut self.data {
             subs.retain(|_, (at, _)| *at > now);
         }
+        if !op.read {
+            return MetricAnswer {
+                duplicate,
+                reading: None,
+            };
+        }
         let in_range = |f: i64| f >= lo && f <= hi;
-        match (&self.data, op.family) {
+        let reading = match (&self.data, op.family) {
             (MetricData::Hash(h), MetricFamily::Sum) => MetricReading::Sum(
                 h.iter()
                     .filter(|(f, _)| in_range(**f))
@@ -188,6 +219,10 @@ impl MetricState {
                     capped: false,
                 }
             }
+        };
+        MetricAnswer {
+            duplicate,
+            reading: Some(reading),
         }
     }
 }
@@ -459,14 +494,13 @@ impl Store for MemoryStore {
         Ok(st.audit.iter().skip(skip).cloned().collect())
     }
 
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
+    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
         let now = now_ms();
         let mut st = self.lock();
         st.ops_since_purge += ops.len() as u64;
         if st.ops_since_purge > 4096 {
             st.ops_since_purge = 0;
             st.metrics.retain(|_, m| m.expire_at > now && !m.is_empty());
-            st.markers.retain(|_, at| *at > now);
         }
         Ok(ops
             .iter()
@@ -485,29 +519,6 @@ impl Store for MemoryStore {
                 r
             })
             .collect())
-    }
-
-    async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
-        let now = now_ms();
-        let mut st = self.lock();
-        Ok(markers
-            .iter()
-            .map(|m| match st.markers.get(m) {
-                Some(at) if *at > now => false,
-                _ => {
-                    st.markers.insert(m.clone(), now + ttl_ms.max(1));
-                    true
-                }
-            })
-            .collect())
-    }
-
-    async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
-        let mut st = self.lock();
-        for m in markers {
-            st.markers.remove(m);
-        }
-        Ok(())
     }
 
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {

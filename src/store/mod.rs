@@ -80,6 +80,11 @@ pub struct MetricOp {
     pub trim_hi: i64,
     /// COUNT_DISTINCT: most members kept (the oldest go first).
     pub cap: u32,
+    /// The hash of the event an update comes from, if it has an id: an event already applied
+    /// to this entity is not applied again (checked in the same atomic call).
+    pub event: Option<i64>,
+    /// Whether to read the value back.
+    pub read: bool,
 }
 
 impl MetricOp {
@@ -101,6 +106,13 @@ pub enum MetricReading {
     Extreme(Option<i64>),
     /// COUNT_DISTINCT, APPROX_COUNT_DISTINCT; `capped` when the member cap is reached.
     Distinct { count: i64, capped: bool },
+}
+
+/// What a metric op did: whether its update was a replay, and the value it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricAnswer {
+    pub duplicate: bool,
+    pub reading: Option<MetricReading>,
 }
 
 /// Metric or rule definitions.
@@ -176,14 +188,8 @@ pub trait Store: Send + Sync + 'static {
     /// The newest `count` audit records, oldest first.
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
 
-    /// Runs metric updates and reads, in one round trip; one reading per op, in order.
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>>;
-
-    /// Marks event ids as seen for `ttl_ms` (`SET NX`); for each, whether it was new.
-    async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>>;
-
-    /// Forgets markers (their events could not be applied and will be retried).
-    async fn unmark_events(&self, markers: &[String]) -> StoreResult<()>;
+    /// Runs metric updates and reads, in one round trip; one answer per op, in order.
+    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>>;
 
     /// Every live definition of a kind.
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>>;

@@ -26,9 +26,9 @@ use super::conn::{ConnectOptions, Keyed, RedisConn};
 
 use super::layout::{FORMAT_VERSION, MAX_MEAN_FILL};
 use super::{
-    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricFamily,
-    MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult, StoredDefinition,
-    WriteBatch,
+    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult,
+    StoredDefinition, WriteBatch,
 };
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
@@ -68,133 +68,145 @@ end
 return 0
 ";
 
-/// Extends a key's expiry to ARGV-given `at` unless it already lives longer.
-const EXTEND: &str = r"
+/// The start of every metric script. ARGV: 1 update sub-window (or ''), 2 value, 3 read_hi,
+/// 4 slots, 5 trim_hi, 6 expire_at, 7 '1' to read the value back, 8 the event's hash (or ''),
+/// 9 family-specific. KEYS[1] is the entity's key, KEYS[2] its set of applied events. An
+/// event already applied to this entity is not applied again (`dup` = 1): checked and recorded
+/// in the same atomic call as the update, so a retry after any failure or timeout applies each
+/// update exactly once.
+const METRIC_PREAMBLE: &str = r"
 local function extend(k, at)
   local cur = redis.call('PEXPIRETIME', k)
   if cur < 0 or cur < at then redis.call('PEXPIREAT', k, at) end
 end
+local n = tonumber(ARGV[4])
+local floor = tonumber(ARGV[5]) - n + 1
+local at = tonumber(ARGV[6])
+local hi = tonumber(ARGV[3])
+local lo = hi - n + 1
+local read = ARGV[7] == '1'
+local update = ARGV[1] ~= ''
+local dup = 0
+if update and ARGV[8] ~= '' then
+  if redis.call('ZSCORE', KEYS[2], ARGV[8]) then
+    dup = 1
+    update = false
+  else
+    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[8])
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. floor)
+    extend(KEYS[2], at)
+  end
+end
 ";
 
-/// COUNT and SUM. KEYS[1] hash; ARGV: update sub-window (or ''), delta, read_hi, slots,
-/// trim_hi, expire_at. Returns the totals of the sub-windows read (as stored: exact i64
+/// COUNT and SUM: a hash of sub-window → total. Returns {dup, totals read...} (exact i64
 /// strings, summed by the caller).
 const METRIC_SUM: &str = r"
 local k = KEYS[1]
-local n = tonumber(ARGV[4])
-if ARGV[1] ~= '' then
+if update then
   redis.call('HINCRBY', k, ARGV[1], ARGV[2])
   if redis.call('HLEN', k) > n then
-    local floor = tonumber(ARGV[5]) - n + 1
     for _, f in ipairs(redis.call('HKEYS', k)) do
       if tonumber(f) < floor then redis.call('HDEL', k, f) end
     end
   end
-  extend(k, tonumber(ARGV[6]))
+  extend(k, at)
 end
-local hi = tonumber(ARGV[3])
-local lo = hi - n + 1
-local out = {}
-local all = redis.call('HGETALL', k)
-for i = 1, #all, 2 do
-  local f = tonumber(all[i])
-  if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
+local out = {dup}
+if read then
+  local all = redis.call('HGETALL', k)
+  for i = 1, #all, 2 do
+    local f = tonumber(all[i])
+    if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
+  end
 end
 return out
 ";
 
-/// AVG: fields 2i (sum) and 2i+1 (count). ARGV as METRIC_SUM, the sub-window given as 2i.
-/// Returns field, value pairs of the sub-windows read.
+/// AVG: fields 2i (sum) and 2i+1 (count). Returns {dup, field, value, ...} of the window.
 const METRIC_AVG: &str = r"
 local k = KEYS[1]
-local n = tonumber(ARGV[4])
-if ARGV[1] ~= '' then
-  redis.call('HINCRBY', k, ARGV[1], ARGV[2])
-  redis.call('HINCRBY', k, tonumber(ARGV[1]) + 1, 1)
+if update then
+  local f = tonumber(ARGV[1]) * 2
+  redis.call('HINCRBY', k, f, ARGV[2])
+  redis.call('HINCRBY', k, f + 1, 1)
   if redis.call('HLEN', k) > 2 * n then
-    local floor = tonumber(ARGV[5]) - n + 1
     for _, f in ipairs(redis.call('HKEYS', k)) do
       if math.floor(tonumber(f) / 2) < floor then redis.call('HDEL', k, f) end
     end
   end
-  extend(k, tonumber(ARGV[6]))
+  extend(k, at)
 end
-local hi = tonumber(ARGV[3])
-local lo = hi - n + 1
-local out = {}
-local all = redis.call('HGETALL', k)
-for i = 1, #all, 2 do
-  local s = math.floor(tonumber(all[i]) / 2)
-  if s >= lo and s <= hi then
-    out[#out + 1] = all[i]
-    out[#out + 1] = all[i + 1]
+local out = {dup}
+if read then
+  local all = redis.call('HGETALL', k)
+  for i = 1, #all, 2 do
+    local s = math.floor(tonumber(all[i]) / 2)
+    if s >= lo and s <= hi then
+      out[#out + 1] = all[i]
+      out[#out + 1] = all[i + 1]
+    end
   end
 end
 return out
 ";
 
-/// MIN and MAX. ARGV as METRIC_SUM (the observed value in place of the delta), then 'min'
-/// or 'max'. Returns the per-sub-window extremes read.
+/// MIN and MAX (ARGV[9] 'min' or 'max'): a hash of sub-window → extreme. Returns {dup,
+/// per-sub-window extremes read...}.
 const METRIC_EXTREME: &str = r"
 local k = KEYS[1]
-local n = tonumber(ARGV[4])
-if ARGV[1] ~= '' then
+if update then
   local cur = redis.call('HGET', k, ARGV[1])
   local v = tonumber(ARGV[2])
-  if not cur or (ARGV[7] == 'min' and v < tonumber(cur)) or (ARGV[7] == 'max' and v > tonumber(cur)) then
+  if not cur or (ARGV[9] == 'min' and v < tonumber(cur)) or (ARGV[9] == 'max' and v > tonumber(cur)) then
     redis.call('HSET', k, ARGV[1], ARGV[2])
   end
   if redis.call('HLEN', k) > n then
-    local floor = tonumber(ARGV[5]) - n + 1
     for _, f in ipairs(redis.call('HKEYS', k)) do
       if tonumber(f) < floor then redis.call('HDEL', k, f) end
     end
   end
-  extend(k, tonumber(ARGV[6]))
+  extend(k, at)
 end
-local hi = tonumber(ARGV[3])
-local lo = hi - n + 1
-local out = {}
-local all = redis.call('HGETALL', k)
-for i = 1, #all, 2 do
-  local f = tonumber(all[i])
-  if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
+local out = {dup}
+if read then
+  local all = redis.call('HGETALL', k)
+  for i = 1, #all, 2 do
+    local f = tonumber(all[i])
+    if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
+  end
 end
 return out
 ";
 
-/// COUNT_DISTINCT. KEYS[1] sorted set (member → last sub-window seen); ARGV: update
-/// sub-window (or ''), member, read_hi, slots, trim_hi, expire_at, cap. Returns {count, capped}.
+/// COUNT_DISTINCT: a sorted set of member (ARGV[2]) → last sub-window seen, capped at
+/// ARGV[9]. Returns {dup, count, capped}.
 const METRIC_DISTINCT: &str = r"
 local k = KEYS[1]
-local n = tonumber(ARGV[4])
-local cap = tonumber(ARGV[7])
-if ARGV[1] ~= '' then
+local cap = tonumber(ARGV[9])
+if update then
   redis.call('ZADD', k, 'GT', ARGV[1], ARGV[2])
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (tonumber(ARGV[5]) - n + 1))
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. floor)
   local card = redis.call('ZCARD', k)
   if card > cap then redis.call('ZPOPMIN', k, card - cap) end
-  extend(k, tonumber(ARGV[6]))
+  extend(k, at)
 end
-local hi = tonumber(ARGV[3])
-local count = redis.call('ZCOUNT', k, hi - n + 1, hi)
+if not read then return {dup} end
 local capped = 0
 if redis.call('ZCARD', k) >= cap then capped = 1 end
-return {count, capped}
+return {dup, redis.call('ZCOUNT', k, lo, hi), capped}
 ";
 
-/// APPROX_COUNT_DISTINCT. KEYS: the updated sub-window's HyperLogLog (when ARGV[1] is '1'),
-/// then those of every sub-window read; ARGV: update flag, member, expire_at. One
-/// multi-key PFCOUNT, no temporary key.
+/// APPROX_COUNT_DISTINCT: one HyperLogLog per sub-window. KEYS[1] the updated sub-window's,
+/// KEYS[2] the applied events, then those of every sub-window read, counted with one
+/// multi-key PFCOUNT (no temporary key). Returns {dup, count}.
 const METRIC_APPROX: &str = r"
-local first = 1
-if ARGV[1] ~= '' then
+if update then
   redis.call('PFADD', KEYS[1], ARGV[2])
-  extend(KEYS[1], tonumber(ARGV[3]))
-  first = 2
+  extend(KEYS[1], at)
 end
-if #KEYS < first then return 0 end
-return redis.call('PFCOUNT', unpack(KEYS, first))
+if not read or #KEYS < 3 then return {dup, 0} end
+return {dup, redis.call('PFCOUNT', unpack(KEYS, 3))}
 ";
 
 /// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
@@ -242,6 +254,9 @@ pub struct RedisOptions {
     /// Upper bound on any single response; callers apply tighter deadlines.
     pub response_timeout: Duration,
     pub audit_max_len: usize,
+    /// Writes are acknowledged only once this many replicas have them (`WAIT`); 0: once the
+    /// primary has them.
+    pub write_replicas: u32,
 }
 
 /// What opening the keyspace found, for the start-up log.
@@ -267,6 +282,9 @@ pub struct RedisStore {
     put_definition: Script,
     delete_definition: Script,
     pubsub_timeout: Duration,
+    write_replicas: u32,
+    /// How long a `WAIT` for replicas may take.
+    replica_wait: Duration,
 }
 
 /// The metric scripts, one per family (MIN and MAX share one).
@@ -280,7 +298,7 @@ struct MetricScripts {
 
 impl MetricScripts {
     fn new() -> Self {
-        let with_extend = |body: &str| Script::new(&format!("{EXTEND}{body}"));
+        let with_extend = |body: &str| Script::new(&format!("{METRIC_PREAMBLE}{body}"));
         Self {
             sum: with_extend(METRIC_SUM),
             avg: with_extend(METRIC_AVG),
@@ -318,16 +336,27 @@ fn ints(v: &redis::Value) -> StoreResult<Vec<i64>> {
         .map_err(|e| StoreError::Corrupt(format!("metric reply: {e}")))
 }
 
-/// Interprets a metric script's reply.
-fn reading(family: MetricFamily, v: &redis::Value) -> StoreResult<MetricReading> {
-    Ok(match family {
+/// Interprets a metric script's reply: `{dup, ...}`.
+fn answer(op: &MetricOp, v: &redis::Value) -> StoreResult<MetricAnswer> {
+    let all = ints(v)?;
+    let (dup, rest) = all
+        .split_first()
+        .ok_or_else(|| StoreError::Corrupt("empty metric reply".into()))?;
+    let duplicate = *dup == 1;
+    if !op.read {
+        return Ok(MetricAnswer {
+            duplicate,
+            reading: None,
+        });
+    }
+    let reading = match op.family {
         MetricFamily::Sum => {
-            let total: i128 = ints(v)?.into_iter().map(i128::from).sum();
+            let total: i128 = rest.iter().copied().map(i128::from).sum();
             MetricReading::Sum(total.clamp(i64::MIN.into(), i64::MAX.into()) as i64)
         }
         MetricFamily::Avg => {
             let (mut sum, mut count) = (0i128, 0i64);
-            for pair in ints(v)?.chunks(2) {
+            for pair in rest.chunks(2) {
                 if let [f, value] = pair {
                     if f % 2 == 0 {
                         sum += i128::from(*value);
@@ -341,20 +370,16 @@ fn reading(family: MetricFamily, v: &redis::Value) -> StoreResult<MetricReading>
                 count,
             }
         }
-        MetricFamily::Min => MetricReading::Extreme(ints(v)?.into_iter().min()),
-        MetricFamily::Max => MetricReading::Extreme(ints(v)?.into_iter().max()),
-        MetricFamily::Distinct => {
-            let r = ints(v)?;
-            MetricReading::Distinct {
-                count: r.first().copied().unwrap_or(0),
-                capped: r.get(1) == Some(&1),
-            }
-        }
-        MetricFamily::Approx => MetricReading::Distinct {
-            count: redis::from_redis_value_ref(v)
-                .map_err(|e| StoreError::Corrupt(format!("PFCOUNT reply: {e}")))?,
-            capped: false,
+        MetricFamily::Min => MetricReading::Extreme(rest.iter().copied().min()),
+        MetricFamily::Max => MetricReading::Extreme(rest.iter().copied().max()),
+        MetricFamily::Distinct | MetricFamily::Approx => MetricReading::Distinct {
+            count: rest.first().copied().unwrap_or(0),
+            capped: rest.get(1) == Some(&1),
         },
+    };
+    Ok(MetricAnswer {
+        duplicate,
+        reading: Some(reading),
     })
 }
 
@@ -469,6 +494,8 @@ impl RedisStore {
             put_definition: Script::new(PUT_DEFINITION),
             delete_definition: Script::new(DELETE_DEFINITION),
             pubsub_timeout: opts.connect_timeout,
+            write_replicas: opts.write_replicas,
+            replica_wait: opts.response_timeout / 2,
         };
         store.load_scripts().await?;
         Ok((
@@ -528,51 +555,46 @@ impl RedisStore {
         (channel.into_bytes(), cmd)
     }
 
-    /// One metric op's `EVALSHA`.
+    /// One metric op's `EVALSHA` (see `METRIC_PREAMBLE` for the arguments).
     fn metric_cmd(&self, op: &MetricOp) -> Keyed {
         let scripts = &self.metric_scripts;
+        let script = match op.family {
+            MetricFamily::Sum => &scripts.sum,
+            MetricFamily::Avg => &scripts.avg,
+            MetricFamily::Min | MetricFamily::Max => &scripts.extreme,
+            MetricFamily::Distinct => &scripts.distinct,
+            MetricFamily::Approx => &scripts.approx,
+        };
+        let mut keys = Vec::with_capacity(3);
+        if op.family == MetricFamily::Approx {
+            let sub = op.update.map_or(op.read_hi, |(s, _)| s);
+            keys.push(Layout::metric_sub_key(&op.key, sub));
+            keys.push(Layout::metric_seen_key(&op.key));
+            if op.read {
+                let lo = op.read_hi - op.slots + 1;
+                keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+            }
+        } else {
+            keys.push(op.key.clone());
+            keys.push(Layout::metric_seen_key(&op.key));
+        }
         let (sub, value) = match op.update {
             Some((sub, v)) => (sub.to_string(), v),
             None => (String::new(), 0),
         };
-        let expire_at = op.expire_at().unwrap_or(0);
         let mut cmd = redis::cmd("EVALSHA");
-        if op.family == MetricFamily::Approx {
-            let mut keys = Vec::with_capacity(op.slots as usize + 1);
-            if let Some((sub, _)) = op.update {
-                keys.push(Layout::metric_sub_key(&op.key, sub));
-            }
-            let lo = op.read_hi - op.slots + 1;
-            keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
-            cmd.arg(scripts.approx.get_hash()).arg(keys.len());
-            for k in &keys {
-                cmd.arg(k);
-            }
-            cmd.arg(if op.update.is_some() { "1" } else { "" })
-                .arg(value)
-                .arg(expire_at);
-            return (op.key.clone().into_bytes(), cmd);
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for k in &keys {
+            cmd.arg(k);
         }
-        let (script, sub) = match op.family {
-            MetricFamily::Sum => (&scripts.sum, sub),
-            MetricFamily::Avg => (
-                &scripts.avg,
-                op.update
-                    .map_or(String::new(), |(s, _)| (2 * s).to_string()),
-            ),
-            MetricFamily::Min | MetricFamily::Max => (&scripts.extreme, sub),
-            MetricFamily::Distinct => (&scripts.distinct, sub),
-            MetricFamily::Approx => unreachable!("handled above"),
-        };
-        cmd.arg(script.get_hash())
-            .arg(1)
-            .arg(&op.key)
-            .arg(sub)
+        cmd.arg(sub)
             .arg(value)
             .arg(op.read_hi)
             .arg(op.slots)
             .arg(op.trim_hi)
-            .arg(expire_at);
+            .arg(op.expire_at().unwrap_or(0))
+            .arg(if op.read { "1" } else { "" })
+            .arg(op.event.map_or(String::new(), |e| e.to_string()));
         match op.family {
             MetricFamily::Min => {
                 cmd.arg("min");
@@ -730,15 +752,23 @@ impl Store for RedisStore {
         }
         let keys = batch.entries.iter().map(|(k, _)| *k).collect();
         last.push(self.publish_cmd(&Invalidation::Keys(keys)));
+        let (r, w) = (self.write_replicas, self.replica_wait);
         if self.conn.is_cluster() {
             // No transaction across slots: the same order, step by step.
             for step in [registries, buckets, last] {
-                self.conn.run_all(step).await.map_err(unavailable)?;
+                self.conn
+                    .run_writes(step, false, r, w)
+                    .await
+                    .map_err(unavailable)?;
             }
             return Ok(());
         }
         let all = registries.into_iter().chain(buckets).chain(last).collect();
-        self.conn.run_atomic(all).await.map_err(unavailable)
+        self.conn
+            .run_writes(all, true, r, w)
+            .await
+            .map(drop)
+            .map_err(unavailable)
     }
 
     async fn remove(
@@ -784,10 +814,21 @@ impl Store for RedisStore {
                 removed[i] |= flag == 1;
             }
         }
-        // Audit and tell every instance, once the deletions are done.
+        // Audit and tell every instance, once the deletions are done (and replicated).
+        let buckets: Vec<Vec<u8>> = calls
+            .iter()
+            .map(|(b, _)| self.layout.bucket_key(*b).into_bytes())
+            .collect();
+        self.conn
+            .wait_for(&buckets, self.write_replicas, self.replica_wait)
+            .await
+            .map_err(unavailable)?;
         let mut last: Vec<Keyed> = audit.iter().map(|r| self.xadd(r)).collect();
         last.push(self.publish_cmd(&invalidation));
-        self.conn.run_all(last).await.map_err(unavailable)?;
+        self.conn
+            .run_writes(last, false, self.write_replicas, self.replica_wait)
+            .await
+            .map_err(unavailable)?;
         Ok(removed)
     }
 
@@ -877,8 +918,8 @@ impl Store for RedisStore {
             .collect())
     }
 
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricReading>> {
-        let mut out: Vec<Option<MetricReading>> = vec![None; ops.len()];
+    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
+        let mut out: Vec<Option<MetricAnswer>> = vec![None; ops.len()];
         let mut pending: Vec<usize> = (0..ops.len()).collect();
         for attempt in 0..2 {
             if pending.is_empty() {
@@ -889,8 +930,8 @@ impl Store for RedisStore {
             let mut again = Vec::new();
             for (&i, reply) in pending.iter().zip(replies) {
                 match reply {
-                    Ok(v) => out[i] = Some(reading(ops[i].family, &v)?),
-                    // Only ops that did not run are retried: each runs exactly once.
+                    Ok(v) => out[i] = Some(answer(&ops[i], &v)?),
+                    // Only ops that did not run are retried (and each records its event).
                     Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
                     Err(e) => return Err(unavailable(e)),
                 }
@@ -900,39 +941,18 @@ impl Store for RedisStore {
             }
             pending = again;
         }
+        let updated: Vec<Vec<u8>> = ops
+            .iter()
+            .filter(|op| op.update.is_some())
+            .map(|op| op.key.clone().into_bytes())
+            .collect();
+        self.conn
+            .wait_for(&updated, self.write_replicas, self.replica_wait)
+            .await
+            .map_err(unavailable)?;
         out.into_iter()
             .map(|r| r.ok_or_else(|| StoreError::Unavailable("metric scripts not loaded".into())))
             .collect()
-    }
-
-    async fn mark_events(&self, markers: &[String], ttl_ms: i64) -> StoreResult<Vec<bool>> {
-        let cmds = markers
-            .iter()
-            .map(|m| {
-                Self::keyed(m.clone(), |c, key| {
-                    c.arg("SET")
-                        .arg(key)
-                        .arg(1)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl_ms.max(1));
-                })
-            })
-            .collect();
-        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
-        Ok(replies.iter().map(|r| *r != redis::Value::Nil).collect())
-    }
-
-    async fn unmark_events(&self, markers: &[String]) -> StoreResult<()> {
-        let cmds = markers
-            .iter()
-            .map(|m| {
-                Self::keyed(m.clone(), |c, key| {
-                    c.arg("DEL").arg(key);
-                })
-            })
-            .collect();
-        self.conn.run_all(cmds).await.map(drop).map_err(unavailable)
     }
 
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {

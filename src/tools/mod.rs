@@ -84,6 +84,7 @@ impl Global {
             connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
             response_timeout: Duration::from_secs(60),
             audit_max_len: settings.audit_max_len,
+            write_replicas: settings.write_replicas,
         })
         .await
         .context("opening the keyspace")?;

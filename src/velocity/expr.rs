@@ -103,8 +103,7 @@ enum Tok {
     End,
 }
 
-struct Lexer<'a> {
-    src: &'a str,
+struct Lexer {
     toks: Vec<(Tok, usize)>,
 }
 
@@ -112,46 +111,50 @@ fn is_word(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'
 }
 
-impl<'a> Lexer<'a> {
-    fn run(src: &'a str) -> Result<Vec<(Tok, usize)>, ValidationError> {
-        let mut lx = Lexer {
-            src,
-            toks: Vec::new(),
-        };
-        let mut chars = src.char_indices().peekable();
-        while let Some(&(i, c)) = chars.peek() {
-            let col = src[..i].chars().count() + 1;
+impl Lexer {
+    fn run(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
+        let mut lx = Lexer { toks: Vec::new() };
+        // Columns count characters, kept as we go (not recounted from the start).
+        let mut chars = src.chars().peekable();
+        let mut col = 1;
+        while let Some(&c) = chars.peek() {
             match c {
                 c if c.is_whitespace() => {
                     chars.next();
+                    col += 1;
                 }
                 ',' => {
                     lx.toks.push((Tok::Comma, col));
                     chars.next();
+                    col += 1;
                 }
                 '(' => {
                     lx.toks.push((Tok::Open, col));
                     chars.next();
+                    col += 1;
                 }
                 ')' => {
                     lx.toks.push((Tok::Close, col));
                     chars.next();
+                    col += 1;
                 }
                 c if is_word(c) => {
+                    let start = col;
                     let mut w = String::new();
-                    while let Some(&(_, c)) = chars.peek() {
+                    while let Some(&c) = chars.peek() {
                         if !is_word(c) {
                             break;
                         }
                         w.push(c);
                         chars.next();
+                        col += 1;
                     }
-                    lx.toks.push((Tok::Word(w), col));
+                    lx.toks.push((Tok::Word(w), start));
                 }
                 other => return Err(err(col, format!("unexpected character {other:?}"))),
             }
         }
-        lx.toks.push((Tok::End, lx.src.chars().count() + 1));
+        lx.toks.push((Tok::End, col));
         Ok(lx.toks)
     }
 }
@@ -212,8 +215,19 @@ fn field_name(name: String, col: usize) -> Result<FieldName, ValidationError> {
 /// A word and the column it starts at.
 type Spanned = (String, usize);
 
+/// Longest expression, in bytes.
+pub const MAX_EXPR_LEN: usize = 1024;
+/// Most group-by fields.
+pub const MAX_GROUP_BY: usize = 8;
+
 /// Parses a metric expression.
 pub fn parse(src: &str) -> Result<Parsed, ValidationError> {
+    if src.len() > MAX_EXPR_LEN {
+        return Err(ValidationError::new(
+            "invalid_expr",
+            format!("an expression is at most {MAX_EXPR_LEN} bytes"),
+        ));
+    }
     let mut p = Parser {
         toks: Lexer::run(src)?,
         pos: 0,

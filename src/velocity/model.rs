@@ -195,7 +195,7 @@ impl Amount {
             Some(i) => {
                 let e: i64 = t[i + 1..].parse().map_err(|_| WHY.to_owned())?;
                 // Anything past ±40 is either zero-padded nonsense or out of range.
-                if e.abs() > 40 {
+                if e.unsigned_abs() > 40 {
                     return Err("is out of range".into());
                 }
                 (&t[..i], e)
@@ -377,6 +377,7 @@ mod tests {
             "900000000000.0001",
             "1e2147483647",
             "1.0000e-2147483648",
+            "1e-9223372036854775808",
             "0e99999999999",
             long_zero.as_str(),
         ] {

@@ -164,7 +164,13 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
 struct Parser {
     toks: Vec<(Tok, usize)>,
     pos: usize,
+    depth: usize,
 }
+
+/// Deepest nesting of parentheses (the parser recurses once per level).
+pub const MAX_DEPTH: usize = 32;
+/// Longest rule, in bytes.
+pub const MAX_RULE_LEN: usize = 4096;
 
 fn describe(t: &Tok) -> String {
     match t {
@@ -218,8 +224,16 @@ impl Parser {
 
     fn primary(&mut self) -> Result<Rule, ValidationError> {
         match self.next() {
-            (Tok::Open, _) => {
+            (Tok::Open, col) => {
+                self.depth += 1;
+                if self.depth > MAX_DEPTH {
+                    return Err(err(
+                        col,
+                        format!("parentheses nested deeper than {MAX_DEPTH}"),
+                    ));
+                }
                 let inner = self.or()?;
+                self.depth -= 1;
                 match self.next() {
                     (Tok::Close, _) => Ok(inner),
                     (t, col) => Err(err(col, format!("expected ')', found {}", describe(&t)))),
@@ -278,9 +292,16 @@ fn metric(w: String, col: usize) -> Result<MetricId, ValidationError> {
 
 /// Parses a rule expression.
 pub fn parse(src: &str) -> Result<Rule, ValidationError> {
+    if src.len() > MAX_RULE_LEN {
+        return Err(ValidationError::new(
+            "invalid_rule",
+            format!("a rule is at most {MAX_RULE_LEN} bytes"),
+        ));
+    }
     let mut p = Parser {
         toks: lex(src)?,
         pos: 0,
+        depth: 0,
     };
     let rule = p.or()?;
     match p.next() {
@@ -357,6 +378,11 @@ mod tests {
             ("a > x", 5, "expected a number"),
             ("a > 1..2", 5, "not a number"),
             ("a > 3 # b", 7, "unexpected character"),
+            (
+                &format!("{}a > 1{}", "(".repeat(33), ")".repeat(33)),
+                33,
+                "nested deeper",
+            ),
         ] {
             let e = parse(src).expect_err(src);
             assert_eq!(e.code, "invalid_rule");

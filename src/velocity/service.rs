@@ -3,11 +3,11 @@
 //!
 //! Ingestion of a batch: validate everything first (a bad event changes nothing), drop the
 //! updates that are too old for their metric (an event late for every metric of its type is
-//! counted `late`), mark event ids with `SET NX` (one round trip; a duplicate within the
-//! longest window is skipped), then every metric update in one pipelined round trip, one Lua
-//! call per key. If the updates fail, the markers are removed again so a retry applies them.
-//! A crash between the two round trips loses those events' updates (a retry is then taken
-//! for a duplicate): at-most-once, never twice.
+//! counted `late`), then every metric update in one pipelined round trip, one Lua call per
+//! key. An event with an id is remembered by each entity it updates, in the same atomic call
+//! as the update: a replay within the window is not applied again (counted in `duplicates`
+//! when all its updates were replays), and a retry after a failure or a timeout applies
+//! exactly the updates that did not land. Exactly once per (event, metric entity).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -24,7 +24,8 @@ use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError, now
 use crate::lists::FailMode;
 use crate::metrics::Metrics;
 use crate::store::{
-    DefinitionKind, Invalidation, MetricFamily, MetricOp, MetricReading, Store, StoreError,
+    DefinitionKind, Invalidation, MetricAnswer, MetricFamily, MetricOp, MetricReading, Store,
+    StoreError,
 };
 
 /// Events further in the future than this are refused.
@@ -33,6 +34,15 @@ pub const MAX_FUTURE_MS: i64 = 5 * 60_000;
 pub const MAX_EVENTS_PER_REQUEST: usize = 1_000;
 /// Longest event id and field value, in bytes.
 pub const MAX_VALUE_LEN: usize = 256;
+/// Most metrics (or rules) one read may name.
+pub const MAX_NAMED: usize = 64;
+
+fn too_many(what: &str, n: usize) -> VelocityError {
+    VelocityError::Invalid(ValidationError::new(
+        "too_many_names",
+        format!("{n} {what} named; at most {MAX_NAMED}"),
+    ))
+}
 
 /// Tuning of the velocity service.
 #[derive(Debug, Clone)]
@@ -112,8 +122,6 @@ struct Definitions {
     metrics: BTreeMap<MetricId, Arc<MetricDef>>,
     by_event: HashMap<EventType, Vec<Arc<MetricDef>>>,
     rules: BTreeMap<RuleId, Arc<(RuleDef, Rule)>>,
-    /// The longest window plus its resolution: how long an event id is remembered.
-    longest_ms: i64,
 }
 
 /// A planned update: which event, which metric, where and what.
@@ -123,6 +131,22 @@ struct Planned {
     key: String,
     sub: i64,
     value: i64,
+    /// The event's hash, when it has an id (idempotency).
+    event_hash: Option<i64>,
+}
+
+/// Where an event sits in a request, for error messages: `events[3].` or `event.`.
+type EventPath<'a> = &'a dyn Fn(usize) -> String;
+
+/// 64 bits of the hash of an event's type and id: what an entity remembers of it.
+fn event_hash(e: &EventInput) -> Option<i64> {
+    e.id.as_ref().map(|id| {
+        let mut h = Vec::with_capacity(e.event_type.as_str().len() + id.len() + 1);
+        h.extend_from_slice(e.event_type.as_str().as_bytes());
+        h.push(b'\n');
+        h.extend_from_slice(id.as_bytes());
+        xxhash_rust::xxh3::xxh3_64(&h) as i64
+    })
 }
 
 /// The velocity service of one instance.
@@ -176,9 +200,6 @@ async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
             version: stored.version,
             spec,
         });
-        d.longest_ms = d
-            .longest_ms
-            .max(def.spec.window_ms + def.spec.resolution_ms);
         d.by_event
             .entry(def.spec.event.clone())
             .or_default()
@@ -459,11 +480,13 @@ impl Velocity {
         defs: &Definitions,
         events: &[EventInput],
         now: i64,
+        path: EventPath<'_>,
     ) -> Result<(Vec<Planned>, Vec<bool>), ValidationError> {
         let mut planned = Vec::new();
         let mut late = vec![false; events.len()];
         for (i, e) in events.iter().enumerate() {
-            let at = |what: &str| format!("events[{i}].{what}");
+            let at = |what: &str| format!("{}{what}", path(i));
+            let hash = event_hash(e);
             let ts = e.ts.unwrap_or(now);
             if ts > now + MAX_FUTURE_MS {
                 return Err(ValidationError::new(
@@ -531,6 +554,7 @@ impl Velocity {
                     sub: m.sub(ts),
                     value,
                     metric: m.clone(),
+                    event_hash: hash,
                 });
             }
             late[i] = applicable > 0 && fresh == 0;
@@ -538,69 +562,43 @@ impl Velocity {
         Ok((planned, late))
     }
 
-    fn op(
-        &self,
-        m: &MetricDef,
-        key: String,
-        update: Option<(i64, i64)>,
-        at: i64,
-        now: i64,
-    ) -> MetricOp {
+    fn op(&self, m: &MetricDef, key: String, at: i64, now: i64) -> MetricOp {
         MetricOp {
             family: family(m.spec.aggregation),
             key,
             slots: m.slots(),
             resolution_ms: m.spec.resolution_ms,
-            update,
+            update: None,
             read_hi: m.sub(at),
             trim_hi: m.sub(now),
             cap: self.settings.distinct_cap,
+            event: None,
+            read: true,
         }
     }
 
-    /// Marks the ids of the events that have updates; returns which events are duplicates and
-    /// the markers set (to undo if the updates fail).
-    async fn dedup(
-        &self,
-        defs: &Definitions,
-        events: &[EventInput],
-        planned: &[Planned],
-        deadline: Duration,
-    ) -> Result<(Vec<bool>, Vec<String>), StoreError> {
-        let mut dup = vec![false; events.len()];
-        let mut markers = Vec::new();
-        let mut owners = Vec::new();
-        let layout = self.store.layout();
-        for (i, e) in events.iter().enumerate() {
-            if let Some(id) = &e.id
-                && planned.iter().any(|p| p.event == i)
-            {
-                markers.push(layout.event_marker_key(e.event_type.as_str(), id));
-                owners.push(i);
-            }
+    /// The op of a planned update; `read` to have its value back.
+    fn update_op(&self, p: &Planned, now: i64, read: bool) -> MetricOp {
+        MetricOp {
+            update: Some((p.sub, p.value)),
+            event: p.event_hash,
+            read,
+            ..self.op(&p.metric, p.key.clone(), now, now)
         }
-        if markers.is_empty() {
-            return Ok((dup, markers));
-        }
-        let fresh = self
-            .within(
-                deadline,
-                "events",
-                self.store.mark_events(&markers, defs.longest_ms),
-            )
-            .await?;
-        let mut set = Vec::new();
-        for ((i, m), new) in owners.into_iter().zip(markers).zip(fresh) {
-            if new {
-                set.push(m);
-            } else {
-                dup[i] = true;
-            }
-        }
-        Ok((dup, set))
     }
 
-    /// Applies a batch of events (at most 1,000).
+    /// Which events were replays: every one of their updates found the event already applied.
+    fn duplicates(n: usize, planned: &[Planned], answers: &[MetricAnswer]) -> Vec<bool> {
+        let mut dup = vec![None::<bool>; n];
+        for (p, a) in planned.iter().zip(answers) {
+            let d = dup[p.event].get_or_insert(true);
+            *d &= a.duplicate;
+        }
+        dup.into_iter().map(|d| d.unwrap_or(false)).collect()
+    }
+
+    /// Applies a batch of events (at most 1,000): every update in one pipelined round trip,
+    /// each exactly once per (event id, metric entity).
     pub async fn ingest(&self, events: &[EventInput]) -> Result<IngestOutcome, VelocityError> {
         if events.len() > MAX_EVENTS_PER_REQUEST {
             return Err(ValidationError::new(
@@ -614,25 +612,24 @@ impl Velocity {
         }
         let now = now_ms();
         let defs = self.defs();
-        let (planned, late) = self.plan(&defs, events, now)?;
-        let deadline = self.settings.write_deadline;
-        let (dup, markers) = self.dedup(&defs, events, &planned, deadline).await?;
+        let (planned, late) = self.plan(&defs, events, now, &|i| format!("events[{i}]."))?;
         let ops: Vec<MetricOp> = planned
             .iter()
-            .filter(|p| !dup[p.event])
-            .map(|p| self.op(&p.metric, p.key.clone(), Some((p.sub, p.value)), now, now))
+            .map(|p| self.update_op(p, now, false))
             .collect();
-        if !ops.is_empty()
-            && let Err(e) = self
-                .within(deadline, "events", self.store.metric_ops(&ops))
-                .await
-        {
-            // Not applied: let a retry apply them.
-            let _ = tokio::time::timeout(deadline, self.store.unmark_events(&markers)).await;
-            return Err(e.into());
-        }
+        let answers = if ops.is_empty() {
+            Vec::new()
+        } else {
+            self.within(
+                self.settings.write_deadline,
+                "events",
+                self.store.metric_ops(&ops),
+            )
+            .await?
+        };
+        let dup = Self::duplicates(events.len(), &planned, &answers);
         let outcome = IngestOutcome {
-            applied: ops.len() as u64,
+            applied: answers.iter().filter(|a| !a.duplicate).count() as u64,
             duplicates: dup.iter().filter(|d| **d).count() as u64,
             late: late.iter().filter(|l| **l).count() as u64,
         };
@@ -658,6 +655,9 @@ impl Velocity {
         at: i64,
         now: i64,
     ) -> Result<Vec<(Arc<MetricDef>, MetricOp)>, VelocityError> {
+        if metrics.len() > MAX_NAMED {
+            return Err(too_many("metrics", metrics.len()));
+        }
         let mut out = Vec::with_capacity(metrics.len());
         for id in metrics {
             let m = defs.metrics.get(id).ok_or_else(|| {
@@ -682,7 +682,7 @@ impl Velocity {
                 .store
                 .layout()
                 .metric_key(id.as_str(), m.version, &values);
-            out.push((m.clone(), self.op(m, key, None, at, now)));
+            out.push((m.clone(), self.op(m, key, at, now)));
         }
         Ok(out)
     }
@@ -698,13 +698,16 @@ impl Velocity {
         let defs = self.defs();
         let reads = self.read_ops(&defs, metrics, fields, at.unwrap_or(now), now)?;
         let ops: Vec<MetricOp> = reads.iter().map(|(_, op)| op.clone()).collect();
-        let readings = self
+        let readings: Vec<MetricReading> = self
             .within(
                 self.settings.read_deadline,
                 "features",
                 self.store.metric_ops(&ops),
             )
-            .await?;
+            .await?
+            .into_iter()
+            .map(|a| a.reading.unwrap_or(MetricReading::Sum(0)))
+            .collect();
         Ok(self.note_caps(features_of(
             reads.iter().map(|(m, _)| m.as_ref()).zip(readings),
         )))
@@ -726,6 +729,9 @@ impl Velocity {
 
     /// The metrics the rules read, checking every rule exists.
     pub fn rule_metrics(&self, rules: &[RuleId]) -> Result<Vec<MetricId>, VelocityError> {
+        if rules.len() > MAX_NAMED {
+            return Err(too_many("rules", rules.len()));
+        }
         let defs = self.defs();
         let mut out = Vec::new();
         for id in rules {
@@ -752,7 +758,10 @@ impl Velocity {
         let defs = self.defs();
         let deadline = self.settings.read_deadline;
         let events: Vec<EventInput> = event.into_iter().cloned().collect();
-        let (planned, _) = self.plan(&defs, &events, now)?;
+        let (planned, _) = self.plan(&defs, &events, now, &|_| "event.".to_owned())?;
+        if metrics.len() > 2 * MAX_NAMED {
+            return Err(too_many("metrics", metrics.len()));
+        }
         let mut wanted: Vec<MetricId> = Vec::new();
         for m in metrics {
             if !wanted.contains(m) {
@@ -760,44 +769,45 @@ impl Velocity {
             }
         }
         let reads = self.read_ops(&defs, &wanted, fields, now, now)?;
-        let (dup, markers) = self.dedup(&defs, &events, &planned, deadline).await?;
         // Updates read their value back: a metric the event updates for the same entity
-        // needs no separate read.
-        let mut ops: Vec<MetricOp> = Vec::new();
+        // needs no separate read. A replayed event's update is skipped but still reads.
+        let mut ops: Vec<MetricOp> = Vec::with_capacity(planned.len() + reads.len());
         let mut answer_of: Vec<Option<usize>> = vec![None; reads.len()];
-        for p in planned.iter().filter(|p| !dup[p.event]) {
+        for p in &planned {
+            let read = reads.iter().any(|(_, op)| op.key == p.key);
             let idx = ops.len();
-            ops.push(self.op(&p.metric, p.key.clone(), Some((p.sub, p.value)), now, now));
+            ops.push(self.update_op(p, now, read));
             for (r, (_, op)) in reads.iter().enumerate() {
                 if op.key == p.key && answer_of[r].is_none() {
                     answer_of[r] = Some(idx);
                 }
             }
         }
-        let applied = ops.len() as u64;
         for (r, (_, op)) in reads.iter().enumerate() {
             if answer_of[r].is_none() {
                 answer_of[r] = Some(ops.len());
                 ops.push(op.clone());
             }
         }
-        let readings = match self
+        let answers = self
             .within(deadline, "evaluate", self.store.metric_ops(&ops))
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = tokio::time::timeout(deadline, self.store.unmark_events(&markers)).await;
-                return Err(e.into());
-            }
-        };
+            .await?;
+        let dup = Self::duplicates(events.len(), &planned, &answers[..planned.len()]);
         let m = &self.metrics;
-        m.events.with_label_values(&["applied"]).inc_by(applied);
+        m.events.with_label_values(&["applied"]).inc_by(
+            answers[..planned.len()]
+                .iter()
+                .filter(|a| !a.duplicate)
+                .count() as u64,
+        );
         m.events
             .with_label_values(&["duplicate"])
             .inc_by(dup.iter().filter(|d| **d).count() as u64);
         Ok(self.note_caps(features_of(reads.iter().zip(&answer_of).map(
-            |((m, _), i)| (m.as_ref(), readings[i.expect("every read answered")]),
+            |((m, _), i)| {
+                let a = answers[i.expect("every read answered")];
+                (m.as_ref(), a.reading.unwrap_or(MetricReading::Sum(0)))
+            },
         ))))
     }
 

@@ -184,7 +184,14 @@ impl RedisCluster {
                 let port = free_cluster_port();
                 if let Some(n) = RedisServer::start_on(
                     port,
-                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"],
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--repl-diskless-sync-delay",
+                        "0",
+                    ],
                 ) {
                     nodes.push(n);
                 }
@@ -223,6 +230,42 @@ impl RedisCluster {
                     })
             });
             if all_ok {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Waits until a replica has taken over from a dead primary: three live primaries again,
+    /// and the cluster is ok.
+    pub fn wait_failover(&self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let primaries = self.nodes.iter().filter(|n| Self::is_primary(n)).count();
+            if primaries == 3 && self.wait_ok(Duration::from_millis(1)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Waits until every primary has a replica online (synced), so `WAIT 1` succeeds.
+    pub fn wait_replicas_online(&self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let all = self.nodes.iter().filter(|n| Self::is_primary(n)).all(|n| {
+                redis::Client::open(n.url())
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| {
+                        redis::cmd("INFO")
+                            .arg("replication")
+                            .query::<String>(&mut c)
+                    })
+                    .is_ok_and(|i| i.contains("state=online"))
+            });
+            if all {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -310,13 +353,15 @@ pub fn unique_prefix() -> String {
     format!("t{}:", PREFIXES.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Test settings: quiet, one worker, port 0, embedded store.
+/// Test settings: quiet, one worker, port 0, embedded store, and a check deadline that a busy
+/// CI machine running debug builds meets (tests about deadlines set their own).
 pub fn test_settings() -> Settings {
     Settings {
         listen: "127.0.0.1:0".into(),
         workers: Some(1),
         log_format: LogFormat::Text,
         key_prefix: unique_prefix(),
+        check_deadline_ms: 500,
         ..Settings::default()
     }
 }
