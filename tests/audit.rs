@@ -1,13 +1,15 @@
 //! `namelist-tools audit` against a real `redis-server`: its totals against an independent sum,
 //! problem buckets by name, expired fields, the layout comparison (and its clean-up), and the
-//! binary's `--json` and `--html` output.
+//! binary's `--json` and `--html` output; then the same on a local Redis Cluster (every
+//! primary scanned, per-primary lines, a limit lowered on one primary only).
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::RedisServer;
+use common::{RedisCluster, RedisServer};
 use namelist::domain::{Expiry, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Store, WriteBatch};
@@ -26,6 +28,7 @@ async fn open(server: &RedisServer, prefix: &str) -> RedisStore {
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,
+        write_replicas: 0,
     })
     .await
     .expect("store opens");
@@ -358,4 +361,324 @@ fn the_binary_prints_json_and_writes_html() {
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("bytes per entry"), "{table}");
+}
+
+async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {
+    let (store, _) = RedisStore::open(RedisOptions {
+        url: String::new(),
+        cluster_nodes: cluster.urls(),
+        prefix: prefix.into(),
+        expected_entries: Some(4000),
+        default_expected_entries: 4000,
+        connect_timeout: Duration::from_secs(2),
+        response_timeout: Duration::from_secs(30),
+        audit_max_len: 10,
+        write_replicas: 0,
+    })
+    .await
+    .expect("store opens on the cluster");
+    store
+}
+
+/// The nodes acting as primaries, asked one by one (`ROLE`), in address order.
+fn primaries(cluster: &RedisCluster) -> Vec<&RedisServer> {
+    let mut out: Vec<&RedisServer> = cluster
+        .nodes
+        .iter()
+        .filter(|n| {
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut n.conn()).unwrap();
+            matches!(&role[0], redis::Value::BulkString(b) if b == b"master")
+        })
+        .collect();
+    out.sort_by_key(|n| format!("127.0.0.1:{}", n.port));
+    out
+}
+
+/// Per primary (`127.0.0.1:port`): its bucket keys with (MEMORY USAGE, HLEN), computed here
+/// on a plain connection to each primary, independently of the store's connection.
+fn cluster_buckets(
+    cluster: &RedisCluster,
+    prefix: &str,
+) -> BTreeMap<String, BTreeMap<String, (u64, u64)>> {
+    primaries(cluster)
+        .into_iter()
+        .map(|node| {
+            let mut conn = node.conn();
+            let (keys, _, _) = independent_totals(&mut conn, prefix);
+            let buckets = keys
+                .into_iter()
+                .map(|k| {
+                    let b: u64 = redis::cmd("MEMORY")
+                        .arg("USAGE")
+                        .arg(&k)
+                        .arg("SAMPLES")
+                        .arg(0)
+                        .query(&mut conn)
+                        .unwrap();
+                    let f: u64 = redis::cmd("HLEN").arg(&k).query(&mut conn).unwrap();
+                    (k, (b, f))
+                })
+                .collect();
+            (format!("127.0.0.1:{}", node.port), buckets)
+        })
+        .collect()
+}
+
+fn scratch_keys_on(cluster: &RedisCluster) -> usize {
+    primaries(cluster)
+        .into_iter()
+        .map(|n| scratch_keys(&mut n.conn()).len())
+        .sum()
+}
+
+fn keys_on(cluster: &RedisCluster) -> u64 {
+    primaries(cluster)
+        .into_iter()
+        .map(|n| redis::cmd("DBSIZE").query::<u64>(&mut n.conn()).unwrap())
+        .sum()
+}
+
+/// Every scenario on one local 6-node cluster (3 primaries, 3 replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let prefix = "cau:";
+    let store = open_cluster(&cluster, prefix).await;
+    fill(&store).await;
+
+    // Totals: an independent sum over every bucket key of every primary.
+    let by_node = cluster_buckets(&cluster, prefix);
+    assert_eq!(by_node.len(), 3, "three primaries");
+    assert!(
+        by_node.values().filter(|b| !b.is_empty()).count() >= 2,
+        "the buckets spread over the primaries: {by_node:?}"
+    );
+    let all = || by_node.values().flat_map(|b| b.values());
+    let (bytes, fields) = all().fold((0, 0), |(b, f), (mb, mf)| (b + mb, f + mf));
+    let buckets = all().count() as u64;
+    let report = audit::audit(
+        &store,
+        &Args {
+            batch: 3, // several batches and SCAN calls per primary
+            ..no_comparison()
+        },
+    )
+    .await
+    .expect("audit on the cluster");
+    assert!(report.cluster);
+    assert_eq!(
+        report.bytes, bytes,
+        "sum of MEMORY USAGE over every primary"
+    );
+    assert_eq!(report.entries, fields, "sum of HLEN over every primary");
+    assert_eq!(report.entries, ENTRIES + EXPIRED);
+    assert_eq!((report.buckets, report.buckets_found), (buckets, buckets));
+    assert_eq!(report.keyspace_buckets, 10);
+    assert_eq!(report.expired_entries, EXPIRED);
+    assert_eq!(report.never_expiring_entries, ENTRIES / 10);
+    assert_eq!(report.listpack_limit, Some(512));
+    assert_eq!(report.hashtable_bucket_count, 0);
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    let names: Vec<&str> = report.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(
+        names,
+        by_node.keys().map(String::as_str).collect::<Vec<_>>(),
+        "one line per primary, in address order"
+    );
+    for n in &report.nodes {
+        let mine = &by_node[&n.node];
+        assert_eq!(n.buckets, mine.len() as u64, "{}", n.node);
+        assert_eq!(n.buckets_found, mine.len() as u64, "{}", n.node);
+        assert_eq!(
+            n.bytes,
+            mine.values().map(|v| v.0).sum::<u64>(),
+            "{}",
+            n.node
+        );
+        assert_eq!(
+            n.entries,
+            mine.values().map(|v| v.1).sum::<u64>(),
+            "{}",
+            n.node
+        );
+        assert_eq!(n.listpack_limit, Some(512));
+        assert!(n.memory.used_memory.unwrap() > 0);
+        assert!(n.redis_version.is_some());
+    }
+    let used: u64 = report
+        .nodes
+        .iter()
+        .map(|n| n.memory.used_memory.unwrap())
+        .sum();
+    assert_eq!(
+        report.memory.used_memory,
+        Some(used),
+        "summed over primaries"
+    );
+    let table = audit::render::table(&report);
+    assert!(table.contains("per primary"), "{table}");
+    for name in by_node.keys() {
+        assert!(table.contains(name.as_str()), "{name} in {table}");
+    }
+    let page = audit::render::html(&report);
+    assert!(page.contains("Per primary"));
+
+    // A sample over all the primaries probes exactly that many distinct buckets.
+    let sample = audit::audit(
+        &store,
+        &Args {
+            sample: Some(3),
+            ..no_comparison()
+        },
+    )
+    .await
+    .expect("sampled audit");
+    assert!(sample.sampled);
+    assert_eq!(sample.buckets, 3);
+    assert_eq!(sample.buckets_found, buckets);
+
+    // A bucket forced over the listpack limit is reported by name, on its primary's line.
+    let victim = format!("{prefix}b:3");
+    let mut conn = cluster.conn();
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(&victim);
+    for i in 0..600i64 {
+        cmd.arg(-1_000_000 - i).arg(0);
+    }
+    let _: u64 = cmd.query(&mut conn).unwrap();
+    let report = audit::audit(&store, &no_comparison()).await.expect("audit");
+    let by_node = cluster_buckets(&cluster, prefix);
+    let bytes: u64 = by_node.values().flat_map(|b| b.values()).map(|v| v.0).sum();
+    assert_eq!(report.bytes, bytes);
+    assert_eq!(report.entries, ENTRIES + EXPIRED + 600);
+    assert_eq!(
+        (
+            report.hashtable_bucket_count,
+            report.over_limit_bucket_count,
+            report.problem_bucket_count
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(report.hashtable_buckets[0].key, victim);
+    assert_eq!(report.over_limit_buckets[0].key, victim);
+    let home = by_node
+        .iter()
+        .find(|(_, b)| b.contains_key(&victim))
+        .map(|(n, _)| n.clone())
+        .expect("the victim's primary");
+    for n in &report.nodes {
+        let expected = u64::from(n.node == home);
+        assert_eq!(n.hashtable_bucket_count, expected, "{}", n.node);
+    }
+    assert!(audit::render::table(&report).contains(&victim));
+
+    // The script cache flushed on every node mid-walk (a restart, SCRIPT FLUSH): NOSCRIPT,
+    // the script is loaded again on every primary and the failed calls are redone.
+    let cached_scripts = |node: &RedisServer| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut node.conn())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    let urls = cluster.urls();
+    let flusher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        for url in urls {
+            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+        }
+        std::time::Instant::now()
+    });
+    let report = audit::audit(
+        &store,
+        &Args {
+            batch: 1,
+            max_buckets_per_sec: Some(10), // about a second for the ten buckets
+            ..no_comparison()
+        },
+    )
+    .await
+    .expect("audit across a SCRIPT FLUSH");
+    let finished = std::time::Instant::now();
+    assert!(
+        flusher.join().unwrap() < finished,
+        "flushed during the walk"
+    );
+    assert_eq!(report.expired_entries, EXPIRED);
+    assert_eq!(report.entries, ENTRIES + EXPIRED + 600);
+    for node in primaries(&cluster) {
+        assert!(cached_scripts(node) >= 1, "reloaded on {}", node.port);
+    }
+
+    // One primary with a lower limit: its buckets are over it, the others' are not.
+    let low = primaries(&cluster)[0];
+    let low_name = format!("127.0.0.1:{}", low.port);
+    let set_limit = |n: u64| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("hash-max-listpack-entries")
+            .arg(n)
+            .query(&mut low.conn())
+            .unwrap();
+    };
+    set_limit(64);
+    let report = audit::audit(&store, &no_comparison()).await.expect("audit");
+    set_limit(512);
+    assert_eq!(report.listpack_limit, Some(64), "the lowest limit");
+    let expected_over: u64 = by_node
+        .iter()
+        .flat_map(|(n, b)| {
+            let limit = if *n == low_name { 64 } else { 512 };
+            b.values().filter(move |v| v.1 > limit)
+        })
+        .count() as u64;
+    assert!(expected_over >= 2, "{expected_over}");
+    assert_eq!(report.over_limit_bucket_count, expected_over);
+    for n in &report.nodes {
+        let (limit, over) = if n.node == low_name {
+            (64, by_node[&n.node].len() as u64)
+        } else {
+            (512, u64::from(n.node == home))
+        };
+        assert_eq!(n.listpack_limit, Some(limit), "{}", n.node);
+        assert_eq!(n.over_limit_bucket_count, over, "{}", n.node);
+    }
+    assert!(
+        audit::render::table(&report).contains("per primary: "),
+        "the differing limits are listed"
+    );
+
+    // The layout comparison writes, measures and deletes on every primary.
+    let before = keys_on(&cluster);
+    let report = audit::audit(
+        &store,
+        &Args {
+            compare_sample: 2000,
+            ..Args::default()
+        },
+    )
+    .await
+    .expect("audit with the comparison");
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    assert_eq!(keys_on(&cluster), before, "the scratch sample is deleted");
+    assert_eq!(scratch_keys_on(&cluster), 0);
+    let c = report.comparison.as_ref().expect("comparison");
+    assert_eq!((c.entries, c.scratch_keys_left), (2000, 0));
+    assert_eq!(c.layouts.len(), 5);
+    for l in &c.layouts {
+        assert!(l.bytes > 0 && l.keys > 0, "{l:?}");
+    }
+    let bpe = |name: &str| {
+        c.layouts
+            .iter()
+            .find(|l| l.layout == name)
+            .unwrap()
+            .bytes_per_entry
+    };
+    assert!(bpe("seed_plain_key") > bpe("seed_identity_hash"));
+    assert!(bpe("seed_identity_hash") > bpe("ours_rebuilt"));
 }

@@ -1,6 +1,8 @@
 //! The operator tools end to end: `gen` → `import` → every generated row answers listed
 //! through the running service (no false negatives) and none of the generated non-members
-//! does (no false positives); then `audit` and `sweep` on the same keyspace.
+//! does (no false positives); then `audit` and `sweep` on the same keyspace. The same chain
+//! on a local Redis Cluster: `import` then `audit --json` against an independent sum over
+//! every primary, and the service on the cluster answering the imported rows.
 
 mod common;
 
@@ -8,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::process::Command;
 
-use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use common::{RedisCluster, RedisServer, TestApp, cluster_settings, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Value};
 use serde_json::{Value as Json, json};
 
@@ -183,4 +185,190 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let report: Json = serde_json::from_str(sweep.lines().last().unwrap()).unwrap();
     assert_eq!(report["fields_reclaimed"], 0, "{report}");
     assert_eq!(redis.digest(), before);
+}
+
+/// Runs `namelist-tools` with `args` (global flags first); its stdout.
+fn tools_with(args: &[&str]) -> String {
+    let mut cmd = Command::new(TOOLS);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("NAMELIST_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// (bucket keys, sum of MEMORY USAGE, sum of HLEN) of `prefix` over every primary of the
+/// cluster, each primary asked directly (`ROLE`, `SCAN`, `MEMORY USAGE`, `HLEN`).
+fn cluster_totals(cluster: &RedisCluster, prefix: &str) -> (u64, u64, u64, usize) {
+    let (mut keys, mut bytes, mut fields, mut primaries) = (0, 0, 0, 0);
+    for node in &cluster.nodes {
+        let mut conn = node.conn();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).unwrap();
+        if !matches!(&role[0], redis::Value::BulkString(b) if b == b"master") {
+            continue;
+        }
+        primaries += 1;
+        let mut cursor = 0u64;
+        let mut found: Vec<String> = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}b:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut conn)
+                .unwrap();
+            found.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        found.sort();
+        found.dedup();
+        for k in &found {
+            let b: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(k)
+                .arg("SAMPLES")
+                .arg(0)
+                .query(&mut conn)
+                .unwrap();
+            let f: u64 = redis::cmd("HLEN").arg(k).query(&mut conn).unwrap();
+            bytes += b;
+            fields += f;
+        }
+        keys += found.len() as u64;
+    }
+    (keys, bytes, fields, primaries)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_and_audit_on_a_cluster() {
+    const ROWS: usize = 40_000;
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let urls = cluster.urls().join(",");
+    let prefix = "p:";
+    let dir = tempfile::tempdir().unwrap();
+    let (members, non_members) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
+    let rows = ROWS.to_string();
+    tools_with(&[
+        "gen",
+        "--rows",
+        &rows,
+        "--non-member-rows",
+        "3000",
+        "--quiet",
+        "--out",
+        members.to_str().unwrap(),
+        "--non-members",
+        non_members.to_str().unwrap(),
+    ]);
+    let global = ["--cluster-nodes", &urls, "--prefix", prefix];
+
+    let summary: Json = serde_json::from_str(&tools_with(
+        &[
+            &global[..],
+            &[
+                "--expected-entries",
+                &rows,
+                "import",
+                members.to_str().unwrap(),
+                "--quiet",
+                "--json",
+            ],
+        ]
+        .concat(),
+    ))
+    .unwrap();
+    assert_eq!(summary["rows_rejected"], 0, "{summary}");
+    assert_eq!(summary["entries_written"], ROWS, "{summary}");
+
+    // The audit sees exactly the import, on every primary.
+    let audit: Json = serde_json::from_str(&tools_with(
+        &[
+            &global[..],
+            &["audit", "--json", "--compare-sample", "2000"],
+        ]
+        .concat(),
+    ))
+    .unwrap();
+    let (keys, bytes, fields, primaries) =
+        tokio::task::block_in_place(|| cluster_totals(&cluster, prefix));
+    assert_eq!(primaries, 3);
+    assert_eq!(fields, ROWS as u64, "the independent sum of HLEN");
+    assert_eq!(audit["entries"], ROWS, "{audit}");
+    assert_eq!(
+        audit["bytes"], bytes,
+        "the sum of MEMORY USAGE over every primary"
+    );
+    assert_eq!(audit["buckets"], keys);
+    assert_eq!(audit["buckets_found"], keys);
+    assert_eq!(audit["keyspace_buckets"], 100);
+    assert_eq!(audit["cluster"], true);
+    let nodes = audit["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3);
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| n["bytes"].as_u64().unwrap())
+            .sum::<u64>(),
+        bytes
+    );
+    assert!(nodes.iter().all(|n| n["buckets"].as_u64().unwrap() > 0));
+    assert_eq!(audit["hashtable_buckets"].as_array().map_or(0, Vec::len), 0);
+    let bpe = audit["bytes_per_entry"].as_f64().unwrap();
+    assert!(bpe > 16.0 && bpe < 18.5, "bytes per entry {bpe}");
+    assert_eq!(audit["comparison"]["scratch_keys_left"], 0, "{audit}");
+    assert_eq!(audit["comparison"]["layouts"].as_array().unwrap().len(), 5);
+
+    // The table and the page carry a line per primary.
+    let html = dir.path().join("audit.html");
+    let table = tools_with(
+        &[
+            &global[..],
+            &[
+                "audit",
+                "--compare-sample",
+                "0",
+                "--html",
+                html.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(table.contains("per primary"), "{table}");
+    for n in nodes {
+        assert!(table.contains(n["node"].as_str().unwrap()), "{table}");
+    }
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("Per primary"));
+
+    // The service on the cluster answers the imported rows as listed (a sample of them), and
+    // none of the non-members.
+    let mut settings = cluster_settings(&cluster);
+    settings.key_prefix = prefix.to_owned();
+    let app = spawn_app(settings).await;
+    let all = read_rows(&members);
+    assert_eq!(all.len(), ROWS);
+    let sample: Vec<Row> = all.iter().step_by(ROWS / 4000).cloned().collect();
+    assert!(sample.len() >= 4000);
+    let (missing, _) = check_all(&app, &sample).await;
+    assert!(
+        missing.is_empty(),
+        "{} false negatives, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let (_, hits) = check_all(&app, &read_rows(&non_members)).await;
+    assert!(hits.is_empty(), "{} false positives", hits.len());
+    app.stop().await;
 }

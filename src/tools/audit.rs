@@ -1,9 +1,13 @@
 //! `namelist-tools audit`: what the keyspace costs in Redis memory, measured bucket by bucket,
 //! and what the same entries would cost in the layouts of the service this one replaces.
 //!
-//! The walk (this module) SCANs `<prefix>b:*` and probes every bucket (or a reservoir sample of
-//! them) with one pipeline of `MEMORY USAGE key SAMPLES 0`, `OBJECT ENCODING`, `HLEN` and an
-//! `EVALSHA` of a read-only script counting expired fields, `--batch` buckets per round trip.
+//! The walk (this module) SCANs `<prefix>b:*` on every scan target (the node, or each primary
+//! of a Redis Cluster in turn: `SCAN` only sees the keys of the node it runs on) and probes
+//! every bucket (or a reservoir sample of them, over all the nodes) with one batch of
+//! `MEMORY USAGE key SAMPLES 0`, `OBJECT ENCODING`, `HLEN` and an `EVALSHA` of a read-only
+//! script counting expired fields, `--batch` buckets per round trip (`RedisConn::run`: one
+//! pipeline on a node, per-slot pipelines sent together on a cluster). `INFO` and the listpack
+//! limit are read per node; the report sums them (the lowest limit) and keeps per-node lines.
 //! [`compare`] writes a scratch sample of real entries in each layout, measures and deletes it;
 //! [`render`] turns the [`AuditReport`] into the text table and the HTML page.
 
@@ -14,10 +18,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::store::conn::RedisConn;
+use crate::store::conn::{Keyed, RedisConn, ScanTarget};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use redis::{Script, ServerErrorKind, Value};
+use redis::{RedisResult, Script, ServerErrorKind, Value};
 use serde::Serialize;
 
 pub use compare::{Comparison, LayoutCost};
@@ -68,9 +72,14 @@ pub const HISTOGRAM_BINS: u64 = 20;
 /// big keyspace gently with `--max-buckets-per-sec` and/or a smaller `--batch`; use
 /// `--compare-sample 0` where no write at all is acceptable (a replica; the comparison is
 /// skipped by itself when used_memory is within 10 % of maxmemory).
+///
+/// On a Redis Cluster (`--cluster-nodes`): every primary is SCANned in turn (the sample is
+/// drawn over all of them), probes go by key, and `INFO memory` and the listpack limit are
+/// read on each primary: the report sums the memory, takes the lowest limit (a bucket is over
+/// the limit of its own node) and adds one line per primary.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Probe N buckets picked uniformly at random (reservoir over one SCAN) instead of all.
+    /// Probe N buckets picked uniformly at random (reservoir over one SCAN of every node) instead of all.
     #[arg(long, value_name = "N")]
     pub sample: Option<u64>,
     /// Project the measured bytes per entry to this many entries (0: no projection).
@@ -158,6 +167,28 @@ pub struct ServerMemory {
     pub maxmemory_policy: Option<String>,
 }
 
+/// One node's share of the keyspace: the only node, or one primary of a cluster.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NodeReport {
+    /// `host:port` of a cluster primary; `the node` for a single node.
+    pub node: String,
+    pub redis_version: Option<String>,
+    /// This node's `hash-max-listpack-entries`, if `CONFIG GET` answered.
+    pub listpack_limit: Option<u64>,
+    /// Bucket keys the SCAN of this node found.
+    pub buckets_found: u64,
+    /// Buckets of this node probed (and totalled below).
+    pub buckets: u64,
+    pub entries: u64,
+    /// Sum of `MEMORY USAGE key SAMPLES 0` of this node's probed buckets.
+    pub bytes: u64,
+    /// Buckets over this node's limit.
+    pub over_limit_bucket_count: u64,
+    pub hashtable_bucket_count: u64,
+    /// This node's `INFO memory`.
+    pub memory: ServerMemory,
+}
+
 /// One layout projected to `--project` entries.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProjectedLayout {
@@ -183,7 +214,10 @@ pub struct Projection {
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditReport {
     pub prefix: String,
+    /// The nodes' version (every distinct one, comma-separated, if they differ).
     pub redis_version: Option<String>,
+    /// Whether the store is a Redis Cluster (then `nodes` has one line per primary).
+    pub cluster: bool,
     /// When the audit started, Unix ms.
     pub started_at_ms: i64,
     pub elapsed_seconds: f64,
@@ -211,7 +245,8 @@ pub struct AuditReport {
     #[serde(skip)]
     pub fill_counts: BTreeMap<u64, u64>,
     pub encodings: BTreeMap<String, EncodingStats>,
-    /// `hash-max-listpack-entries`, if `CONFIG GET` answered.
+    /// `hash-max-listpack-entries`, if `CONFIG GET` answered (on a cluster: the lowest over
+    /// the primaries that answered).
     pub listpack_limit: Option<u64>,
     pub over_limit_bucket_count: u64,
     /// Buckets with more fields than the limit (the first 1000).
@@ -226,7 +261,10 @@ pub struct AuditReport {
     pub never_expiring_entries: u64,
     /// Values that are not integers (not written by this layout).
     pub unreadable_values: u64,
+    /// `INFO memory`; on a cluster summed over the primaries (see [`combined_memory`]).
     pub memory: ServerMemory,
+    /// Per node: the only node, or every primary of the cluster.
+    pub nodes: Vec<NodeReport>,
     pub projection: Option<Projection>,
     pub comparison: Option<Comparison>,
     pub warnings: Vec<String>,
@@ -234,6 +272,8 @@ pub struct AuditReport {
 
 /// One probed bucket.
 struct Probe {
+    /// Index of the scan target the key was found on.
+    node: usize,
     key: String,
     bytes: u64,
     encoding: String,
@@ -251,9 +291,21 @@ enum Outcome {
     NotHash(String, String),
 }
 
+/// Running totals of one node.
+#[derive(Default, Clone)]
+struct NodeTotals {
+    buckets: u64,
+    entries: u64,
+    bytes: u64,
+    over_limit: u64,
+    hashtable: u64,
+}
+
 /// Running totals of the walk.
 #[derive(Default)]
 struct Totals {
+    /// Per scan target, in the order of `scan_targets`.
+    nodes: Vec<NodeTotals>,
     buckets: u64,
     entries: u64,
     bytes: u64,
@@ -274,7 +326,15 @@ struct Totals {
 }
 
 impl Totals {
+    /// `limit` is the listpack limit of the bucket's own node.
     fn add(&mut self, p: Probe, limit: Option<u64>, compare_sample: u64) {
+        if self.nodes.len() <= p.node {
+            self.nodes.resize(p.node + 1, NodeTotals::default());
+        }
+        let node = &mut self.nodes[p.node];
+        node.buckets += 1;
+        node.entries += p.fields;
+        node.bytes += p.bytes;
         self.buckets += 1;
         self.entries += p.fields;
         self.bytes += p.bytes;
@@ -289,6 +349,8 @@ impl Totals {
         self.unreadable += p.unreadable;
         let over_limit = limit.is_some_and(|l| p.fields > l);
         let hashtable = p.encoding == "hashtable";
+        node.over_limit += u64::from(over_limit);
+        node.hashtable += u64::from(hashtable);
         if over_limit || hashtable {
             self.problems += 1;
             let problem = ProblemBucket {
@@ -447,106 +509,146 @@ fn fill_stats(t: &Totals) -> FillStats {
     }
 }
 
-fn server_code(v: &Value) -> Option<(&str, Option<ServerErrorKind>)> {
-    match v {
-        Value::ServerError(e) => Some((e.code(), e.kind())),
-        _ => None,
-    }
+fn is_noscript(r: &RedisResult<Value>) -> bool {
+    matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 fn int(v: &Value) -> Option<u64> {
     redis::from_redis_value_ref::<u64>(v).ok()
 }
 
-/// Probes a batch of bucket keys in one pipeline; reloads the script after a NOSCRIPT.
-async fn probe_batch(
-    conn: &mut RedisConn,
-    script: &Script,
-    keys: &[String],
-) -> anyhow::Result<Vec<Outcome>> {
-    for _attempt in 0..3 {
-        let now = now_ms() - EPOCH_2020_MS;
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for k in keys {
-            pipe.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
-            pipe.cmd("OBJECT").arg("ENCODING").arg(k);
-            pipe.cmd("HLEN").arg(k);
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(1)
-                .arg(k)
-                .arg(now);
-        }
-        let replies: Vec<Value> = pipe
-            .query_async(conn)
-            .await
-            .context("probing buckets (MEMORY USAGE, OBJECT ENCODING, HLEN, EVALSHA)")?;
-        if replies.len() != keys.len() * 4 {
-            bail!(
-                "probing buckets: {} replies to {} commands",
-                replies.len(),
-                keys.len() * 4
-            );
-        }
-        if replies
-            .iter()
-            .any(|r| matches!(server_code(r), Some((_, Some(ServerErrorKind::NoScript)))))
-        {
-            script
-                .load_async(conn)
-                .await
-                .context("reloading the expiry-count script (SCRIPT LOAD) after NOSCRIPT")?;
-            continue;
-        }
-        let mut out = Vec::with_capacity(keys.len());
-        for (k, r) in keys.iter().zip(replies.chunks(4)) {
-            if let Some((code, _)) = r.iter().find_map(server_code) {
-                let message = match r.iter().find(|v| server_code(v).is_some()) {
-                    Some(Value::ServerError(e)) => e.to_string(),
-                    _ => code.to_owned(),
-                };
-                if code == "WRONGTYPE" {
-                    out.push(Outcome::NotHash(k.clone(), message));
-                    continue;
-                }
-                bail!("probing {k}: {message}");
-            }
-            let (Some(bytes), Some(fields)) = (int(&r[0]), int(&r[2])) else {
-                out.push(Outcome::Vanished);
-                continue;
-            };
-            if fields == 0 {
-                out.push(Outcome::Vanished);
-                continue;
-            }
-            let encoding: String = redis::from_redis_value_ref::<Option<String>>(&r[1])
-                .ok()
-                .flatten()
-                .unwrap_or_else(|| "?".to_owned());
-            let counts: Vec<u64> = redis::from_redis_value_ref(&r[3])
-                .with_context(|| format!("the expiry-count script's reply for {k}"))?;
-            let [expired, never, unreadable] = counts[..] else {
-                bail!("the expiry-count script returned {counts:?} for {k}");
-            };
-            out.push(Outcome::Probed(Probe {
-                key: k.clone(),
-                bytes,
-                encoding,
-                fields,
-                expired,
-                never,
-                unreadable,
-            }));
-        }
-        return Ok(out);
-    }
-    bail!("NOSCRIPT three times in a row: is something flushing the script cache (SCRIPT FLUSH)?")
+/// Loads the expiry-count script on the node, or on every primary of a cluster (the nodes
+/// its `EVALSHA`s go to), one by one.
+async fn load_script(conn: &RedisConn) -> RedisResult<()> {
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(COUNT_EXPIRED);
+    conn.on_every_primary::<String>(&load).await.map(drop)
 }
 
-/// `INFO <section>` as (name, value) pairs; empty if refused.
-async fn info(conn: &mut RedisConn, section: &str) -> BTreeMap<String, String> {
-    let text: String = match redis::cmd("INFO").arg(section).query_async(conn).await {
+/// The expiry-count script's call for `key` as of `now` (ms since 2020).
+fn count_expired(script: &Script, key: &str, now: i64) -> Keyed {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(1).arg(key).arg(now);
+    (key.as_bytes().to_vec(), cmd)
+}
+
+/// The four probe commands of one bucket key; the `EVALSHA` last.
+fn probe_cmds(script: &Script, key: &str, now: i64) -> [Keyed; 4] {
+    let keyed = |build: &dyn Fn(&mut redis::Cmd)| {
+        let mut cmd = redis::Cmd::new();
+        build(&mut cmd);
+        (key.as_bytes().to_vec(), cmd)
+    };
+    [
+        keyed(&|c| {
+            c.arg("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0);
+        }),
+        keyed(&|c| {
+            c.arg("OBJECT").arg("ENCODING").arg(key);
+        }),
+        keyed(&|c| {
+            c.arg("HLEN").arg(key);
+        }),
+        count_expired(script, key, now),
+    ]
+}
+
+/// Probes a batch of bucket keys (node index, key) in one `RedisConn::run` (one pipeline on a
+/// node, per-slot pipelines on a cluster). After a `NOSCRIPT` (a restarted node, a failover, a
+/// `SCRIPT FLUSH`) the script is loaded again (on every primary of a cluster) and only the
+/// calls that failed are sent again.
+async fn probe_batch(
+    conn: &RedisConn,
+    script: &Script,
+    keys: &[(usize, String)],
+) -> anyhow::Result<Vec<Outcome>> {
+    const WHAT: &str = "probing buckets (MEMORY USAGE, OBJECT ENCODING, HLEN, EVALSHA)";
+    let now = now_ms() - EPOCH_2020_MS;
+    let cmds: Vec<Keyed> = keys
+        .iter()
+        .flat_map(|(_, k)| probe_cmds(script, k, now))
+        .collect();
+    let mut replies = conn.run(cmds).await.context(WHAT)?;
+    if replies.len() != keys.len() * 4 {
+        bail!(
+            "probing buckets: {} replies to {} commands",
+            replies.len(),
+            keys.len() * 4
+        );
+    }
+    for attempt in 0.. {
+        let again: Vec<usize> = (0..replies.len())
+            .filter(|&i| is_noscript(&replies[i]))
+            .collect();
+        if again.is_empty() {
+            break;
+        }
+        if attempt == 2 {
+            bail!(
+                "NOSCRIPT three times in a row: is something flushing the script cache (SCRIPT FLUSH)?"
+            );
+        }
+        load_script(conn)
+            .await
+            .context("reloading the expiry-count script (SCRIPT LOAD) after NOSCRIPT")?;
+        let redo = again
+            .iter()
+            .map(|&i| count_expired(script, &keys[i / 4].1, now))
+            .collect();
+        let redone = conn.run(redo).await.context(WHAT)?;
+        for (i, r) in again.into_iter().zip(redone) {
+            replies[i] = r;
+        }
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    let mut replies = replies.into_iter();
+    for (node, k) in keys {
+        let r: Vec<RedisResult<Value>> = replies.by_ref().take(4).collect();
+        if let Some(e) = r.iter().find_map(|r| r.as_ref().err()) {
+            if e.code() == Some("WRONGTYPE") {
+                out.push(Outcome::NotHash(k.clone(), e.to_string()));
+                continue;
+            }
+            bail!("probing {k}: {e}");
+        }
+        let r: Vec<Value> = r.into_iter().map(|v| v.expect("no error")).collect();
+        let (Some(bytes), Some(fields)) = (int(&r[0]), int(&r[2])) else {
+            out.push(Outcome::Vanished);
+            continue;
+        };
+        if fields == 0 {
+            out.push(Outcome::Vanished);
+            continue;
+        }
+        let encoding: String = redis::from_redis_value_ref::<Option<String>>(&r[1])
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "?".to_owned());
+        let counts: Vec<u64> = redis::from_redis_value_ref(&r[3])
+            .with_context(|| format!("the expiry-count script's reply for {k}"))?;
+        let [expired, never, unreadable] = counts[..] else {
+            bail!("the expiry-count script returned {counts:?} for {k}");
+        };
+        out.push(Outcome::Probed(Probe {
+            node: *node,
+            key: k.clone(),
+            bytes,
+            encoding,
+            fields,
+            expired,
+            never,
+            unreadable,
+        }));
+    }
+    Ok(out)
+}
+
+/// `INFO <section>` of one node as (name, value) pairs; empty if refused.
+async fn info(conn: &RedisConn, target: &ScanTarget, section: &str) -> BTreeMap<String, String> {
+    let text: String = match conn
+        .on_target(target, redis::cmd("INFO").arg(section))
+        .await
+    {
         Ok(t) => t,
         Err(_) => return BTreeMap::new(),
     };
@@ -571,13 +673,63 @@ fn server_memory(info: &BTreeMap<String, String>) -> ServerMemory {
     }
 }
 
-/// `hash-max-listpack-entries` (or the pre-7 `hash-max-ziplist-entries`); `None` if refused.
-async fn listpack_limit(conn: &mut RedisConn) -> Option<u64> {
+/// Every distinct value, comma-separated (`None` if there is none).
+fn distinct(values: impl IntoIterator<Item = Option<String>>) -> Option<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for v in values.into_iter().flatten() {
+        if !seen.contains(&v) {
+            seen.push(v);
+        }
+    }
+    (!seen.is_empty()).then(|| seen.join(", "))
+}
+
+/// The memory of several nodes as one: the node itself when there is one; else used_memory,
+/// used_memory_rss and maxmemory summed (each `None` unless every node answered; maxmemory 0,
+/// no limit, if any node has none), the fragmentation ratio of the sums (rss / used), the
+/// worst allocator fragmentation, every distinct allocator and policy.
+pub fn combined_memory(nodes: &[ServerMemory]) -> ServerMemory {
+    if let [one] = nodes {
+        return one.clone();
+    }
+    let sum = |f: fn(&ServerMemory) -> Option<u64>| -> Option<u64> {
+        if nodes.is_empty() {
+            return None;
+        }
+        nodes.iter().map(f).sum()
+    };
+    let used = sum(|m| m.used_memory);
+    let rss = sum(|m| m.used_memory_rss);
+    let maxmemory = sum(|m| m.maxmemory).map(|total| {
+        if nodes.iter().any(|m| m.maxmemory == Some(0)) {
+            0
+        } else {
+            total
+        }
+    });
+    ServerMemory {
+        used_memory: used,
+        used_memory_rss: rss,
+        mem_fragmentation_ratio: match (rss, used) {
+            (Some(r), Some(u)) if u > 0 => Some(((r as f64 / u as f64) * 100.0).round() / 100.0),
+            _ => None,
+        },
+        allocator_frag_ratio: nodes
+            .iter()
+            .filter_map(|m| m.allocator_frag_ratio)
+            .reduce(f64::max),
+        mem_allocator: distinct(nodes.iter().map(|m| m.mem_allocator.clone())),
+        maxmemory,
+        maxmemory_policy: distinct(nodes.iter().map(|m| m.maxmemory_policy.clone())),
+    }
+}
+
+/// One node's `hash-max-listpack-entries` (or the pre-7 `hash-max-ziplist-entries`); `None`
+/// if refused.
+async fn listpack_limit(conn: &RedisConn, target: &ScanTarget) -> Option<u64> {
     for name in ["hash-max-listpack-entries", "hash-max-ziplist-entries"] {
-        let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query_async(conn)
+        let reply: redis::RedisResult<Vec<String>> = conn
+            .on_target(target, redis::cmd("CONFIG").arg("GET").arg(name))
             .await;
         if let Some(limit) = reply
             .ok()
@@ -604,20 +756,21 @@ struct Walk<'a> {
     conn: RedisConn,
     script: Script,
     opts: &'a Args,
-    limit: Option<u64>,
+    /// Per scan target.
+    limits: Vec<Option<u64>>,
     totals: Totals,
     started: Instant,
     progress: &'a ProgressBar,
 }
 
 impl Walk<'_> {
-    async fn probe(&mut self, keys: &[String]) -> anyhow::Result<()> {
-        let outcomes = probe_batch(&mut self.conn, &self.script, keys).await?;
+    async fn probe(&mut self, keys: &[(usize, String)]) -> anyhow::Result<()> {
+        let outcomes = probe_batch(&self.conn, &self.script, keys).await?;
         for o in outcomes {
             match o {
                 Outcome::Probed(p) => {
-                    self.totals
-                        .add(p, self.limit, self.opts.compare_sample as u64)
+                    let limit = self.limits.get(p.node).copied().flatten();
+                    self.totals.add(p, limit, self.opts.compare_sample as u64)
                 }
                 Outcome::Vanished => self.totals.vanished += 1,
                 Outcome::NotHash(k, e) => {
@@ -634,6 +787,13 @@ impl Walk<'_> {
     }
 }
 
+/// What one node says about itself before the walk.
+struct NodeInfo {
+    target: ScanTarget,
+    redis_version: Option<String>,
+    limit: Option<u64>,
+}
+
 /// Audits the store's keyspace (see [`Args`] for what it costs).
 pub async fn audit(store: &RedisStore, opts: &Args) -> anyhow::Result<AuditReport> {
     audit_with_progress(store, opts, &ProgressBar::hidden()).await
@@ -648,22 +808,47 @@ pub async fn audit_with_progress(
     let started_at_ms = now_ms();
     let started = Instant::now();
     let layout = store.layout().clone();
-    let mut conn = store.connection();
+    let conn = store.connection();
+    let cluster = conn.is_cluster();
     let batch = opts.batch.max(1);
     let mut warnings = Vec::new();
 
-    let server = info(&mut conn, "server").await;
-    let limit = listpack_limit(&mut conn).await;
-    if limit.is_none() {
-        warnings.push(
-            "CONFIG GET hash-max-listpack-entries was refused: buckets over the limit cannot be \
-             told (hashtable buckets are still found by their encoding)"
-                .to_owned(),
-        );
+    let targets = conn
+        .scan_targets()
+        .await
+        .context("listing the nodes to SCAN (CLUSTER NODES)")?;
+    if targets.is_empty() {
+        bail!("the cluster reports no primary serving slots: nothing to SCAN");
+    }
+    let mut nodes = Vec::with_capacity(targets.len());
+    for t in &targets {
+        let server = info(&conn, t, "server").await;
+        nodes.push(NodeInfo {
+            target: t.clone(),
+            redis_version: server.get("redis_version").cloned(),
+            limit: listpack_limit(&conn, t).await,
+        });
+    }
+    let limits: Vec<Option<u64>> = nodes.iter().map(|n| n.limit).collect();
+    let limit = limits.iter().flatten().copied().min();
+    let refused: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.limit.is_none())
+        .map(|n| n.target.to_string())
+        .collect();
+    if !refused.is_empty() {
+        warnings.push(format!(
+            "CONFIG GET hash-max-listpack-entries was refused{}: buckets over the limit cannot be \
+             told (hashtable buckets are still found by their encoding)",
+            if cluster {
+                format!(" by {}", refused.join(", "))
+            } else {
+                String::new()
+            }
+        ));
     }
     let script = Script::new(COUNT_EXPIRED);
-    script
-        .load_async(&mut conn)
+    load_script(&conn)
         .await
         .context("loading the expiry-count script (SCRIPT LOAD)")?;
 
@@ -671,18 +856,22 @@ pub async fn audit_with_progress(
         conn: conn.clone(),
         script,
         opts,
-        limit,
-        totals: Totals::default(),
+        limits,
+        totals: Totals {
+            nodes: vec![NodeTotals::default(); targets.len()],
+            ..Totals::default()
+        },
         started,
         progress,
     };
     let pattern = format!("{}b:*", glob_escape(layout.prefix()));
     let mut seen = Seen::new(layout.buckets());
     let mut found: u64 = 0;
+    let mut found_on: Vec<u64> = vec![0; targets.len()];
     let mut foreign: (u64, Vec<String>) = (0, Vec::new());
     let mut out_of_range: u64 = 0;
-    let mut pending: Vec<String> = Vec::new();
-    let mut reservoir: Vec<String> = Vec::new();
+    let mut pending: Vec<(usize, String)> = Vec::new();
+    let mut reservoir: Vec<(usize, String)> = Vec::new();
     let mut rng = SplitMix(started_at_ms as u64 ^ (u64::from(std::process::id()) << 32));
     match opts.sample {
         Some(_) => {
@@ -695,55 +884,64 @@ pub async fn audit_with_progress(
         }
     }
 
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(batch)
-            .query_async(&mut conn)
-            .await
-            .context("SCAN")?;
-        for k in keys {
-            let Some(n) = bucket_number(&layout, &k) else {
-                foreign.0 += 1;
-                if foreign.1.len() < 10 {
-                    foreign.1.push(k);
-                }
-                continue;
-            };
-            if !seen.first(n, &k) {
-                continue;
-            }
-            found += 1;
-            if n >= layout.buckets() {
-                out_of_range += 1;
-            }
-            match opts.sample {
-                // Algorithm R: after `found` keys each is kept with probability size/found.
-                Some(size) => {
-                    if (reservoir.len() as u64) < size {
-                        reservoir.push(k);
+    let count = u32::try_from(batch).unwrap_or(u32::MAX);
+    for (node, target) in targets.iter().enumerate() {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys) = conn
+                .scan(target, cursor, &pattern, count)
+                .await
+                .with_context(|| {
+                    if cluster {
+                        format!("SCAN on {target}")
                     } else {
-                        let j = rng.next() % found;
-                        if j < size {
-                            reservoir[j as usize] = k;
+                        "SCAN".to_owned()
+                    }
+                })?;
+            for k in keys {
+                let k = match String::from_utf8(k) {
+                    Ok(k) => k,
+                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                };
+                let Some(n) = bucket_number(&layout, &k) else {
+                    foreign.0 += 1;
+                    if foreign.1.len() < 10 {
+                        foreign.1.push(k);
+                    }
+                    continue;
+                };
+                if !seen.first(n, &k) {
+                    continue;
+                }
+                found += 1;
+                found_on[node] += 1;
+                if n >= layout.buckets() {
+                    out_of_range += 1;
+                }
+                match opts.sample {
+                    // Algorithm R: after `found` keys each is kept with probability size/found.
+                    Some(size) => {
+                        if (reservoir.len() as u64) < size {
+                            reservoir.push((node, k));
+                        } else {
+                            let j = rng.next() % found;
+                            if j < size {
+                                reservoir[j as usize] = (node, k);
+                            }
                         }
                     }
+                    None => pending.push((node, k)),
                 }
-                None => pending.push(k),
             }
+            while pending.len() as u64 >= batch {
+                let chunk: Vec<(usize, String)> = pending.drain(..batch as usize).collect();
+                walk.probe(&chunk).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        while pending.len() as u64 >= batch {
-            let chunk: Vec<String> = pending.drain(..batch as usize).collect();
-            walk.probe(&chunk).await?;
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
     }
     if opts.sample.is_some() {
         progress.set_length(reservoir.len() as u64);
@@ -793,30 +991,52 @@ pub async fn audit_with_progress(
     let bytes_per_entry = totals.bytes as f64 / totals.entries.max(1) as f64;
     let sampled = opts.sample.is_some();
     let scale = |v: u64| (v as f64 * found as f64 / totals.buckets.max(1) as f64).round() as u64;
-    let mem_info = info(&mut conn, "memory").await;
-    let memory = server_memory(&mem_info);
-    if mem_info.is_empty() {
-        warnings.push("INFO memory was refused".to_owned());
+    let mut node_memory = Vec::with_capacity(targets.len());
+    let mut no_info = Vec::new();
+    for t in &targets {
+        let mem_info = info(&conn, t, "memory").await;
+        if mem_info.is_empty() {
+            no_info.push(t.to_string());
+        }
+        node_memory.push(server_memory(&mem_info));
     }
+    let memory = combined_memory(&node_memory);
+    if !no_info.is_empty() {
+        warnings.push(if cluster {
+            format!("INFO memory was refused by {}", no_info.join(", "))
+        } else {
+            "INFO memory was refused".to_owned()
+        });
+    }
+    // The scratch sample lands on every node: any node near its maxmemory stops it.
+    let crowded: Vec<String> = targets
+        .iter()
+        .zip(&node_memory)
+        .filter_map(|(t, m)| {
+            let (max, used) = (m.maxmemory.filter(|&m| m > 0)?, m.used_memory?);
+            (used as f64 > 0.9 * max as f64).then(|| {
+                if cluster {
+                    format!("used_memory {used} of {t} is within 10 % of its maxmemory {max}")
+                } else {
+                    format!("used_memory {used} is within 10 % of maxmemory {max}")
+                }
+            })
+        })
+        .collect();
 
     let comparison = if opts.compare_sample == 0 {
         None
     } else if totals.entries == 0 {
         warnings.push("no entries: nothing to compare layouts with".to_owned());
         None
-    } else if let (Some(max), Some(used)) =
-        (memory.maxmemory.filter(|&m| m > 0), memory.used_memory)
-        && used as f64 > 0.9 * max as f64
-    {
-        warnings.push(format!(
-            "layout comparison skipped: used_memory {used} is within 10 % of maxmemory {max}"
-        ));
+    } else if !crowded.is_empty() {
+        warnings.push(format!("layout comparison skipped: {}", crowded.join("; ")));
         None
     } else {
         progress.set_message("layout comparison");
         let mean_fill = totals.entries as f64 / totals.buckets.max(1) as f64;
         match compare::compare(
-            &mut conn,
+            &conn,
             &layout,
             &totals.compare_keys,
             opts.compare_sample,
@@ -869,9 +1089,29 @@ pub async fn audit_with_progress(
         }
     });
 
+    let node_reports: Vec<NodeReport> = nodes
+        .iter()
+        .zip(node_memory)
+        .zip(&totals.nodes)
+        .zip(&found_on)
+        .map(|(((n, memory), t), &found)| NodeReport {
+            node: n.target.to_string(),
+            redis_version: n.redis_version.clone(),
+            listpack_limit: n.limit,
+            buckets_found: found,
+            buckets: t.buckets,
+            entries: t.entries,
+            bytes: t.bytes,
+            over_limit_bucket_count: t.over_limit,
+            hashtable_bucket_count: t.hashtable,
+            memory,
+        })
+        .collect();
+
     Ok(AuditReport {
         prefix: layout.prefix().to_owned(),
-        redis_version: server.get("redis_version").cloned(),
+        redis_version: distinct(nodes.iter().map(|n| n.redis_version.clone())),
+        cluster,
         started_at_ms,
         elapsed_seconds: started.elapsed().as_secs_f64(),
         sampled,
@@ -898,6 +1138,7 @@ pub async fn audit_with_progress(
         never_expiring_entries: totals.never,
         unreadable_values: totals.unreadable,
         memory,
+        nodes: node_reports,
         projection,
         comparison,
         warnings,
@@ -972,6 +1213,43 @@ mod tests {
         assert!(s.first(99, "b:99"));
         assert!(s.first(100_000, "b:100000"));
         assert!(!s.first(100_000, "b:100000"));
+    }
+
+    #[test]
+    fn memory_of_several_nodes() {
+        let node = |used, rss, max, frag| ServerMemory {
+            used_memory: Some(used),
+            used_memory_rss: Some(rss),
+            mem_fragmentation_ratio: Some(rss as f64 / used as f64),
+            allocator_frag_ratio: Some(frag),
+            mem_allocator: Some("jemalloc-5.3.0".to_owned()),
+            maxmemory: Some(max),
+            maxmemory_policy: Some("noeviction".to_owned()),
+        };
+        let one = node(100, 200, 0, 1.1);
+        let same = combined_memory(std::slice::from_ref(&one));
+        assert_eq!(same.used_memory, Some(100));
+        assert_eq!(same.mem_fragmentation_ratio, Some(2.0));
+        let both = combined_memory(&[node(100, 200, 1000, 1.1), node(300, 300, 3000, 1.3)]);
+        assert_eq!(both.used_memory, Some(400));
+        assert_eq!(both.used_memory_rss, Some(500));
+        assert_eq!(both.mem_fragmentation_ratio, Some(1.25));
+        assert_eq!(both.allocator_frag_ratio, Some(1.3), "the worst node");
+        assert_eq!(both.maxmemory, Some(4000));
+        assert_eq!(both.mem_allocator.as_deref(), Some("jemalloc-5.3.0"));
+        let unlimited = combined_memory(&[node(100, 200, 1000, 1.1), node(300, 300, 0, 1.3)]);
+        assert_eq!(unlimited.maxmemory, Some(0), "one node without a limit");
+        let refused = combined_memory(&[node(100, 200, 1000, 1.1), ServerMemory::default()]);
+        assert_eq!(refused.used_memory, None, "a node did not answer");
+        assert_eq!(
+            distinct([
+                Some("a".to_owned()),
+                None,
+                Some("b".to_owned()),
+                Some("a".to_owned())
+            ]),
+            Some("a, b".to_owned())
+        );
     }
 
     #[test]

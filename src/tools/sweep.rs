@@ -5,7 +5,9 @@
 //! so, like lazy expiry, it writes no audit record and publishes no invalidation.
 //!
 //! # How
-//! `SCAN <cursor> MATCH <prefix>b:* COUNT <n>` walks the keyspace (never `KEYS`). A key is
+//! `SCAN <cursor> MATCH <prefix>b:* COUNT <n>` walks the keyspace (never `KEYS`); on a Redis
+//! Cluster, where `SCAN` sees only the node it runs on, every primary is walked in turn, in
+//! address order (`RedisConn::scan_targets`). A key is
 //! swept only if it is exactly `layout.bucket_key(n)` for a bucket `n` of this keyspace (a
 //! key such as `<prefix>b:x`, or a bucket of a keyspace whose prefix starts with ours, is
 //! skipped and counted). For each bucket: `HSCAN <key> <c> COUNT 1000` until the cursor is
@@ -16,8 +18,10 @@
 //! SAMPLES 0`, one compare-and-delete script call ([`COMPARE_AND_DELETE`]: `HDEL` a field
 //! only if it still holds the value the scan saw, so an entry refreshed in between
 //! survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its whole size is
-//! freed). The script is loaded with `SCRIPT LOAD` at the start and called by `EVALSHA`,
-//! reloaded after a `NOSCRIPT`.
+//! freed). The script is loaded with `SCRIPT LOAD` at the start (on a cluster, on every
+//! primary) and called by `EVALSHA`, reloaded after a `NOSCRIPT` (on a cluster the client
+//! sends that `SCRIPT LOAD` to every node). Every per-bucket
+//! command names its bucket, so a cluster routes it to the bucket's primary.
 //!
 //! # Cost and pacing
 //! One command for a bucket with nothing expired, four for a bucket with expired fields, plus
@@ -25,18 +29,24 @@
 //! pacing limiter spaces commands at least `1 / --max-ops-per-sec` apart (no bursts).
 //!
 //! # Resuming
-//! After every SCAN batch the checkpoint file (if any) is rewritten atomically (temporary
-//! file, then rename) with the next cursor and the running totals; it is removed when the
+//! The position of a sweep is (node, cursor): the node is the only one, or a cluster primary
+//! (the primaries before it in address order are done). After every SCAN batch the
+//! checkpoint file (if any) is rewritten atomically (temporary file, then rename) with the
+//! list of nodes, the position and the running totals; it is removed when the last node's
 //! SCAN completes. SCAN guarantees that every key present for the whole iteration is
 //! returned at least once (possibly more, which is harmless: a swept bucket has nothing left
 //! to delete), however long the pause between batches, so a resumed sweep misses nothing.
 //! A cursor means nothing to another server process (a restart or failover reseeds the
-//! dict): the checkpoint records the server's `run_id` and a sweep resumed on another one
-//! starts over at cursor 0, keeping its totals.
+//! dict): the checkpoint records the `run_id` of the node the cursor belongs to, and a sweep
+//! resumed on another process starts that node over at cursor 0, keeping its totals. A
+//! checkpoint of another topology (other primaries: a failover, a resharding, another
+//! cluster) starts the whole walk over at the first node, keeping its totals, with a warning.
+//! By hand, `--cursor` takes what a stopped run printed: `CURSOR` on a single node,
+//! `HOST:PORT/CURSOR` on a cluster.
 //!
 //! # Report
 //! Progress on stderr (a bar on a terminal, else a line every 10 s, always with the next
-//! cursor), then a table on stderr and exactly one JSON line on stdout: the
+//! position), then a table on stderr and exactly one JSON line on stdout: the
 //! [`SweepReport`]. Exit code 0 when the sweep completed or stopped at `--max-batches`,
 //! non-zero on any error or when stopped by SIGTERM/SIGINT (after finishing the current
 //! batch and writing the checkpoint).
@@ -48,7 +58,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::RedisConn;
+use crate::store::conn::{RedisConn, ScanTarget};
 use anyhow::{Context, bail};
 use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
 use serde::{Deserialize, Serialize};
@@ -67,8 +77,9 @@ const HSCAN_COUNT: u32 = 1000;
 /// Most fields per script call: a bucket far above the mean fill (a hashtable) is deleted in
 /// several calls, so no single call blocks the server for long.
 const MAX_FIELDS_PER_CALL: usize = 1000;
-/// Version of the checkpoint file format.
-const CHECKPOINT_VERSION: u32 = 1;
+/// Version of the checkpoint file format (2 added the nodes and the node index; a version 1
+/// file, of a single node, is still read).
+const CHECKPOINT_VERSION: u32 = 2;
 /// How often progress is printed when stderr is not a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
@@ -104,25 +115,38 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPARE_AND_DELET
 /// (2,500 buckets) takes ~10 s at the default 1000 commands/s; 0 = unpaced.
 ///
 /// Resumable: SCAN returns every key present for the whole run at least once (possibly
-/// twice, harmlessly), so a sweep resumed at a printed cursor (--cursor) or from its
+/// twice, harmlessly), so a sweep resumed at a printed position (--cursor) or from its
 /// --checkpoint (--resume) misses nothing. Progress and a table go to stderr, one JSON
 /// report line to stdout. Exit 0 when done or stopped at --max-batches; non-zero on an
-/// error or SIGTERM (the checkpoint then holds the cursor to resume at). For a Kubernetes
+/// error or SIGTERM (the checkpoint then holds the position to resume at). For a Kubernetes
 /// CronJob: `sweep --checkpoint /state/sweep.json --resume`.
+///
+/// On a Redis Cluster (--cluster-nodes) every primary is SCANned in turn, in address order;
+/// a position is HOST:PORT/CURSOR (that primary's SCAN cursor; the primaries before it are
+/// done). A checkpoint taken on other primaries (failover, resharding) restarts the walk at
+/// the first primary, with a warning.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct Args {
     /// Redis commands per second at most (SCAN, HSCAN, MEMORY USAGE, EVALSHA each count
     /// as one); 0 = unpaced.
     #[arg(long, default_value_t = DEFAULT_MAX_OPS_PER_SEC)]
     pub max_ops_per_sec: u32,
-    /// Start the key SCAN at this cursor (printed by an earlier, interrupted run).
-    #[arg(long, conflicts_with = "resume")]
-    pub cursor: Option<u64>,
+    /// Start the key SCAN at this position, as printed by an earlier, interrupted run: on a
+    /// single node its SCAN cursor; on a Redis Cluster HOST:PORT/CURSOR, a primary and its
+    /// SCAN cursor (the primaries are walked in address order: those before it are taken as
+    /// done). A bare cursor other than 0 is refused on a cluster, as is HOST:PORT/CURSOR on
+    /// a single node.
+    #[arg(
+        long,
+        conflicts_with = "resume",
+        value_name = "CURSOR|HOST:PORT/CURSOR"
+    )]
+    pub cursor: Option<Position>,
     /// Checkpoint file, rewritten (temporary file + rename) after every SCAN batch with the
-    /// next cursor and the running totals; removed when the sweep completes.
+    /// nodes, the next position and the running totals; removed when the sweep completes.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
-    /// Continue from --checkpoint: its cursor, totals and sweep time. Without the file, a
+    /// Continue from --checkpoint: its position, totals and sweep time. Without the file, a
     /// new sweep starts, so a CronJob can always pass it.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
@@ -137,7 +161,7 @@ pub struct Args {
     /// Keys per SCAN batch (its COUNT hint).
     #[arg(long, default_value_t = DEFAULT_SCAN_COUNT)]
     pub scan_count: u32,
-    /// Stop after this many SCAN batches, exit 0 and report the cursor to continue at:
+    /// Stop after this many SCAN batches, exit 0 and report the position to continue at:
     /// spreads one sweep over several runs.
     #[arg(long)]
     pub max_batches: Option<u64>,
@@ -155,6 +179,63 @@ impl Default for Args {
             now_ms: None,
             scan_count: DEFAULT_SCAN_COUNT,
             max_batches: None,
+        }
+    }
+}
+
+/// Where a sweep (re)starts, as `--cursor` takes it and a stopped run prints it: a SCAN cursor
+/// on a single node, or `HOST:PORT/CURSOR` (a cluster primary and its SCAN cursor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    Cursor(u64),
+    Node {
+        host: String,
+        port: u16,
+        cursor: u64,
+    },
+}
+
+impl std::str::FromStr for Position {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is neither a SCAN cursor nor HOST:PORT/CURSOR");
+        match s.rsplit_once('/') {
+            None => s.parse().map(Position::Cursor).map_err(|_| bad()),
+            Some((addr, cursor)) => {
+                let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+                if host.is_empty() {
+                    return Err(bad());
+                }
+                Ok(Position::Node {
+                    host: host.to_owned(),
+                    port: port.parse().map_err(|_| bad())?,
+                    cursor: cursor.parse().map_err(|_| bad())?,
+                })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Position::Cursor(c) => write!(f, "{c}"),
+            Position::Node { host, port, cursor } => write!(f, "{host}:{port}/{cursor}"),
+        }
+    }
+}
+
+impl Position {
+    /// The position of `cursor` on `target`.
+    fn at(target: &ScanTarget, cursor: u64) -> Self {
+        match target {
+            ScanTarget::Only => Position::Cursor(cursor),
+            ScanTarget::Primary { host, port } => Position::Node {
+                host: host.clone(),
+                port: *port,
+                cursor,
+            },
         }
     }
 }
@@ -195,10 +276,23 @@ pub struct SweepReport {
     pub ops: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
-    /// The SCAN cursor to continue at; 0 when done.
+    /// The SCAN cursor to continue at (on `next_node` on a cluster); 0 when done.
     pub next_cursor: u64,
-    /// Whether the SCAN completed.
+    /// Whether the SCAN of every node completed.
     pub done: bool,
+    /// On a Redis Cluster: the primaries walked, in order (empty on a single node).
+    #[serde(default)]
+    pub primaries: Vec<String>,
+    /// On a Redis Cluster: how many of `primaries` are done.
+    #[serde(default)]
+    pub primaries_done: u64,
+    /// On a Redis Cluster: the primary whose SCAN continues at `next_cursor` (none when done).
+    #[serde(default)]
+    pub next_node: Option<String>,
+    /// What `--cursor` takes to continue: `next_cursor` on a single node, `HOST:PORT/CURSOR`
+    /// on a cluster; `0` when done.
+    #[serde(default)]
+    pub next_position: String,
 }
 
 impl SweepReport {
@@ -236,6 +330,12 @@ impl SweepReport {
             ("Redis commands", self.ops.to_string()),
             ("seconds", format!("{:.3}", self.seconds)),
         ];
+        if !self.primaries.is_empty() {
+            rows.push((
+                "primaries swept",
+                format!("{} of {}", self.primaries_done, self.primaries.len()),
+            ));
+        }
         rows.push(if self.done {
             ("next cursor", "0 (done)".to_owned())
         } else {
@@ -243,7 +343,7 @@ impl SweepReport {
                 "next cursor",
                 format!(
                     "{} (resume with --cursor {})",
-                    self.next_cursor, self.next_cursor
+                    self.next_position, self.next_position
                 ),
             )
         });
@@ -368,12 +468,31 @@ impl Sweeper {
         Ok(bytes.unwrap_or(0))
     }
 
-    /// The server's `run_id` (`None` if `INFO` is refused).
-    async fn run_id(&mut self) -> Option<String> {
-        let info: String = self.query(redis::cmd("INFO").arg("server")).await.ok()?;
+    /// The `run_id` of the node `target` (`None` if `INFO` is refused).
+    async fn run_id(&mut self, target: &ScanTarget) -> Option<String> {
+        self.pacer.wait().await;
+        self.ops += 1;
+        let info: String = self
+            .conn
+            .on_target(target, redis::cmd("INFO").arg("server"))
+            .await
+            .ok()?;
         info.lines()
             .find_map(|l| l.strip_prefix("run_id:"))
             .map(|s| s.trim().to_owned())
+    }
+
+    /// One `SCAN` step on `target`.
+    async fn scan(
+        &mut self,
+        target: &ScanTarget,
+        cursor: u64,
+        pattern: &str,
+        count: u32,
+    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
+        self.pacer.wait().await;
+        self.ops += 1;
+        self.conn.scan(target, cursor, pattern, count).await
     }
 
     /// Sweeps one bucket; `None` if the key is not a hash.
@@ -456,12 +575,18 @@ impl Visited {
     }
 }
 
-/// The checkpoint file: the report so far (its `next_cursor` is where to continue) and the
-/// server the cursor belongs to.
+/// The checkpoint file: the report so far, the nodes walked and the position (node index,
+/// the report's `next_cursor`), and the `run_id` of the node the cursor belongs to.
 #[derive(Debug, Serialize, Deserialize)]
 struct Checkpoint {
     version: u32,
     server_run_id: Option<String>,
+    /// The nodes, in walk order (absent in version 1: the only node).
+    #[serde(default)]
+    targets: Vec<ScanTarget>,
+    /// The node `next_cursor` belongs to (`targets[target_index]`).
+    #[serde(default)]
+    target_index: usize,
     report: SweepReport,
 }
 
@@ -477,7 +602,7 @@ impl Checkpoint {
         };
         let cp: Self = serde_json::from_str(&text)
             .with_context(|| format!("checkpoint {} is not a sweep checkpoint", path.display()))?;
-        if cp.version != CHECKPOINT_VERSION {
+        if cp.version != CHECKPOINT_VERSION && cp.version != 1 {
             bail!(
                 "checkpoint {} has format {}, this build writes {CHECKPOINT_VERSION}",
                 path.display(),
@@ -533,13 +658,27 @@ async fn sweep_with(
         pacer: Pacer::new(opts.max_ops_per_sec),
         ops: 0,
     };
-    let run_id = sw.run_id().await;
+    let cluster = sw.conn.is_cluster();
+    let targets = sw
+        .conn
+        .scan_targets()
+        .await
+        .context("listing the nodes to SCAN (CLUSTER NODES)")?;
+    if targets.is_empty() {
+        bail!("the cluster reports no primary serving slots: nothing to SCAN");
+    }
+    let names = |ts: &[ScanTarget]| {
+        ts.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
 
     let resumed = match (&opts.checkpoint, opts.resume) {
         (Some(path), true) => Checkpoint::read(path)?.filter(|cp| !cp.report.done),
         _ => None,
     };
-    let (mut report, mut cursor) = match resumed {
+    let (mut report, mut index, mut cursor, mut run_id) = match resumed {
         Some(cp) => {
             let path = opts
                 .checkpoint
@@ -560,28 +699,85 @@ async fn sweep_with(
                     if cp.report.dry_run { "" } else { "out" },
                 );
             }
-            let mut cursor = cp.report.next_cursor;
-            if cp.server_run_id.is_some() && run_id.is_some() && cp.server_run_id != run_id {
+            let saved = if cp.targets.is_empty() {
+                vec![ScanTarget::Only] // version 1: a single node
+            } else {
+                cp.targets.clone()
+            };
+            let (mut index, mut cursor) = (cp.target_index, cp.report.next_cursor);
+            if saved != targets || index >= targets.len() {
                 eprintln!(
-                    "WARNING: checkpoint {path} was written against another Redis process (restart or failover): its cursor means nothing here; starting over at cursor 0"
+                    "WARNING: checkpoint {path} was taken on another topology (nodes {}; now {}): its position means nothing here; starting the walk over at {}, keeping its totals",
+                    names(&saved),
+                    names(&targets),
+                    targets[0]
                 );
+                (index, cursor) = (0, 0);
+            }
+            let run_id = sw.run_id(&targets[index]).await;
+            // A cursor is only meaningful to the process that returned it.
+            if cursor != 0
+                && cp.server_run_id.is_some()
+                && run_id.is_some()
+                && cp.server_run_id != run_id
+            {
+                if cluster {
+                    eprintln!(
+                        "WARNING: checkpoint {path} was written against another Redis process on {} (restart or failover): its cursor means nothing there; starting that primary over at cursor 0",
+                        targets[index]
+                    );
+                } else {
+                    eprintln!(
+                        "WARNING: checkpoint {path} was written against another Redis process (restart or failover): its cursor means nothing here; starting over at cursor 0"
+                    );
+                }
                 cursor = 0;
             }
             let mut report = cp.report;
             if let Some(t) = opts.now_ms {
                 report.now_ms = t;
             }
-            (report, cursor)
+            (report, index, cursor, run_id)
         }
-        None => (
-            SweepReport {
-                prefix: layout.prefix().to_owned(),
-                dry_run: opts.dry_run,
-                now_ms: opts.now_ms.unwrap_or(real_now),
-                ..SweepReport::default()
-            },
-            opts.cursor.unwrap_or(0),
-        ),
+        None => {
+            let (index, cursor) = match (&opts.cursor, cluster) {
+                (None, _) => (0, 0),
+                (Some(Position::Cursor(c)), false) => (0, *c),
+                (Some(Position::Cursor(0)), true) => (0, 0),
+                (Some(Position::Cursor(c)), true) => bail!(
+                    "--cursor {c}: on a Redis Cluster a position is HOST:PORT/CURSOR (a primary and its SCAN cursor, as a stopped run prints it); the primaries, in walk order: {}",
+                    names(&targets)
+                ),
+                (Some(p @ Position::Node { .. }), false) => bail!(
+                    "--cursor {p} names a cluster primary, but this store is a single Redis node: pass the SCAN cursor alone"
+                ),
+                (Some(p @ Position::Node { host, port, cursor }), true) => {
+                    let wanted = ScanTarget::Primary {
+                        host: host.clone(),
+                        port: *port,
+                    };
+                    let Some(i) = targets.iter().position(|t| *t == wanted) else {
+                        bail!(
+                            "--cursor {p}: {wanted} is not a primary of this cluster (now: {}): the topology changed since that run; start the sweep over without --cursor",
+                            names(&targets)
+                        );
+                    };
+                    (i, *cursor)
+                }
+            };
+            let run_id = sw.run_id(&targets[index]).await;
+            (
+                SweepReport {
+                    prefix: layout.prefix().to_owned(),
+                    dry_run: opts.dry_run,
+                    now_ms: opts.now_ms.unwrap_or(real_now),
+                    ..SweepReport::default()
+                },
+                index,
+                cursor,
+                run_id,
+            )
+        }
     };
     if report.now_ms > real_now && !opts.dry_run {
         bail!(
@@ -589,19 +785,44 @@ async fn sweep_with(
             report.now_ms
         );
     }
-    report.done = false;
-    report.next_cursor = cursor;
+    report.primaries = if cluster {
+        targets.iter().map(ToString::to_string).collect()
+    } else {
+        Vec::new()
+    };
+    let place = |report: &mut SweepReport, index: usize, cursor: u64| {
+        report.done = index >= targets.len();
+        report.next_cursor = if report.done { 0 } else { cursor };
+        report.primaries_done = if cluster { index as u64 } else { 0 };
+        report.next_node = targets
+            .get(index)
+            .filter(|_| cluster)
+            .map(ToString::to_string);
+        report.next_position = targets
+            .get(index)
+            .map_or(Position::Cursor(0), |t| Position::at(t, cursor))
+            .to_string();
+    };
+    place(&mut report, index, cursor);
     let now = report.now_ms;
     let (prior_ops, prior_secs) = (report.ops, report.seconds);
     let started = Instant::now();
 
     if !opts.dry_run {
-        sw.pacer.wait().await;
-        sw.ops += 1;
-        SCRIPT
-            .load_async(&mut sw.conn)
-            .await
-            .context("loading the compare-and-delete script (SCRIPT LOAD)")?;
+        // On every node the EVALSHAs go to: the node, or each primary.
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(COMPARE_AND_DELETE);
+        for t in &targets {
+            sw.pacer.wait().await;
+            sw.ops += 1;
+            let _: String = sw.conn.on_target(t, &load).await.with_context(|| {
+                if cluster {
+                    format!("loading the compare-and-delete script (SCRIPT LOAD) on {t}")
+                } else {
+                    "loading the compare-and-delete script (SCRIPT LOAD)".to_owned()
+                }
+            })?;
+        }
     }
 
     let pattern = layout.bucket_pattern();
@@ -611,14 +832,12 @@ async fn sweep_with(
         if stop.load(Ordering::Relaxed) || opts.max_batches.is_some_and(|m| batches >= m) {
             break;
         }
+        let target = &targets[index];
         let batch = async {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(opts.scan_count.max(1));
-            let (next, keys): (u64, Vec<Vec<u8>>) = sw.query(&scan).await.context("SCAN")?;
+            let (next, keys) = sw
+                .scan(target, cursor, &pattern, opts.scan_count.max(1))
+                .await
+                .context("SCAN")?;
             for key in keys {
                 let Some(n) = bucket_index(&layout, &key) else {
                     report.keys_skipped += 1;
@@ -639,13 +858,28 @@ async fn sweep_with(
             anyhow::Ok(next)
         };
         let next = batch.await.with_context(|| {
-            format!("sweeping from SCAN cursor {cursor} (resume there with --cursor {cursor})")
+            let at = Position::at(target, cursor);
+            if cluster {
+                format!(
+                    "sweeping from SCAN cursor {cursor} of {target} (resume there with --cursor {at})"
+                )
+            } else {
+                format!("sweeping from SCAN cursor {cursor} (resume there with --cursor {at})")
+            }
         })?;
         batches += 1;
-        cursor = next;
+        if next == 0 {
+            // This node is done: on to the next one, from its start.
+            index += 1;
+            cursor = 0;
+            if index < targets.len() {
+                run_id = sw.run_id(&targets[index]).await;
+            }
+        } else {
+            cursor = next;
+        }
         report.scan_batches += 1;
-        report.next_cursor = cursor;
-        report.done = cursor == 0;
+        place(&mut report, index, cursor);
         report.ops = prior_ops + sw.ops;
         report.seconds = prior_secs + started.elapsed().as_secs_f64();
         if let Some(path) = &opts.checkpoint {
@@ -655,6 +889,8 @@ async fn sweep_with(
                 Checkpoint {
                     version: CHECKPOINT_VERSION,
                     server_run_id: run_id.clone(),
+                    targets: targets.clone(),
+                    target_index: index,
                     report: report.clone(),
                 }
                 .write(path)?;
@@ -721,7 +957,7 @@ impl Progress {
     fn update(&mut self, r: &SweepReport) {
         let msg = format!(
             "{} reclaimed, {} bytes freed, next cursor {}",
-            r.fields_reclaimed, r.bytes_freed, r.next_cursor
+            r.fields_reclaimed, r.bytes_freed, r.next_position
         );
         match &self.bar {
             Some(bar) => {
@@ -765,7 +1001,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
     if !report.done && stop.load(Ordering::Relaxed) {
         bail!(
             "stopped by a signal; continue with --cursor {}{}",
-            report.next_cursor,
+            report.next_position,
             if args.checkpoint.is_some() {
                 " or --resume"
             } else {
@@ -843,6 +1079,65 @@ mod tests {
         ] {
             assert_eq!(parse_entry(f, v), None);
         }
+    }
+
+    #[test]
+    fn positions_parse_and_print() {
+        let at = |s: &str| s.parse::<Position>();
+        assert_eq!(at("0"), Ok(Position::Cursor(0)));
+        assert_eq!(at("1234"), Ok(Position::Cursor(1234)));
+        let node = Position::Node {
+            host: "127.0.0.1".into(),
+            port: 7001,
+            cursor: 56,
+        };
+        assert_eq!(at("127.0.0.1:7001/56"), Ok(node.clone()));
+        assert_eq!(node.to_string(), "127.0.0.1:7001/56");
+        assert_eq!(
+            at("::1:7001/5"),
+            Ok(Position::Node {
+                host: "::1".into(),
+                port: 7001,
+                cursor: 5
+            })
+        );
+        for bad in [
+            "", "x", "-1", "host/5", ":7001/5", "h:p/5", "h:7001/", "h:7001/x",
+        ] {
+            assert!(at(bad).is_err(), "{bad}");
+        }
+        let a = Cli::parse_from(["sweep", "--cursor", "10.0.0.1:6379/99"]).args;
+        assert_eq!(a.cursor.unwrap().to_string(), "10.0.0.1:6379/99");
+        assert!(Cli::try_parse_from(["sweep", "--cursor", "nope"]).is_err());
+        assert_eq!(
+            Position::at(&ScanTarget::Only, 7),
+            Position::Cursor(7),
+            "a single node's position is its cursor"
+        );
+    }
+
+    #[test]
+    fn a_version_1_checkpoint_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let v1 = serde_json::json!({
+            "version": 1,
+            "server_run_id": "abc",
+            "report": serde_json::to_value(SweepReport {
+                prefix: "nl:".into(),
+                next_cursor: 42,
+                ..SweepReport::default()
+            })
+            .unwrap(),
+        });
+        let mut v1 = v1;
+        for k in ["primaries", "primaries_done", "next_node", "next_position"] {
+            v1["report"].as_object_mut().unwrap().remove(k);
+        }
+        std::fs::write(&path, v1.to_string()).unwrap();
+        let cp = Checkpoint::read(&path).unwrap().unwrap();
+        assert!(cp.targets.is_empty() && cp.target_index == 0);
+        assert_eq!(cp.report.next_cursor, 42);
     }
 
     #[test]

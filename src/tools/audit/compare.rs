@@ -3,7 +3,9 @@
 //! Takes up to `--compare-sample` real (field, expiry code) pairs from the first buckets the
 //! walk probed, then, one layout at a time, writes them under `<prefix>audit-scratch:<pid>:`,
 //! sums `MEMORY USAGE key SAMPLES 0` over the keys it wrote and deletes them (also when writing
-//! or measuring failed). Nothing is estimated from a formula. The layouts:
+//! or measuring failed). Nothing is estimated from a formula. Every command names one key
+//! (`DEL` too: one per key) and goes through `RedisConn::run`, so on a Redis Cluster the
+//! scratch keys spread over the primaries like any keys. The layouts:
 //!
 //! * `ours_rebuilt`: this layout again, the same fields and codes in `round(n / mean fill)`
 //!   buckets `…b:<field mod N>`, so the sample sits at the keyspace's own mean fill;
@@ -23,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::conn::RedisConn;
+use crate::store::conn::{Keyed, RedisConn};
 use anyhow::{Context, bail};
 use redis::Value;
 use serde::Serialize;
@@ -206,21 +208,33 @@ fn layouts(scratch: &str, pairs: &[(i64, u32)], mean_fill: f64) -> Vec<ScratchLa
     ]
 }
 
+/// A command on one key (every scratch command touches exactly one key, so a cluster routes
+/// each by its own slot).
+fn on_key(key: &str, build: impl FnOnce(&mut redis::Cmd)) -> Keyed {
+    let mut cmd = redis::Cmd::new();
+    build(&mut cmd);
+    (key.as_bytes().to_vec(), cmd)
+}
+
 /// Up to `n` (field, code) pairs from `keys` (HGETALL, a few buckets per round trip).
 async fn fetch_pairs(
-    conn: &mut RedisConn,
+    conn: &RedisConn,
     keys: &[String],
     n: usize,
 ) -> anyhow::Result<(Vec<(i64, u32)>, u64)> {
     let mut pairs = Vec::with_capacity(n);
     let mut used = 0;
     for chunk in keys.chunks(20) {
-        let mut pipe = redis::pipe();
-        for k in chunk {
-            pipe.cmd("HGETALL").arg(k);
-        }
-        let replies: Vec<Value> = pipe
-            .query_async(conn)
+        let cmds = chunk
+            .iter()
+            .map(|k| {
+                on_key(k, |c| {
+                    c.arg("HGETALL").arg(k);
+                })
+            })
+            .collect();
+        let replies: Vec<Value> = conn
+            .run_all(cmds)
             .await
             .context("reading the comparison sample (HGETALL)")?;
         for reply in replies {
@@ -250,53 +264,63 @@ async fn fetch_pairs(
     Ok((pairs, used))
 }
 
-async fn write(conn: &mut RedisConn, keys: &[(String, Payload)]) -> anyhow::Result<()> {
-    let mut pipe = redis::pipe();
+/// Writes the scratch keys: `SET` or multi-field `HSET`s, one key per command, about
+/// [`WRITE_COMMANDS`] commands per batch.
+async fn write(conn: &RedisConn, keys: &[(String, Payload)]) -> anyhow::Result<()> {
+    let mut cmds: Vec<Keyed> = Vec::new();
     let mut queued = 0;
     for (name, payload) in keys {
         match payload {
             Payload::Plain(v) => {
-                pipe.cmd("SET").arg(name).arg(*v).ignore();
+                cmds.push(on_key(name, |c| {
+                    c.arg("SET").arg(name).arg(*v);
+                }));
                 queued += 1;
             }
             Payload::Hash(pairs) => {
                 for chunk in pairs.chunks(HSET_PAIRS) {
-                    let cmd = pipe.cmd("HSET").arg(name);
-                    for (f, v) in chunk {
-                        cmd.arg(*f).arg(*v);
-                    }
-                    cmd.ignore();
+                    cmds.push(on_key(name, |c| {
+                        c.arg("HSET").arg(name);
+                        for (f, v) in chunk {
+                            c.arg(*f).arg(*v);
+                        }
+                    }));
                     queued += 1 + chunk.len() / 20;
                 }
             }
         }
         if queued >= WRITE_COMMANDS {
-            pipe.query_async::<()>(conn).await?;
-            pipe.clear();
+            conn.run_all(std::mem::take(&mut cmds)).await?;
             queued = 0;
         }
     }
-    if !pipe.is_empty() {
-        pipe.query_async::<()>(conn).await?;
+    if !cmds.is_empty() {
+        conn.run_all(cmds).await?;
     }
     Ok(())
 }
 
 /// (bytes, hashtable keys) of the scratch keys.
-async fn measure(conn: &mut RedisConn, names: &[&str], batch: usize) -> anyhow::Result<(u64, u64)> {
+async fn measure(conn: &RedisConn, names: &[&str], batch: usize) -> anyhow::Result<(u64, u64)> {
     let (mut bytes, mut hashtables) = (0, 0);
     for chunk in names.chunks(batch.max(1)) {
-        let mut pipe = redis::pipe();
-        for k in chunk {
-            pipe.cmd("MEMORY")
-                .arg("USAGE")
-                .arg(*k)
-                .arg("SAMPLES")
-                .arg(0);
-            pipe.cmd("OBJECT").arg("ENCODING").arg(*k);
-        }
-        let replies: Vec<(Option<u64>, Option<String>)> = pipe.query_async(conn).await?;
-        for (k, (size, encoding)) in chunk.iter().zip(replies) {
+        let cmds = chunk
+            .iter()
+            .flat_map(|k| {
+                [
+                    on_key(k, |c| {
+                        c.arg("MEMORY").arg("USAGE").arg(*k).arg("SAMPLES").arg(0);
+                    }),
+                    on_key(k, |c| {
+                        c.arg("OBJECT").arg("ENCODING").arg(*k);
+                    }),
+                ]
+            })
+            .collect();
+        let replies = conn.run_all(cmds).await?;
+        for (k, r) in chunk.iter().zip(replies.chunks(2)) {
+            let size: Option<u64> = redis::from_redis_value_ref(&r[0])?;
+            let encoding: Option<String> = redis::from_redis_value_ref(&r[1])?;
             let Some(size) = size else {
                 bail!("scratch key {k} vanished before it was measured (evicted?)");
             };
@@ -307,35 +331,57 @@ async fn measure(conn: &mut RedisConn, names: &[&str], batch: usize) -> anyhow::
     Ok((bytes, hashtables))
 }
 
-/// Deletes the scratch keys; how many are still there afterwards.
-async fn delete(conn: &mut RedisConn, names: &[&str]) -> anyhow::Result<u64> {
+/// Deletes the scratch keys (one `DEL` per key); how many are still there afterwards.
+/// Every key's `DEL` is sent even if some fail.
+async fn delete(conn: &RedisConn, names: &[&str]) -> anyhow::Result<u64> {
+    let mut failed: Option<anyhow::Error> = None;
     for chunk in names.chunks(10_000) {
-        let mut pipe = redis::pipe();
-        for part in chunk.chunks(500) {
-            pipe.cmd("DEL").arg(part).ignore();
+        let cmds = chunk
+            .iter()
+            .map(|k| {
+                on_key(k, |c| {
+                    c.arg("DEL").arg(*k);
+                })
+            })
+            .collect();
+        let replies = match conn.run(cmds).await {
+            Ok(r) => r,
+            Err(e) => {
+                failed.get_or_insert(anyhow::Error::new(e).context("deleting scratch keys"));
+                continue;
+            }
+        };
+        if let Some(Err(e)) = replies.into_iter().find(Result::is_err) {
+            failed.get_or_insert(anyhow::Error::new(e).context("deleting scratch keys"));
         }
-        pipe.query_async::<()>(conn)
-            .await
-            .context("deleting scratch keys")?;
+    }
+    if let Some(e) = failed {
+        return Err(e);
     }
     let mut left = 0;
     for chunk in names.chunks(10_000) {
-        let mut pipe = redis::pipe();
-        for part in chunk.chunks(500) {
-            pipe.cmd("EXISTS").arg(part);
-        }
-        let counts: Vec<u64> = pipe
-            .query_async(conn)
+        let cmds = chunk
+            .iter()
+            .map(|k| {
+                on_key(k, |c| {
+                    c.arg("EXISTS").arg(*k);
+                })
+            })
+            .collect();
+        let counts = conn
+            .run_all(cmds)
             .await
             .context("checking the scratch keys are gone")?;
-        left += counts.iter().sum::<u64>();
+        for c in &counts {
+            left += redis::from_redis_value_ref::<u64>(c)?;
+        }
     }
     Ok(left)
 }
 
 /// Writes, measures and deletes each layout of a sample of the entries in `source_keys`.
 pub(super) async fn compare(
-    conn: &mut RedisConn,
+    conn: &RedisConn,
     layout: &Layout,
     source_keys: &[String],
     sample: usize,

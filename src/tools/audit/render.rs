@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{AuditReport, FillBin, ProblemBucket};
+use super::{AuditReport, FillBin, NodeReport, ProblemBucket};
 
 /// Rows of problem buckets the table lists by name.
 const TABLE_PROBLEMS: usize = 20;
@@ -107,11 +107,33 @@ fn summary(r: &AuditReport) -> Vec<(String, String)> {
             ),
         ));
     }
-    rows.extend([
-        (
-            "hash-max-listpack-entries".to_owned(),
+    let limits: Vec<Option<u64>> = r.nodes.iter().map(|n| n.listpack_limit).collect();
+    let limit = if r.cluster && limits.windows(2).any(|w| w[0] != w[1]) {
+        format!(
+            "{} (the lowest; per primary: {})",
             or_dash(r.listpack_limit),
-        ),
+            limits
+                .iter()
+                .map(|l| or_dash(*l))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        )
+    } else {
+        or_dash(r.listpack_limit)
+    };
+    let sum = if r.cluster {
+        format!(", sum of {} primaries", r.nodes.len())
+    } else {
+        String::new()
+    };
+    if r.cluster {
+        rows.push((
+            "Redis Cluster primaries".to_owned(),
+            thousands(r.nodes.len() as u64),
+        ));
+    }
+    rows.extend([
+        ("hash-max-listpack-entries".to_owned(), limit),
         (
             "buckets over the limit".to_owned(),
             thousands(r.over_limit_bucket_count),
@@ -133,7 +155,7 @@ fn summary(r: &AuditReport) -> Vec<(String, String)> {
             thousands(r.never_expiring_entries),
         ),
         (
-            "used_memory / rss (INFO memory)".to_owned(),
+            format!("used_memory / rss (INFO memory{sum})"),
             format!(
                 "{} / {}",
                 or_dash(r.memory.used_memory.map(|b| human(b as f64))),
@@ -162,6 +184,41 @@ fn summary(r: &AuditReport) -> Vec<(String, String)> {
         ));
     }
     rows
+}
+
+/// Column headers and one row of cells per node (the per-primary lines of a cluster).
+fn node_rows(r: &AuditReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let header = vec![
+        "primary",
+        "buckets",
+        "entries",
+        "bytes",
+        "B/entry",
+        "listpack limit",
+        "over limit",
+        "hashtable",
+        "used_memory",
+        "rss",
+    ];
+    let rows = r
+        .nodes
+        .iter()
+        .map(|n: &NodeReport| {
+            vec![
+                n.node.clone(),
+                thousands(n.buckets),
+                thousands(n.entries),
+                thousands(n.bytes),
+                format!("{:.2}", n.bytes as f64 / n.entries.max(1) as f64),
+                or_dash(n.listpack_limit),
+                thousands(n.over_limit_bucket_count),
+                thousands(n.hashtable_bucket_count),
+                or_dash(n.memory.used_memory.map(|b| human(b as f64))),
+                or_dash(n.memory.used_memory_rss.map(|b| human(b as f64))),
+            ]
+        })
+        .collect();
+    (header, rows)
 }
 
 fn problem_flags(b: &ProblemBucket) -> String {
@@ -202,6 +259,36 @@ pub fn table(r: &AuditReport) -> String {
     let width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
     for (label, value) in &rows {
         let _ = writeln!(out, "  {label:<width$}  {value}");
+    }
+
+    if r.cluster {
+        let (header, rows) = node_rows(r);
+        let widths: Vec<usize> = (0..header.len())
+            .map(|i| {
+                rows.iter()
+                    .map(|row| row[i].len())
+                    .chain([header[i].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| {
+            let mut l = String::from(" ");
+            for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+                if i == 0 {
+                    let _ = write!(l, " {c:<w$}");
+                } else {
+                    let _ = write!(l, "  {c:>w$}");
+                }
+            }
+            l
+        };
+        let _ = writeln!(out, "\nper primary of the Redis Cluster:");
+        let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+        let _ = writeln!(out, "{}", line(&header));
+        for row in &rows {
+            let _ = writeln!(out, "{}", line(row));
+        }
     }
 
     let (list, total) = problems(r);
@@ -484,6 +571,32 @@ pub fn html(r: &AuditReport) -> String {
         );
     }
     s.push_str("</table>");
+
+    if r.cluster {
+        let (header, rows) = node_rows(r);
+        let _ = write!(
+            s,
+            "<h2>Per primary</h2><p>The {} primaries of the Redis Cluster, each SCANned in turn: its buckets, its own \
+             <code>hash-max-listpack-entries</code> and its <code>INFO memory</code>.</p><table><tr>",
+            r.nodes.len()
+        );
+        for h in header {
+            let _ = write!(s, "<th>{}</th>", esc(h));
+        }
+        s.push_str("</tr>");
+        for row in rows {
+            s.push_str("<tr>");
+            for (i, c) in row.iter().enumerate() {
+                if i == 0 {
+                    let _ = write!(s, "<td><code>{}</code></td>", esc(c));
+                } else {
+                    let _ = write!(s, "<td class=\"n\">{}</td>", esc(c));
+                }
+            }
+            s.push_str("</tr>");
+        }
+        s.push_str("</table>");
+    }
 
     let _ = write!(
         s,
