@@ -68,6 +68,19 @@ pub struct Settings {
     pub write_replicas: u32,
     /// TOML file of `[[tokens]]` (`name`, `role`, `token`); unset: no auth (said loudly).
     pub tokens_file: Option<PathBuf>,
+    /// `/v1` requests handled at once by this instance; more are answered 503 `overloaded`
+    /// at once (probes and `/metrics` are not counted).
+    pub max_in_flight_requests: usize,
+    /// Request-body bytes buffered at once over all requests; a body that does not fit is
+    /// answered 503 `overloaded`. Bounds the memory of bodies in flight; at least
+    /// `max_body_bytes`.
+    pub max_buffered_body_bytes: usize,
+    /// Open client connections, over all workers; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// How long an idle keep-alive connection stays open.
+    pub keep_alive_secs: u64,
+    /// How often the service reads the last audit's summary for its gauges.
+    pub audit_refresh_secs: u64,
 }
 
 /// How logs are written.
@@ -104,6 +117,11 @@ impl Default for Settings {
             distinct_cap: 10_000,
             write_replicas: 0,
             tokens_file: None,
+            max_in_flight_requests: 4096,
+            max_buffered_body_bytes: 256 * 1024 * 1024,
+            max_connections: 20_000,
+            keep_alive_secs: 30,
+            audit_refresh_secs: 60,
         }
     }
 }
@@ -163,6 +181,11 @@ const KEYS: &[&str] = &[
     "distinct_cap",
     "write_replicas",
     "tokens_file",
+    "max_in_flight_requests",
+    "max_buffered_body_bytes",
+    "max_connections",
+    "keep_alive_secs",
+    "audit_refresh_secs",
 ];
 
 /// Variables that are not settings but are read elsewhere.
@@ -211,6 +234,15 @@ impl Settings {
         }
         if self.max_body_bytes < 1024 {
             return bad("max_body_bytes must be at least 1024".into());
+        }
+        if self.max_buffered_body_bytes < self.max_body_bytes {
+            return bad("max_buffered_body_bytes must be at least max_body_bytes".into());
+        }
+        if self.max_in_flight_requests == 0 || self.max_connections == 0 {
+            return bad("max_in_flight_requests and max_connections must be at least 1".into());
+        }
+        if self.audit_refresh_secs == 0 {
+            return bad("audit_refresh_secs must be at least 1".into());
         }
         if self.redis_url.is_some() && !self.redis_cluster_nodes.is_empty() {
             return bad("set redis_url or redis_cluster_nodes, not both".into());

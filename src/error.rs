@@ -15,6 +15,7 @@
 //! | no or invalid bearer token     | 401    | `unauthorized` (+ `WWW-Authenticate: Bearer`) |
 //! | a token whose role is too low  | 403    | `forbidden`               |
 //! | store unreachable or too slow  | 503    | `store_unavailable` (+ `Retry-After: 1`) |
+//! | a concurrency or memory limit reached | 503 | `overloaded` (+ `Retry-After: 1`) |
 //! | anything else                  | 500    | `internal`                |
 //!
 //! 5xx bodies stay opaque; the cause goes to the log. 4xx messages are returned to the caller
@@ -59,6 +60,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error(transparent)]
     Unavailable(StoreError),
+    /// This instance is at one of its limits (in-flight requests, buffered body bytes).
+    #[error("{0}")]
+    Overloaded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -97,6 +101,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::Unavailable(_) => "store_unavailable",
+            ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -115,7 +120,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

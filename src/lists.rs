@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::cache::{Cached, LookupCache, RegistryCache};
 use crate::domain::{
@@ -192,7 +193,8 @@ impl NameLists {
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
-        let r = match tokio::time::timeout(deadline, fut).await {
+        let span = tracing::info_span!("store", op);
+        let r = match tokio::time::timeout(deadline, fut.instrument(span.clone())).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(deadline)),
         };
@@ -202,7 +204,7 @@ impl NameLists {
             .observe(started.elapsed().as_secs_f64());
         if let Err(e) = &r {
             self.metrics.store_errors.with_label_values(&[op]).inc();
-            tracing::warn!(op, error = %e, "store call failed");
+            span.in_scope(|| tracing::warn!(error = %e, "store call failed"));
         }
         r
     }
@@ -425,7 +427,12 @@ impl NameLists {
         self.metrics.cache_misses.inc_by(missing.len() as u64);
 
         if !missing.is_empty() && !degraded {
-            match self.cache.fetch(&self.store, missing, deadline).await {
+            match self
+                .cache
+                .fetch(&self.store, missing, deadline)
+                .instrument(tracing::info_span!("store", op = "check"))
+                .await
+            {
                 Ok(fetched) => known.extend(fetched),
                 Err(e) => {
                     self.metrics

@@ -2,9 +2,11 @@
 //! owns its own registry (no globals), so several instances can live in one test process.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
+
+use crate::store::AuditSummary;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -14,6 +16,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub const STORE_OPS: &[&str] = &[
     "check", "get", "write", "remove", "events", "features", "evaluate", "define",
 ];
+
+/// The `state` labels of `namelist_audit_buckets`, in [`Metrics::set_audit`]'s order.
+const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"];
 
 /// Every metric the service exports.
 pub struct Metrics {
@@ -42,6 +47,23 @@ pub struct Metrics {
     pub distinct_capped: IntCounter,
     /// Requests refused by auth, by reason (`missing`, `invalid`, `forbidden`).
     pub auth_failures: IntCounterVec,
+    /// Requests refused because a limit was reached, by limit (`in_flight`, `body_bytes`).
+    pub overloaded: IntCounterVec,
+    /// `/v1` requests being handled now.
+    pub in_flight: IntGauge,
+    /// The last audit (`namelist-tools audit`), as it left its summary in the store.
+    pub audit: AuditGauges,
+}
+
+/// The last audit's findings. All zero until an audit has left a summary (the timestamp says
+/// when it ran).
+pub struct AuditGauges {
+    pub timestamp: Gauge,
+    /// Buckets by state: `all`, `near_limit`, `over_limit`, `hashtable`.
+    pub buckets: IntGaugeVec,
+    pub entries: IntGauge,
+    pub expired_entries: IntGauge,
+    pub bytes_per_entry: Gauge,
 }
 
 impl Metrics {
@@ -123,6 +145,44 @@ impl Metrics {
                 "namelist_distinct_capped_total",
                 "Distinct counts read at their member cap (the true count may be higher)",
             ),
+            overloaded: IntCounterVec::new(
+                Opts::new(
+                    "namelist_overloaded_total",
+                    "Requests answered 503 overloaded, by the limit reached",
+                ),
+                &["limit"],
+            )
+            .expect("valid metric"),
+            in_flight: IntGauge::new("namelist_in_flight_requests", "/v1 requests being handled")
+                .expect("valid metric"),
+            audit: AuditGauges {
+                timestamp: Gauge::new(
+                    "namelist_audit_last_run_timestamp_seconds",
+                    "When the last audit whose summary the store holds started (0: none yet)",
+                )
+                .expect("valid metric"),
+                buckets: IntGaugeVec::new(
+                    Opts::new(
+                        "namelist_audit_buckets",
+                        "Buckets found by the last audit: all, near_limit (>= 90 % of \
+                         hash-max-listpack-entries), over_limit, hashtable",
+                    ),
+                    &["state"],
+                )
+                .expect("valid metric"),
+                entries: IntGauge::new("namelist_audit_entries", "Entries found by the last audit")
+                    .expect("valid metric"),
+                expired_entries: IntGauge::new(
+                    "namelist_audit_expired_entries",
+                    "Entries past their expiry, not yet swept, at the last audit",
+                )
+                .expect("valid metric"),
+                bytes_per_entry: Gauge::new(
+                    "namelist_audit_bytes_per_entry",
+                    "Redis memory per entry (MEMORY USAGE) at the last audit",
+                )
+                .expect("valid metric"),
+            },
             subscription_up: IntGauge::new(
                 "namelist_invalidation_subscription_up",
                 "1 while the cache invalidation subscription is up",
@@ -139,7 +199,32 @@ impl Metrics {
         for outcome in ["applied", "duplicate", "late"] {
             m.events.with_label_values(&[outcome]);
         }
+        for limit in ["in_flight", "body_bytes"] {
+            m.overloaded.with_label_values(&[limit]);
+        }
+        for state in AUDIT_STATES {
+            m.audit.buckets.with_label_values(&[state]);
+        }
         m
+    }
+
+    /// Exports an audit summary read from the store.
+    pub fn set_audit(&self, s: &AuditSummary) {
+        let a = &self.audit;
+        a.timestamp.set(s.at_ms as f64 / 1000.0);
+        for (state, n) in
+            AUDIT_STATES
+                .iter()
+                .zip([s.buckets, s.near_limit, s.over_limit, s.hashtable])
+        {
+            a.buckets
+                .with_label_values(&[state])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        a.entries.set(i64::try_from(s.entries).unwrap_or(i64::MAX));
+        a.expired_entries
+            .set(i64::try_from(s.expired).unwrap_or(i64::MAX));
+        a.bytes_per_entry.set(s.bytes_per_entry);
     }
 
     fn register_all(&self) {
@@ -159,6 +244,13 @@ impl Metrics {
             Box::new(self.events.clone()),
             Box::new(self.distinct_capped.clone()),
             Box::new(self.auth_failures.clone()),
+            Box::new(self.overloaded.clone()),
+            Box::new(self.in_flight.clone()),
+            Box::new(self.audit.timestamp.clone()),
+            Box::new(self.audit.buckets.clone()),
+            Box::new(self.audit.entries.clone()),
+            Box::new(self.audit.expired_entries.clone()),
+            Box::new(self.audit.bytes_per_entry.clone()),
         ];
         for c in all {
             r.register(c).expect("metric names are unique");

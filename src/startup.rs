@@ -10,11 +10,12 @@ use actix_web::{App, HttpServer, web};
 use secrecy::ExposeSecret;
 
 use crate::auth::Tokens;
-use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, Settings};
+use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, LogFormat, Settings};
 use crate::lists::NameLists;
 use crate::metrics::Metrics;
 use crate::routes;
 use crate::routes::json::BodyLimit;
+use crate::routes::limits::{Limits, limit_in_flight};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::{Layout, Store, StoreError};
@@ -34,6 +35,14 @@ pub enum StartupError {
         addr: String,
         source: std::io::Error,
     },
+}
+
+/// Repeats a start-up warning on stderr for a human at a terminal (text logs), where a log
+/// filter could hide it; JSON logs stay one JSON object per line.
+fn shout(settings: &Settings, warning: &str) {
+    if settings.log_format == LogFormat::Text {
+        eprintln!("WARNING: {warning}");
+    }
 }
 
 /// The opened store, and the embedded one again if that is what it is (for snapshots).
@@ -72,7 +81,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
             );
             for w in &report.warnings {
                 tracing::warn!("{w}");
-                eprintln!("WARNING: {w}");
+                shout(settings, w);
             }
             Ok(OpenedStore {
                 store: Arc::new(store),
@@ -116,6 +125,29 @@ pub struct Application {
     memory: Option<Arc<MemoryStore>>,
     snapshotter: Option<tokio::task::JoinHandle<()>>,
     reloader: Option<tokio::task::JoinHandle<()>>,
+    audit_reader: tokio::task::JoinHandle<()>,
+}
+
+/// Reads the last audit's summary now and every `every`, into the audit gauges. A store that
+/// does not answer leaves the gauges as they were.
+fn spawn_audit_reader(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match tokio::time::timeout(Duration::from_secs(5), store.audit_summary()).await {
+                Ok(Ok(Some(s))) => metrics.set_audit(&s),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "reading the audit summary failed"),
+                Err(_) => tracing::debug!("reading the audit summary timed out"),
+            }
+        }
+    })
 }
 
 impl Application {
@@ -126,13 +158,18 @@ impl Application {
             let warning = "NO AUTH: no tokens file (NAMELIST_TOKENS_FILE) is configured, so every \
                            /v1 endpoint is open to anyone who can reach this port";
             tracing::error!("{warning}");
-            eprintln!("WARNING: {warning}");
+            shout(&settings, warning);
         } else {
             tracing::info!(tokens = tokens.len(), "bearer-token auth on");
         }
         let reloader = tokens.spawn_reloader(Duration::from_secs(10));
         let opened = open_store(&settings).await?;
         let metrics = Arc::new(Metrics::new());
+        let audit_reader = spawn_audit_reader(
+            opened.store.clone(),
+            metrics.clone(),
+            Duration::from_secs(settings.audit_refresh_secs),
+        );
         let lists = web::Data::new(NameLists::new(
             opened.store.clone(),
             settings.list_settings(),
@@ -155,6 +192,10 @@ impl Application {
             .port();
         let metrics = web::Data::from(metrics);
         let limit = web::Data::new(BodyLimit(settings.max_body_bytes));
+        let limits = web::Data::new(Limits::new(
+            settings.max_in_flight_requests,
+            settings.max_buffered_body_bytes,
+        ));
         let app_lists = lists.clone();
         let app_tokens = web::Data::from(tokens);
         let mut server = HttpServer::new(move || {
@@ -164,17 +205,24 @@ impl Application {
                 .app_data(velocity.clone())
                 .app_data(metrics.clone())
                 .app_data(limit.clone())
+                .app_data(limits.clone())
                 .app_data(web::QueryConfig::default().error_handler(routes::query_error))
+                .wrap(from_fn(limit_in_flight))
                 .wrap(from_fn(routes::observe))
                 .configure(routes::configure)
                 .default_service(web::to(routes::not_found))
         })
         .shutdown_timeout(25)
         .client_request_timeout(Duration::from_secs(10))
-        .max_connections(10_000);
-        if let Some(w) = settings.workers {
-            server = server.workers(w);
-        }
+        .client_disconnect_timeout(Duration::from_secs(1))
+        .keep_alive(Duration::from_secs(settings.keep_alive_secs));
+        let workers = settings.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        // actix counts connections per worker.
+        server = server
+            .workers(workers)
+            .max_connections(settings.max_connections.div_ceil(workers));
         let server = server
             .listen(listener)
             .map_err(|source| StartupError::Bind {
@@ -211,6 +259,7 @@ impl Application {
             memory: opened.memory,
             snapshotter,
             reloader,
+            audit_reader,
         })
     }
 
@@ -228,11 +277,14 @@ impl Application {
         self.server.handle()
     }
 
-    /// Serves until stopped (SIGTERM/SIGINT drain in-flight requests for up to 25 s), then
+    /// Serves until stopped (SIGTERM drains in-flight requests for up to 25 s; SIGINT, Ctrl-C, stops at once: actix treats it as forced), then
     /// writes the embedded store's snapshot.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
-        for t in [self.snapshotter, self.reloader].into_iter().flatten() {
+        for t in [self.snapshotter, self.reloader, Some(self.audit_reader)]
+            .into_iter()
+            .flatten()
+        {
             t.abort();
         }
         if let Some(m) = self.memory {

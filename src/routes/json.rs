@@ -9,7 +9,9 @@ use futures::StreamExt;
 use futures::future::LocalBoxFuture;
 use serde::de::DeserializeOwned;
 
+use super::limits::Limits;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 /// How long a request body may take to arrive.
 pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -34,11 +36,24 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             .get(actix_web::http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
+        let limits = req.app_data::<web::Data<Limits>>().cloned();
+        let metrics = req.app_data::<web::Data<Metrics>>().cloned();
         let mut payload = payload.take();
         Box::pin(async move {
             if declared.is_some_and(|n| n > limit) {
                 return Err(ApiError::PayloadTooLarge { limit });
             }
+            // The shared budget of buffered bodies (see `limits`), held until decoded.
+            let mut held = None;
+            let mut reserve = |bytes: usize| match &limits {
+                Some(l) => l.reserve_body(&mut held, bytes).inspect_err(|_| {
+                    if let Some(m) = &metrics {
+                        m.overloaded.with_label_values(&["body_bytes"]).inc();
+                    }
+                }),
+                None => Ok(()),
+            };
+            reserve(declared.unwrap_or(0))?;
             // Memory grows with what arrives, not with what a client claims will.
             let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(64 * 1024));
             let read = async {
@@ -48,6 +63,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
                     if body.len() + chunk.len() > limit {
                         return Err(ApiError::PayloadTooLarge { limit });
                     }
+                    reserve(body.len() + chunk.len())?;
                     body.extend_from_slice(&chunk);
                 }
                 Ok(())

@@ -5,15 +5,20 @@ pub mod check;
 pub mod events;
 pub mod health;
 pub mod json;
+pub mod limits;
 pub mod lists;
 pub mod velocity;
 
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use actix_web::body::MessageBody;
+use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpResponse, web};
+use tracing::Instrument;
 
 use crate::auth::{require_admin, require_read, require_write};
 use crate::error::ApiError;
@@ -142,20 +147,54 @@ pub fn query_error(
     ApiError::InvalidBody(format!("query string: {err}")).into()
 }
 
-/// Times every request by route pattern (never the raw path, which may carry an identifier)
-/// and logs one line per request.
+/// The header a request id is read from (when the caller sends a sane one) and echoed in.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// A caller's request id if it is 1 to 64 characters of `[A-Za-z0-9._:-]` (anything else
+/// could be an identifier or a log injection), else a new one.
+fn request_id(req: &ServiceRequest) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static BOOT: OnceLock<u32> = OnceLock::new();
+    let sane = |s: &&str| {
+        (1..=64).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    };
+    match req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(sane)
+    {
+        Some(id) => id.to_owned(),
+        None => format!(
+            "{:08x}-{:x}",
+            BOOT.get_or_init(rand::random::<u32>),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ),
+    }
+}
+
+/// Runs every request in a `request` span (method, route pattern, request id: never the raw
+/// path, which may carry an identifier), times it by route pattern, logs one line per
+/// request and echoes the request id in `x-request-id`.
 pub async fn observe(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let started = Instant::now();
     let metrics = req.app_data::<web::Data<Metrics>>().cloned();
     let method = req.method().to_string();
-    let res = next.call(req).await?;
-    let route = res
-        .request()
+    let route = req
         .match_pattern()
         .unwrap_or_else(|| "unmatched".to_owned());
+    let id = request_id(&req);
+    let span = tracing::info_span!("request", method, route, request_id = id);
+    let mut res = next
+        .call(req)
+        .instrument(span.clone())
+        .await?
+        .map_into_boxed_body();
     let status = res.status().as_u16();
     let elapsed = started.elapsed();
     if let Some(m) = metrics {
@@ -163,16 +202,22 @@ pub async fn observe(
             .with_label_values(&[route.as_str(), method.as_str(), &status.to_string()])
             .observe(elapsed.as_secs_f64());
     }
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        res.headers_mut()
+            .insert(HeaderName::from_static(REQUEST_ID), v);
+    }
     let error_code = res
         .response()
         .error()
         .and_then(|e| e.as_error::<ApiError>())
         .map(ApiError::code);
     let latency_us = elapsed.as_micros() as u64;
-    if status >= 500 {
-        tracing::warn!(method, route, status, latency_us, error_code, "request");
+    let _in = span.enter();
+    // Overload is logged at debug: one warning per refused request would add to the load.
+    if status >= 500 && error_code != Some("overloaded") {
+        tracing::warn!(status, latency_us, error_code, "request");
     } else {
-        tracing::debug!(method, route, status, latency_us, error_code, "request");
+        tracing::debug!(status, latency_us, error_code, "request");
     }
     Ok(res)
 }

@@ -72,6 +72,10 @@
 //! fingerprint (the field, as 16 hex digits) and the masked value; never the raw value.
 //! Every write publishes an [`Invalidation`] (postcard-encoded) on the channel `<prefix>inv`
 //! so every instance drops what it cached for those fields.
+//!
+//! The audit tool (`namelist-tools audit`) leaves its last summary in the hash
+//! `<prefix>audit:last` ([`AuditSummary`]); every service instance reads it periodically and
+//! exports it as gauges (buckets near and over the listpack limit, bytes per entry).
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
@@ -199,6 +203,11 @@ impl Layout {
         format!("{}audit", self.prefix)
     }
 
+    /// The hash holding the last audit's [`AuditSummary`].
+    pub fn audit_summary_key(&self) -> String {
+        format!("{}audit:last", self.prefix)
+    }
+
     pub fn channel(&self) -> String {
         format!("{}inv", self.prefix)
     }
@@ -232,6 +241,73 @@ impl Layout {
     /// The hash of metric (`metric`) or rule (`rule`) definitions.
     pub fn definitions_key(&self, kind: &str) -> String {
         format!("{}defs:{kind}", self.prefix)
+    }
+}
+
+/// What the last audit found, as the audit tool leaves it in `<prefix>audit:last` for the
+/// service's gauges. With `sampled`, the bucket counts are scaled from the sample to every
+/// bucket found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditSummary {
+    /// When the audit started, Unix ms.
+    pub at_ms: i64,
+    pub sampled: bool,
+    /// Bucket keys found.
+    pub buckets: u64,
+    pub entries: u64,
+    pub bytes_per_entry: f64,
+    /// `hash-max-listpack-entries` (the lowest over the nodes), if known.
+    pub listpack_limit: Option<u64>,
+    /// Buckets at 90 % of the limit or more, but not over it.
+    pub near_limit: u64,
+    pub over_limit: u64,
+    pub hashtable: u64,
+    /// Entries past their expiry, not yet swept.
+    pub expired: u64,
+}
+
+impl AuditSummary {
+    /// The hash fields, as written.
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("at_ms", self.at_ms.to_string()),
+            ("sampled", u8::from(self.sampled).to_string()),
+            ("buckets", self.buckets.to_string()),
+            ("entries", self.entries.to_string()),
+            ("bytes_per_entry", format!("{:.3}", self.bytes_per_entry)),
+            (
+                "listpack_limit",
+                self.listpack_limit
+                    .map_or_else(String::new, |l| l.to_string()),
+            ),
+            ("near_limit", self.near_limit.to_string()),
+            ("over_limit", self.over_limit.to_string()),
+            ("hashtable", self.hashtable.to_string()),
+            ("expired", self.expired.to_string()),
+        ]
+    }
+
+    /// Reads the hash back; `None` if a field is missing or unreadable (an older or foreign
+    /// writer), so a gauge never shows a made-up number.
+    pub fn from_fields(fields: &std::collections::HashMap<String, String>) -> Option<Self> {
+        fn get<T: std::str::FromStr>(
+            f: &std::collections::HashMap<String, String>,
+            k: &str,
+        ) -> Option<T> {
+            f.get(k)?.parse().ok()
+        }
+        Some(Self {
+            at_ms: get(fields, "at_ms")?,
+            sampled: get::<u8>(fields, "sampled")? == 1,
+            buckets: get(fields, "buckets")?,
+            entries: get(fields, "entries")?,
+            bytes_per_entry: get(fields, "bytes_per_entry")?,
+            listpack_limit: get(fields, "listpack_limit"),
+            near_limit: get(fields, "near_limit")?,
+            over_limit: get(fields, "over_limit")?,
+            hashtable: get(fields, "hashtable")?,
+            expired: get(fields, "expired")?,
+        })
     }
 }
 

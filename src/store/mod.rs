@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-pub use layout::{AuditRecord, EntryKey, Invalidation, Layout, PrefixLen, Scope};
+pub use layout::{AuditRecord, AuditSummary, EntryKey, Invalidation, Layout, PrefixLen, Scope};
 
 /// Why a store call failed. Every variant is the service's (or its store's) problem, never
 /// the caller's: the HTTP layer answers 503.
@@ -187,6 +187,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The newest `count` audit records, oldest first.
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
+
+    /// The last audit's summary (`<prefix>audit:last`), if an audit left one. The embedded
+    /// store is never audited.
+    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
+        Ok(None)
+    }
 
     /// Runs metric updates and reads, in one round trip; one answer per op, in order.
     async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>>;

@@ -26,9 +26,9 @@ use super::conn::{ConnectOptions, Keyed, RedisConn};
 
 use super::layout::{FORMAT_VERSION, MAX_MEAN_FILL};
 use super::{
-    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult,
-    StoredDefinition, WriteBatch,
+    AuditRecord, AuditSummary, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
+    MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
+    StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
@@ -528,6 +528,24 @@ impl RedisStore {
             .map_err(unavailable)
     }
 
+    /// Replaces the last audit's summary (`<prefix>audit:last`), read by every instance.
+    pub async fn put_audit_summary(&self, summary: &AuditSummary) -> StoreResult<()> {
+        let key = self.layout.audit_summary_key();
+        let mut del = redis::cmd("DEL");
+        del.arg(&key);
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&key);
+        for (k, v) in summary.to_fields() {
+            hset.arg(k).arg(v);
+        }
+        let k = key.into_bytes();
+        self.conn
+            .run_writes(vec![(k.clone(), del), (k, hset)], true, 0, Duration::ZERO)
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
     /// The command connection, for tools that run their own commands.
     pub fn connection(&self) -> RedisConn {
         self.conn.clone()
@@ -916,6 +934,16 @@ impl Store for RedisStore {
                     .collect(),
             })
             .collect())
+    }
+
+    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
+        let mut conn = self.conn.clone();
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.layout.audit_summary_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(AuditSummary::from_fields(&fields))
     }
 
     async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {

@@ -29,7 +29,7 @@ pub use compare::{Comparison, LayoutCost};
 use super::Global;
 use crate::domain::{EPOCH_2020_MS, now_ms};
 use crate::store::Store;
-use crate::store::layout::{Layout, MAX_MEAN_FILL};
+use crate::store::layout::{AuditSummary, Layout, MAX_MEAN_FILL};
 use crate::store::redis::RedisStore;
 
 /// Counts a bucket's expired fields, fields that never expire and values that are not integers.
@@ -54,6 +54,9 @@ return {expired, never, unreadable}
 pub const MAX_LISTED_BUCKETS: usize = 1000;
 /// Bins of the fill histogram.
 pub const HISTOGRAM_BINS: u64 = 20;
+/// A bucket is *near the limit* from this percentage of `hash-max-listpack-entries` on (and
+/// not over it): the next few hundred writes to it may turn it into a hashtable.
+pub const NEAR_LIMIT_PERCENT: u64 = 90;
 
 /// Measure the keyspace's Redis memory: bytes per entry, bucket fill, problem buckets.
 ///
@@ -88,6 +91,10 @@ pub struct Args {
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Do not leave the summary in `<prefix>audit:last` (the service's audit gauges); with
+    /// `--compare-sample 0` the audit then writes nothing at all.
+    #[arg(long)]
+    pub no_summary: bool,
     /// Also write a self-contained HTML report with charts to FILE.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
@@ -109,6 +116,7 @@ impl Default for Args {
             sample: None,
             project: 50_000_000_000,
             json: false,
+            no_summary: false,
             html: None,
             compare_sample: 10_000,
             batch: 500,
@@ -248,6 +256,8 @@ pub struct AuditReport {
     /// `hash-max-listpack-entries`, if `CONFIG GET` answered (on a cluster: the lowest over
     /// the primaries that answered).
     pub listpack_limit: Option<u64>,
+    /// Buckets at [`NEAR_LIMIT_PERCENT`] of the limit or more, but not over it.
+    pub near_limit_bucket_count: u64,
     pub over_limit_bucket_count: u64,
     /// Buckets with more fields than the limit (the first 1000).
     pub over_limit_buckets: Vec<ProblemBucket>,
@@ -497,6 +507,42 @@ fn histogram(fills: &BTreeMap<u64, u64>, limit: Option<u64>) -> Vec<FillBin> {
         out[i].buckets += count;
     }
     out
+}
+
+/// Buckets from [`NEAR_LIMIT_PERCENT`] of the limit up to the limit (none when it is unknown).
+fn near_limit(fills: &BTreeMap<u64, u64>, limit: Option<u64>) -> u64 {
+    limit.map_or(0, |l| {
+        fills
+            .range((l * NEAR_LIMIT_PERCENT).div_ceil(100)..=l)
+            .map(|(_, n)| n)
+            .sum()
+    })
+}
+
+impl AuditReport {
+    /// The summary the service exports as gauges; with `--sample`, bucket counts are scaled
+    /// to every bucket found.
+    pub fn summary(&self) -> AuditSummary {
+        let scale = |n: u64| {
+            if self.sampled && self.buckets > 0 {
+                (n as f64 * self.buckets_found as f64 / self.buckets as f64).round() as u64
+            } else {
+                n
+            }
+        };
+        AuditSummary {
+            at_ms: self.started_at_ms,
+            sampled: self.sampled,
+            buckets: self.buckets_found,
+            entries: scale(self.entries),
+            bytes_per_entry: self.bytes_per_entry,
+            listpack_limit: self.listpack_limit,
+            near_limit: scale(self.near_limit_bucket_count),
+            over_limit: scale(self.over_limit_bucket_count),
+            hashtable: scale(self.hashtable_bucket_count),
+            expired: scale(self.expired_entries),
+        }
+    }
 }
 
 fn fill_stats(t: &Totals) -> FillStats {
@@ -1108,6 +1154,7 @@ pub async fn audit_with_progress(
         })
         .collect();
 
+    let near_limit_bucket_count = near_limit(&totals.fills, limit);
     Ok(AuditReport {
         prefix: layout.prefix().to_owned(),
         redis_version: distinct(nodes.iter().map(|n| n.redis_version.clone())),
@@ -1129,6 +1176,7 @@ pub async fn audit_with_progress(
         fill_counts: totals.fills,
         encodings: totals.encodings,
         listpack_limit: limit,
+        near_limit_bucket_count,
         over_limit_bucket_count: totals.over_limit.0,
         over_limit_buckets: totals.over_limit.1,
         hashtable_bucket_count: totals.hashtable.0,
@@ -1153,6 +1201,12 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
             .expect("a valid progress template"),
     );
     let report = audit_with_progress(&store, &args, &progress).await?;
+    if !args.no_summary {
+        store
+            .put_audit_summary(&report.summary())
+            .await
+            .context("writing the summary to <prefix>audit:last (--no-summary skips it)")?;
+    }
     if let Some(path) = &args.html {
         std::fs::write(path, render::html(&report))
             .with_context(|| format!("writing {}", path.display()))?;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value as Json;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
@@ -312,7 +313,8 @@ impl Velocity {
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = std::time::Instant::now();
-        let r = match tokio::time::timeout(deadline, fut).await {
+        let span = tracing::info_span!("store", op);
+        let r = match tokio::time::timeout(deadline, fut.instrument(span.clone())).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(deadline)),
         };
@@ -322,7 +324,7 @@ impl Velocity {
             .observe(started.elapsed().as_secs_f64());
         if let Err(e) = &r {
             self.metrics.store_errors.with_label_values(&[op]).inc();
-            tracing::warn!(op, error = %e, "store call failed");
+            span.in_scope(|| tracing::warn!(error = %e, "store call failed"));
         }
         r
     }

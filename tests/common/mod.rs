@@ -21,7 +21,7 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -429,6 +429,14 @@ impl TestApp {
         let res = self.post("/v1/check", body).await;
         assert_eq!(res.status(), 200, "check failed");
         res.json().await.expect("check body")
+    }
+
+    /// The value of one series on `/metrics` (`name` or `name{labels}`, exactly as rendered).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.get("/metrics").await.text().await.expect("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     pub async fn stop(&self) {

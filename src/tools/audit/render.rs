@@ -135,6 +135,13 @@ fn summary(r: &AuditReport) -> Vec<(String, String)> {
     rows.extend([
         ("hash-max-listpack-entries".to_owned(), limit),
         (
+            format!(
+                "buckets near the limit (>= {} %)",
+                super::NEAR_LIMIT_PERCENT
+            ),
+            thousands(r.near_limit_bucket_count),
+        ),
+        (
             "buckets over the limit".to_owned(),
             thousands(r.over_limit_bucket_count),
         ),

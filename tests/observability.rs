@@ -1,0 +1,283 @@
+//! What operators see: request ids, JSON log lines inside `request` and `store` spans with
+//! no raw identifier in them, and the last audit's findings as gauges on `/metrics`.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, free_port, redis_settings, spawn_app, test_settings};
+use serde_json::{Value, json};
+
+const PHONE: &str = "13812345678";
+const IMEI: &str = "490154203237518";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_a_request_id() {
+    let app = spawn_app(test_settings()).await;
+    let id_of = |res: &reqwest::Response| {
+        res.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .expect("x-request-id on every answer")
+    };
+    let a = id_of(&app.get("/healthz").await);
+    let b = id_of(&app.get("/v1/nowhere").await);
+    assert_ne!(a, b, "ids are unique");
+
+    // A caller's sane id is kept, so its logs and ours can be joined.
+    let res = app
+        .client
+        .get(app.url("/healthz"))
+        .header("x-request-id", "engine-7f3a:42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id_of(&res), "engine-7f3a:42");
+    // Anything else is replaced: it could carry an identifier or forge a log line.
+    for bad in [
+        "has space",
+        "13812345678\n{\"level\":\"ERROR\"}",
+        &"x".repeat(65),
+        "",
+    ] {
+        let res = app
+            .client
+            .get(app.url("/healthz"))
+            .header("x-request-id", bad.replace('\n', " "))
+            .send()
+            .await
+            .unwrap();
+        let id = id_of(&res);
+        assert_ne!(id, bad.replace('\n', " "));
+        assert!(id.len() <= 32 && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+    }
+}
+
+/// The binary on a Redis, logging JSON at debug into a file; killed when dropped.
+struct Logged {
+    child: Child,
+    port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_logged(redis: &RedisServer) -> Logged {
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_namelist"))
+            .env_clear()
+            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
+            .env("NAMELIST_REDIS_URL", redis.url())
+            .env("NAMELIST_KEY_PREFIX", "obs:")
+            .env("NAMELIST_WORKERS", "1")
+            .env("NAMELIST_LOG_FORMAT", "json")
+            // A check deadline a loaded CI machine meets; debug shows every request line.
+            .env("NAMELIST_CHECK_DEADLINE_MS", "1000")
+            .env("NAMELIST_WRITE_DEADLINE_MS", "300")
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("spawning the namelist binary");
+        let mut s = Logged { child, port, log };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if s.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            let ready = client
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .send()
+                .await;
+            if ready.is_ok_and(|r| r.status() == 200) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(s);
+    }
+    panic!("the namelist binary did not start");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
+    let redis = RedisServer::start();
+    let service = start_logged(&redis).await;
+    let client = reqwest::Client::new();
+    let url = |p: &str| format!("http://127.0.0.1:{}{p}", service.port);
+
+    let res = client
+        .post(url("/v1/lists/black/entries"))
+        .json(&json!({"entries": [
+            {"dimension": "phone", "value": PHONE, "reason": "test"},
+            {"dimension": "imei", "value": IMEI}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let res = client
+        .post(url("/v1/check"))
+        .json(&json!({"lists": ["black"], "subjects": {"phone": PHONE, "imei": IMEI}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let check_id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["hits"].as_array().unwrap().len(), 2, "{body}");
+    // The identifier in the path and in a refused body.
+    let res = client
+        .get(url(&format!("/v1/lists/black/entries/phone/{PHONE}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let res = client
+        .post(url("/v1/check"))
+        .json(&json!({"lists": ["black"], "subjects": {"phone": [PHONE, 5]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    // A store failure inside a span: Redis stalls past the deadline.
+    let mut conn = redis.conn();
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg(1.5).query(&mut conn);
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let res = client
+        .post(url("/v1/lists/black/entries"))
+        .json(&json!({"entries": [{"dimension": "phone", "value": "13900000001"}]}))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap();
+    sleeper.join().unwrap();
+    assert_eq!(res.status(), 503, "the write missed its 300 ms deadline");
+
+    // The request lines are written when the answer is; give the file a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = std::fs::read_to_string(service.log.path()).unwrap();
+    assert!(!log.is_empty());
+    let mut request_lines = Vec::new();
+    for line in log.lines() {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        if v["message"] == "request" {
+            request_lines.push(v);
+        }
+    }
+    for raw in [PHONE, IMEI, "13900000001"] {
+        assert!(!log.contains(raw), "the log holds {raw}:\n{log}");
+    }
+    let check_line = request_lines
+        .iter()
+        .find(|v| v["span"]["request_id"] == check_id.as_str())
+        .unwrap_or_else(|| panic!("no request line for {check_id}:\n{log}"));
+    assert_eq!(check_line["span"]["route"], "/v1/check");
+    assert_eq!(check_line["span"]["method"], "POST");
+    assert_eq!(check_line["status"], 200);
+    assert!(
+        request_lines
+            .iter()
+            .any(|v| v["span"]["route"] == "/v1/lists/{list}/entries/{dimension}/{value:.*}"),
+        "the lookup is logged by its route pattern:\n{log}"
+    );
+    // The failed store call is logged inside the store span, inside the request span.
+    let failed = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["message"] == "store call failed")
+        .unwrap_or_else(|| panic!("no store failure logged:\n{log}"));
+    assert_eq!(failed["span"]["op"], "write", "{failed}");
+    let spans: Vec<&str> = failed["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(spans, ["request", "store"], "{failed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_audit_is_exported_as_gauges() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    // One bucket: 470 entries put it at 92 % of the default listpack limit of 512.
+    settings.expected_entries = Some(400);
+    settings.audit_refresh_secs = 1;
+    let prefix = settings.key_prefix.clone();
+    let app = spawn_app(settings).await;
+    assert_eq!(
+        app.metric("namelist_audit_last_run_timestamp_seconds")
+            .await,
+        Some(0.0),
+        "no audit yet"
+    );
+    let entries: Vec<Value> = (0..470)
+        .map(|i| json!({"dimension": "uid", "value": format!("u{i}")}))
+        .collect();
+    let res = app
+        .post("/v1/lists/black/entries", &json!({"entries": entries}))
+        .await;
+    assert_eq!(res.status(), 200);
+
+    let before = namelist::domain::now_ms() as f64 / 1000.0;
+    let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
+        .args(["--redis-url", &redis.url(), "--prefix", &prefix, "audit"])
+        .args(["--compare-sample", "0", "--project", "0"])
+        .env_remove("NAMELIST_CONFIG")
+        .env_remove("NAMELIST_EXPECTED_ENTRIES")
+        .output()
+        .expect("namelist-tools runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("buckets near the limit"), "{table}");
+
+    let started = Instant::now();
+    loop {
+        let at = app
+            .metric("namelist_audit_last_run_timestamp_seconds")
+            .await
+            .unwrap();
+        if at > 0.0 {
+            assert!(at >= before - 1.0, "{at} {before}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the gauges never showed the audit"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (series, want) in [
+        ("namelist_audit_buckets{state=\"all\"}", 1.0),
+        ("namelist_audit_buckets{state=\"near_limit\"}", 1.0),
+        ("namelist_audit_buckets{state=\"over_limit\"}", 0.0),
+        ("namelist_audit_buckets{state=\"hashtable\"}", 0.0),
+        ("namelist_audit_entries", 470.0),
+        ("namelist_audit_expired_entries", 0.0),
+    ] {
+        assert_eq!(app.metric(series).await, Some(want), "{series}");
+    }
+    let bpe = app.metric("namelist_audit_bytes_per_entry").await.unwrap();
+    assert!((10.0..40.0).contains(&bpe), "{bpe}");
+}
