@@ -277,8 +277,9 @@ impl Application {
         self.server.handle()
     }
 
-    /// Serves until stopped (SIGTERM drains in-flight requests for up to 25 s; SIGINT, Ctrl-C, stops at once: actix treats it as forced), then
-    /// writes the embedded store's snapshot.
+    /// Serves until stopped, then writes the embedded store's snapshot. SIGTERM drains
+    /// in-flight requests for up to 25 s; SIGINT (Ctrl-C) stops at once (actix treats it as a
+    /// forced shutdown).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         for t in [self.snapshotter, self.reloader, Some(self.audit_reader)]
