@@ -34,8 +34,10 @@ async fn every_answer_carries_a_request_id() {
         .await
         .unwrap();
     assert_eq!(id_of(&res), "engine-7f3a:42");
-    // Anything else is replaced: it could carry an identifier or forge a log line.
+    // Anything else is replaced: it could be an identifier or forge a log line.
     for bad in [
+        PHONE,
+        "11010519491231002X",
         "has space",
         "13812345678\n{\"level\":\"ERROR\"}",
         &"x".repeat(65),

@@ -150,8 +150,9 @@ pub fn query_error(
 /// The header a request id is read from (when the caller sends a sane one) and echoed in.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// A caller's request id if it is 1 to 64 characters of `[A-Za-z0-9._:-]` (anything else
-/// could be an identifier or a log injection), else a new one.
+/// A caller's request id if it is 1 to 64 characters of `[A-Za-z0-9._:-]` and not digits
+/// alone (anything else could be a log injection, or a phone, IMEI or ID card number), else a
+/// new one.
 fn request_id(req: &ServiceRequest) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static BOOT: OnceLock<u32> = OnceLock::new();
@@ -159,6 +160,9 @@ fn request_id(req: &ServiceRequest) -> String {
         (1..=64).contains(&s.len())
             && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+            && !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'X' | b'x' | b'-' | b' '))
     };
     match req
         .headers()
