@@ -1,0 +1,1335 @@
+//! Load test of `POST /v1/check` on the real service over Redis: latency at fixed rates and the
+//! maximum throughput, for a cache-hit mix and a cache-miss mix, next to a direct-Redis
+//! baseline (the same lookups as pipelined `HGET`s from a Rust client), all in one run.
+//!
+//! `cargo bench --bench load` (needs `redis-server` on PATH or `$REDIS_SERVER`). About 2 min 15 s
+//! after compiling with the defaults; the first run also installs `oha` (below).
+//!
+//! What it does:
+//!
+//! 1. Starts its own `redis-server` (free port, `--save "" --appendonly no`), has
+//!    `namelist-tools gen` write `NAMELIST_LOAD_ENTRIES` (100,000) entries over the 7 built-in
+//!    dimensions (uid, phone, id_card, device, imei, wifi_mac, ip; 30 % of IPs are IPv6) in
+//!    lists `black` and `grey`, sandbox `loan`, plus non-members (values listed nowhere), and
+//!    loads them with `namelist-tools import`. Four IP ranges are then added through the API
+//!    (`black`: a /16 and a /24; `grey`: a /24 and an IPv6 /48), so an IPv4 subject costs
+//!    3 + 2 probes and an IPv6 one 1 + 2: a check is 17 (IPv4) or 15 (IPv6) lookups.
+//! 2. Builds check bodies `{"sandbox": "loan", "lists": ["black", "grey"], "subjects": {7
+//!    dimensions}}` from non-members, 10 % of them carrying one listed value (a member, or an
+//!    address inside a listed range), so about one check in ten has hits.
+//! 3. Starts the release `namelist` binary (`CARGO_BIN_EXE_namelist`) as a child process:
+//!    `NAMELIST_WORKERS` from `NAMELIST_LOAD_WORKERS` (2), `NAMELIST_CHECK_DEADLINE_MS=20`,
+//!    `NAMELIST_LOG_FORMAT=json`, `RUST_LOG=warn`, and waits for `/readyz` and the
+//!    invalidation subscription.
+//!    * **hit mix**: 1,000 distinct subjects, each checked once first (every answer is
+//!      verified: 200, `degraded: false`, hits exactly for the subjects carrying a listed
+//!      value), so every lookup is then a local-cache hit (the cache keeps an answer 30 s,
+//!      so a few refetches show in the hit ratio);
+//!    * **miss mix**: the service restarted with `NAMELIST_CACHE_CAPACITY=1`, and bodies drawn
+//!      at random from 50,000 distinct subjects. oha (`-Z`) picks a random line of a file per
+//!      request, so bodies repeat within a run; a one-entry cache makes a repeat miss all the
+//!      same, and 50,000 subjects make two concurrent checks of the same keys (which the
+//!      service would coalesce into one read) negligible. So every check pays the full miss
+//!      path: cache probe, one pipelined round trip of 15-17 `HGET`s, cache insert. The IP
+//!      prefix registry has its own cache (unaffected), as in production. The hit ratio
+//!      column (from `/metrics`) shows the cache answered ~0 %.
+//!
+//!    Each mix runs at fixed rates (`oha -q R --latency-correction`, `NAMELIST_LOAD_SECS`
+//!    (10) s each, after a 2 s warm-up), then at an unlimited rate (`-c 64`, 1.5 × as long):
+//!    achieved checks/s, p50 / p99 / p99.9, errors (non-200 answers and transport errors),
+//!    `degraded` answers (the service's own counter, so every answer is covered), the cache
+//!    hit ratio and the CPU each process used. A sample of answers is verified after each
+//!    mix.
+//! 4. **direct-Redis baseline**, with the service stopped: the miss mix's subjects turned into
+//!    the exact keys a check reads (`Layout::entry_key` over 2 lists × 7 dimensions, plus one
+//!    probe per registered prefix length of the address's family, read from the registries),
+//!    each check one pipeline of `HGET`s on one multiplexed `ConnectionManager` (what the
+//!    service uses), from 64 concurrent tasks (max), and open-loop at 5,000 checks/s.
+//!
+//! Prints a table, the ratios of the service's maximum throughput (each mix) to the baseline's,
+//! whether the targets are met (p99 ≤ 2 ms at 5,000 checks/s with misses; ≥ 30,000 checks/s
+//! with hits), then one JSON line.
+//!
+//! **The load generator shares the 2 cores** with the service and Redis (and the baseline's
+//! client does too): oha runs with `NAMELIST_LOAD_GEN_THREADS` (1) worker thread and the
+//! baseline's Tokio runtime with as many. The CPU columns show where the time went: the
+//! service, Redis, and everything else (mostly the generator).
+//!
+//! The load generator is `oha` (crates.io): `$NAMELIST_LOAD_OHA`, else `oha` on PATH, else
+//! `target/oha/bin/oha`, which is installed there (`cargo install oha --locked --root
+//! target/oha`, ~10 minutes on 2 cores, once) when missing; it never touches `~/.cargo/bin`.
+//! If that fails, `wrk` (Debian package) with `benches/load/wrk.lua` runs the unlimited-rate
+//! runs only (wrk has no fixed-rate mode).
+//!
+//! Knobs: `NAMELIST_LOAD_SECS` (10), `NAMELIST_LOAD_ENTRIES` (100000), `NAMELIST_LOAD_WORKERS`
+//! (2; a list such as `1,2` runs both mixes per count), `NAMELIST_LOAD_HIT_RATES`
+//! (1000,5000,10000,20000), `NAMELIST_LOAD_MISS_RATES` (1000,2500,5000),
+//! `NAMELIST_LOAD_CONNECTIONS` (64), `NAMELIST_LOAD_GEN_THREADS` (1), `NAMELIST_LOAD_OHA`,
+//! `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 400)` buckets, so
+//! a larger figure makes smaller buckets), `NAMELIST_LOAD_PERF=DIR` (`perf record -e cpu-clock
+//! -g` of the service and of Redis during each unlimited run, into DIR; `perf report -i`).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use namelist::domain::{Dimension, ListName, Sandbox, Value};
+use namelist::store::{Layout, PrefixLen};
+use serde_json::{Value as Json, json};
+
+const SERVICE: &str = env!("CARGO_BIN_EXE_namelist");
+const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
+const WRK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/load/wrk.lua");
+
+const DIMS: [&str; 7] = [
+    "uid", "phone", "id_card", "device", "imei", "wifi_mac", "ip",
+];
+const LISTS: [&str; 2] = ["black", "grey"];
+const SANDBOX: &str = "loan";
+const PREFIX: &str = "nl:";
+/// IP ranges added through the API: (list, range).
+const RANGES: [(&str, &str); 4] = [
+    ("black", "10.1.0.0/16"),
+    ("black", "10.2.2.0/24"),
+    ("grey", "10.3.3.0/24"),
+    ("grey", "3fff:1:2::/48"),
+];
+const HIT_SUBJECTS: usize = 1_000;
+const MISS_SUBJECTS: usize = 50_000;
+/// Share of subjects carrying one listed value, in percent.
+const LISTED_PCT: u64 = 10;
+const WARMUP_SECS: f64 = 2.0;
+const BASELINE_RATE: u64 = 5_000;
+const SAMPLE: usize = 200;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+// ---------------------------------------------------------------------------------------------
+// Settings and small helpers
+
+struct Knobs {
+    secs: f64,
+    entries: u64,
+    expected_entries: u64,
+    workers: Vec<usize>,
+    hit_rates: Vec<u64>,
+    miss_rates: Vec<u64>,
+    connections: usize,
+    gen_threads: usize,
+    perf_dir: Option<PathBuf>,
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_list(name: &str, default: &str) -> Vec<u64> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .filter_map(|s| s.trim().replace('_', "").parse().ok())
+        .collect()
+}
+
+impl Knobs {
+    fn from_env() -> Self {
+        let entries = env_u64("NAMELIST_LOAD_ENTRIES", 100_000).max(1_000);
+        Self {
+            secs: env_u64("NAMELIST_LOAD_SECS", 10).max(1) as f64,
+            entries,
+            expected_entries: env_u64("NAMELIST_LOAD_EXPECTED_ENTRIES", entries).max(1),
+            workers: env_list("NAMELIST_LOAD_WORKERS", "2")
+                .into_iter()
+                .map(|w| w.max(1) as usize)
+                .collect(),
+            hit_rates: env_list("NAMELIST_LOAD_HIT_RATES", "1000,5000,10000,20000"),
+            miss_rates: env_list("NAMELIST_LOAD_MISS_RATES", "1000,2500,5000"),
+            connections: env_u64("NAMELIST_LOAD_CONNECTIONS", 64).max(1) as usize,
+            gen_threads: env_u64("NAMELIST_LOAD_GEN_THREADS", 1).max(1) as usize,
+            perf_dir: std::env::var_os("NAMELIST_LOAD_PERF").map(PathBuf::from),
+        }
+    }
+}
+
+/// A deterministic splitmix64 stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawning a tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// Percentile of sorted durations, in milliseconds.
+fn pct_ms(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU accounting: /proc/<pid>/stat of the service and Redis, /proc/stat for the whole machine.
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of a process, in ticks.
+fn proc_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    get(11) + get(12)
+}
+
+/// Busy ticks of the whole machine (all CPUs), from /proc/stat.
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().next() else {
+        return 0;
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    total - idle
+}
+
+#[derive(Clone, Copy)]
+struct CpuMark {
+    at: Instant,
+    service: u64,
+    redis: u64,
+    machine: u64,
+}
+
+impl CpuMark {
+    fn take(service: Option<u32>, redis: u32) -> Self {
+        Self {
+            at: Instant::now(),
+            service: service.map(proc_ticks).unwrap_or(0),
+            redis: proc_ticks(redis),
+            machine: machine_busy_ticks(),
+        }
+    }
+
+    /// Percent of one core used since `self` by (service, Redis, everything else).
+    fn since(&self, service: Option<u32>, redis: u32, tck: f64) -> [f64; 3] {
+        let now = Self::take(service, redis);
+        let secs = now.at.duration_since(self.at).as_secs_f64().max(1e-3);
+        let p = |t: u64| t as f64 / tck / secs * 100.0;
+        let s = p(now.service.saturating_sub(self.service));
+        let r = p(now.redis.saturating_sub(self.redis));
+        let m = p(now.machine.saturating_sub(self.machine));
+        [s, r, (m - s - r).max(0.0)]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data: generated entries, subjects, check bodies
+
+/// One check's subject and whether it carries a listed value.
+struct Subject {
+    values: Vec<(&'static str, String)>,
+    listed: bool,
+}
+
+impl Subject {
+    fn body(&self) -> String {
+        let subjects: serde_json::Map<String, Json> = self
+            .values
+            .iter()
+            .map(|(d, v)| ((*d).to_owned(), Json::String(v.clone())))
+            .collect();
+        json!({"sandbox": SANDBOX, "lists": LISTS, "subjects": subjects}).to_string()
+    }
+}
+
+/// Values by dimension from a `gen` CSV (`list,dimension,value,...`).
+fn read_values(path: &Path) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    let mut reader = csv::Reader::from_path(path).expect("reading a gen file");
+    for row in reader.records() {
+        let row = row.expect("a CSV row");
+        let (Some(dim), Some(value)) = (row.get(1), row.get(2)) else {
+            continue;
+        };
+        if dim == "ip" && value.contains('/') {
+            continue; // a range: not a value a check may carry
+        }
+        out.entry(dim.to_owned())
+            .or_default()
+            .push(value.to_owned());
+    }
+    out
+}
+
+/// An address inside one of `RANGES`.
+fn address_in_range(range: &str, rng: &mut Rng) -> String {
+    let r = rng.next();
+    match range {
+        "10.1.0.0/16" => format!("10.1.{}.{}", (r >> 8) & 255, r & 255),
+        "10.2.2.0/24" => format!("10.2.2.{}", r & 255),
+        "10.3.3.0/24" => format!("10.3.3.{}", r & 255),
+        _ => format!("3fff:1:2:{:x}::{:x}", (r >> 16) & 0xffff, r & 0xffff),
+    }
+}
+
+/// `n` subjects of fresh non-member values; `LISTED_PCT` % carry one listed value instead.
+fn subjects(
+    n: usize,
+    outsiders: &HashMap<String, Vec<String>>,
+    cursor: &mut usize,
+    members: &HashMap<String, Vec<String>>,
+    rng: &mut Rng,
+) -> Vec<Subject> {
+    (0..n)
+        .map(|_| {
+            let mut values: Vec<(&'static str, String)> = DIMS
+                .iter()
+                .map(|d| {
+                    let pool = &outsiders[*d];
+                    (*d, pool[*cursor % pool.len()].clone())
+                })
+                .collect();
+            *cursor += 1;
+            let listed = rng.below(100) < LISTED_PCT;
+            if listed {
+                let which = rng.below(DIMS.len() as u64 + 1) as usize;
+                if which == DIMS.len() {
+                    let (_, range) = RANGES[rng.below(RANGES.len() as u64) as usize];
+                    values[6].1 = address_in_range(range, rng);
+                } else {
+                    let pool = &members[DIMS[which]];
+                    values[which].1 = pool[rng.below(pool.len() as u64) as usize].clone();
+                }
+            }
+            Subject { values, listed }
+        })
+        .collect()
+}
+
+fn write_bodies(path: &Path, subjects: &[Subject]) {
+    let mut text = String::with_capacity(subjects.len() * 360);
+    for s in subjects {
+        text.push_str(&s.body());
+        text.push('\n');
+    }
+    std::fs::write(path, text).expect("writing bodies");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The service as a child process
+
+struct Service {
+    child: Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Service {
+    async fn start(
+        redis_url: &str,
+        workers: usize,
+        extra: &[(&str, &str)],
+        dir: &Path,
+        http: &reqwest::Client,
+    ) -> Self {
+        let port = free_port();
+        let log = dir.join(format!("service-{port}.log"));
+        let mut cmd = Command::new(SERVICE);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("NAMELIST_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("NAMELIST_REDIS_URL", redis_url)
+            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
+            .env("NAMELIST_LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn")
+            .env("NAMELIST_WORKERS", workers.to_string())
+            .env("NAMELIST_CHECK_DEADLINE_MS", "20");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let file = std::fs::File::create(&log).expect("service log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log handle"))
+            .stderr(file)
+            .spawn()
+            .expect("spawning the namelist service");
+        let mut service = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        };
+        service.wait_ready(http).await;
+        service
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn wait_ready(&mut self, http: &reqwest::Client) {
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the service exited ({status}) at start-up:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            let ready = match http.get(self.url("/readyz")).send().await {
+                Ok(r) if r.status() == 200 => {
+                    self.metric(http, "namelist_invalidation_subscription_up")
+                        .await
+                        == 1.0
+                }
+                _ => false,
+            };
+            if ready {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the service was not ready within 20 s:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// One value of `/metrics` (summed over its series); 0 if absent.
+    async fn metric(&self, http: &reqwest::Client, name: &str) -> f64 {
+        self.metrics(http, &[name]).await[0]
+    }
+
+    async fn metrics(&self, http: &reqwest::Client, names: &[&str]) -> Vec<f64> {
+        let text = match http.get(self.url("/metrics")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        names
+            .iter()
+            .map(|name| {
+                text.lines()
+                    .filter(|l| {
+                        l.strip_prefix(name)
+                            .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                    })
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            })
+            .collect()
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Counters read around a run: cache hits, cache misses, degraded answers, refused answers.
+const COUNTERS: [&str; 4] = [
+    "namelist_cache_hits_total",
+    "namelist_cache_misses_total",
+    "namelist_degraded_answers_total",
+    "namelist_refused_answers_total",
+];
+
+/// Posts `n` bodies (spread over the list) and checks every answer: 200, not degraded, hits
+/// exactly when the subject carries a listed value. Returns the number of answers with hits.
+async fn verify(
+    http: &reqwest::Client,
+    service: &Service,
+    subjects: &[Subject],
+    n: usize,
+) -> usize {
+    let url = service.url("/v1/check");
+    let step = (subjects.len() / n.max(1)).max(1);
+    let mut with_hits = 0;
+    for s in subjects.iter().step_by(step).take(n) {
+        let res = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(s.body())
+            .send()
+            .await
+            .expect("check request");
+        let status = res.status().as_u16();
+        let body: Json = res.json().await.expect("check answer JSON");
+        assert_eq!(status, 200, "check answered {status}: {body}");
+        assert_eq!(body["degraded"], false, "degraded answer: {body}");
+        let hits = body["hits"].as_array().map(Vec::len).unwrap_or(0);
+        assert_eq!(
+            hits > 0,
+            s.listed,
+            "subject listed={} but {hits} hits: {}",
+            s.listed,
+            s.body()
+        );
+        with_hits += usize::from(hits > 0);
+    }
+    with_hits
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load generator
+
+enum Generator {
+    Oha(PathBuf),
+    Wrk(PathBuf),
+}
+
+/// What one generator run measured.
+#[derive(Default, Clone)]
+struct Measured {
+    rps: f64,
+    ok: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    errors: u64,
+    statuses: BTreeMap<String, u64>,
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The target directory this bench was built in.
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            // target/<profile>/deps/load-<hash>
+            let deps = exe.parent()?;
+            (deps.file_name()? == "deps").then(|| deps.parent()?.parent().map(Path::to_path_buf))?
+        })
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+fn find_generator() -> Option<Generator> {
+    if let Some(p) = std::env::var_os("NAMELIST_LOAD_OHA") {
+        return Some(Generator::Oha(PathBuf::from(p)));
+    }
+    if let Some(p) = on_path("oha") {
+        return Some(Generator::Oha(p));
+    }
+    let root = target_dir().join("oha");
+    let local = root.join("bin").join("oha");
+    if local.is_file() {
+        return Some(Generator::Oha(local));
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!(
+        "oha not found: installing it with `{cargo} install oha --locked --root {}` (once; ~10 minutes on 2 cores)",
+        root.display()
+    );
+    let installed = Command::new(&cargo)
+        .args(["install", "oha", "--locked", "--root"])
+        .arg(&root)
+        .status()
+        .is_ok_and(|s| s.success());
+    if installed && local.is_file() {
+        return Some(Generator::Oha(local));
+    }
+    eprintln!("installing oha failed; falling back to wrk (unlimited-rate runs only)");
+    on_path("wrk").map(Generator::Wrk)
+}
+
+impl Generator {
+    fn name(&self) -> &'static str {
+        match self {
+            Generator::Oha(_) => "oha",
+            Generator::Wrk(_) => "wrk",
+        }
+    }
+
+    fn version(&self) -> String {
+        let (bin, arg) = match self {
+            Generator::Oha(p) => (p, "--version"),
+            Generator::Wrk(p) => (p, "-v"),
+        };
+        Command::new(bin)
+            .arg(arg)
+            .output()
+            .ok()
+            .map(|o| {
+                let mut s = String::from_utf8_lossy(&o.stdout).to_string();
+                s.push_str(&String::from_utf8_lossy(&o.stderr));
+                let first = s.lines().next().unwrap_or("");
+                first
+                    .split(" Copyright")
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned()
+            })
+            .unwrap_or_default()
+    }
+
+    fn fixed_rates(&self) -> bool {
+        matches!(self, Generator::Oha(_))
+    }
+
+    /// POSTs random lines of `bodies` to `url` for `secs`, at `rate` checks/s or unlimited.
+    fn run(
+        &self,
+        url: &str,
+        bodies: &Path,
+        rate: Option<u64>,
+        secs: f64,
+        connections: usize,
+        threads: usize,
+    ) -> Measured {
+        match self {
+            Generator::Oha(bin) => {
+                let mut cmd = Command::new(bin);
+                cmd.args(["--no-tui", "--output-format", "json", "-w"])
+                    .arg("-z")
+                    .arg(format!("{}ms", (secs * 1e3) as u64))
+                    .arg("-c")
+                    .arg(connections.to_string())
+                    .arg("--worker-threads")
+                    .arg(threads.to_string())
+                    .args(["-m", "POST", "-H", "content-type: application/json", "-Z"])
+                    .arg(bodies);
+                if let Some(r) = rate {
+                    cmd.arg("-q").arg(r.to_string()).arg("--latency-correction");
+                }
+                cmd.arg(url);
+                let out: Json = serde_json::from_str(&run(&mut cmd)).expect("oha JSON output");
+                let statuses: BTreeMap<String, u64> = out["statusCodeDistribution"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let transport: u64 = out["errorDistribution"]
+                    .as_object()
+                    .map(|m| m.values().filter_map(Json::as_u64).sum())
+                    .unwrap_or(0);
+                let ok = statuses.get("200").copied().unwrap_or(0);
+                let non_ok: u64 = statuses
+                    .iter()
+                    .filter(|(k, _)| *k != "200")
+                    .map(|(_, v)| v)
+                    .sum();
+                let total = out["summary"]["total"].as_f64().unwrap_or(secs);
+                let p = |k: &str| out["latencyPercentiles"][k].as_f64().unwrap_or(0.0) * 1e3;
+                Measured {
+                    rps: ok as f64 / total,
+                    ok,
+                    p50_ms: p("p50"),
+                    p99_ms: p("p99"),
+                    p999_ms: p("p99.9"),
+                    errors: non_ok + transport,
+                    statuses,
+                }
+            }
+            Generator::Wrk(bin) => {
+                assert!(rate.is_none(), "wrk has no fixed-rate mode");
+                let mut cmd = Command::new(bin);
+                cmd.arg("-t")
+                    .arg(threads.to_string())
+                    .arg("-c")
+                    .arg(connections.max(threads).to_string())
+                    .arg("-d")
+                    .arg(format!("{}s", secs.ceil() as u64))
+                    .arg("-s")
+                    .arg(WRK_SCRIPT)
+                    .arg(url)
+                    .arg("--")
+                    .arg(bodies);
+                let stdout = run(&mut cmd);
+                let line = stdout
+                    .lines()
+                    .rev()
+                    .find(|l| l.starts_with('{'))
+                    .unwrap_or_else(|| panic!("no JSON line from wrk: {stdout}"));
+                let out: Json = serde_json::from_str(line).expect("wrk script JSON");
+                let n = |k: &str| out[k].as_u64().unwrap_or(0);
+                let total = n("duration_us") as f64 / 1e6;
+                let ok = n("requests").saturating_sub(n("non2xx"));
+                Measured {
+                    rps: ok as f64 / total.max(1e-3),
+                    ok,
+                    p50_ms: n("p50_us") as f64 / 1e3,
+                    p99_ms: n("p99_us") as f64 / 1e3,
+                    p999_ms: n("p999_us") as f64 / 1e3,
+                    errors: n("non2xx") + n("errors"),
+                    statuses: BTreeMap::new(),
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One row of the report
+
+struct Row {
+    mix: String,
+    workers: Option<usize>,
+    rate: Option<u64>,
+    m: Measured,
+    degraded: f64,
+    refused: f64,
+    cache_hit_pct: Option<f64>,
+    cpu: [f64; 3],
+}
+
+impl Row {
+    fn json(&self) -> Json {
+        json!({
+            "mix": self.mix,
+            "workers": self.workers,
+            "rate": self.rate,
+            "achieved_per_sec": self.m.rps,
+            "ok": self.m.ok,
+            "p50_ms": self.m.p50_ms,
+            "p99_ms": self.m.p99_ms,
+            "p999_ms": self.m.p999_ms,
+            "errors": self.m.errors,
+            "statuses": self.m.statuses,
+            "degraded": self.degraded,
+            "refused": self.refused,
+            "cache_hit_pct": self.cache_hit_pct,
+            "cpu_pct": {"service": self.cpu[0], "redis": self.cpu[1], "other": self.cpu[2]},
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "  {:<12} {:>7} {:>7} {:>10.0} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>8} {:>7} {:>5.0}/{:>3.0}/{:>3.0}",
+            self.mix,
+            self.workers.map(|w| w.to_string()).unwrap_or("-".into()),
+            self.rate.map(|r| r.to_string()).unwrap_or("max".into()),
+            self.m.rps,
+            self.m.p50_ms,
+            self.m.p99_ms,
+            self.m.p999_ms,
+            self.m.errors,
+            self.degraded + self.refused,
+            self.cache_hit_pct
+                .map(|p| format!("{p:.1}"))
+                .unwrap_or("-".into()),
+            self.cpu[0],
+            self.cpu[1],
+            self.cpu[2],
+        );
+    }
+}
+
+fn print_header() {
+    println!(
+        "  {:<12} {:>7} {:>7} {:>10} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>13}",
+        "mix",
+        "workers",
+        "rate",
+        "checks/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "errors",
+        "degraded",
+        "hit %",
+        "cpu% svc/rd/gen"
+    );
+}
+
+/// Everything a service phase needs.
+struct Phase<'a> {
+    knobs: &'a Knobs,
+    generator: &'a Generator,
+    http: &'a reqwest::Client,
+    redis_pid: u32,
+    tck: f64,
+}
+
+impl Phase<'_> {
+    /// One generator run against `service`, with the service's counters and CPU around it.
+    async fn measure(
+        &self,
+        mix: &str,
+        workers: usize,
+        service: &Service,
+        bodies: &Path,
+        rate: Option<u64>,
+        secs: f64,
+    ) -> Row {
+        let before = service.metrics(self.http, &COUNTERS).await;
+        let cpu = CpuMark::take(Some(service.pid()), self.redis_pid);
+        let perf: Vec<Child> = match (&self.knobs.perf_dir, rate) {
+            (Some(dir), None) => {
+                std::fs::create_dir_all(dir).expect("perf directory");
+                [("service", service.pid()), ("redis", self.redis_pid)]
+                    .into_iter()
+                    .filter_map(|(who, pid)| {
+                        // cpu-clock: virtual machines often have no hardware counters.
+                        Command::new("perf")
+                            .args(["record", "-e", "cpu-clock", "-F", "999", "-g", "-p"])
+                            .arg(pid.to_string())
+                            .arg("-o")
+                            .arg(dir.join(format!("{mix}-w{workers}-{who}.perf.data")))
+                            .args(["--", "sleep"])
+                            .arg(format!("{}", secs.ceil() as u64))
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .spawn()
+                            .ok()
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let url = service.url("/v1/check");
+        let (generator, knobs, path) = (self.generator, self.knobs, bodies.to_path_buf());
+        let m = tokio::task::block_in_place(|| {
+            generator.run(
+                &url,
+                &path,
+                rate,
+                secs,
+                knobs.connections,
+                knobs.gen_threads,
+            )
+        });
+        let cpu = cpu.since(Some(service.pid()), self.redis_pid, self.tck);
+        for mut p in perf {
+            let _ = p.wait();
+        }
+        let after = service.metrics(self.http, &COUNTERS).await;
+        let d: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        let lookups = d[0] + d[1];
+        let row = Row {
+            mix: mix.to_owned(),
+            workers: Some(workers),
+            rate,
+            m,
+            degraded: d[2],
+            refused: d[3],
+            cache_hit_pct: (lookups > 0.0).then(|| d[0] / lookups * 100.0),
+            cpu,
+        };
+        row.print();
+        row
+    }
+
+    /// Warm-up, the fixed rates, then the unlimited rate.
+    async fn mix(
+        &self,
+        mix: &str,
+        workers: usize,
+        service: &Service,
+        bodies: &Path,
+        rates: &[u64],
+    ) -> Vec<Row> {
+        let warm_rate = rates.first().copied().unwrap_or(1_000);
+        tokio::task::block_in_place(|| {
+            self.generator.run(
+                &service.url("/v1/check"),
+                bodies,
+                self.generator.fixed_rates().then_some(warm_rate),
+                WARMUP_SECS,
+                self.knobs.connections,
+                self.knobs.gen_threads,
+            )
+        });
+        let mut rows = Vec::new();
+        if self.generator.fixed_rates() {
+            for &r in rates {
+                rows.push(
+                    self.measure(mix, workers, service, bodies, Some(r), self.knobs.secs)
+                        .await,
+                );
+            }
+        }
+        rows.push(
+            self.measure(mix, workers, service, bodies, None, self.knobs.secs * 1.5)
+                .await,
+        );
+        rows
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The direct-Redis baseline
+
+/// The (bucket key, field) pairs one check of `s` reads, exactly as the service builds them.
+fn check_keys(layout: &Layout, registries: &[Vec<PrefixLen>], s: &Subject) -> Vec<(String, i64)> {
+    let sandbox: Sandbox = SANDBOX.parse().expect("sandbox");
+    let mut keys = Vec::new();
+    for (li, list) in LISTS.iter().enumerate() {
+        let list: ListName = list.parse().expect("list name");
+        for (dim, raw) in &s.values {
+            let dimension = Dimension::try_from((*dim).to_owned()).expect("dimension");
+            let value = Value::parse_check(&dimension, raw).expect("a valid subject value");
+            let mut probe = |v: &Value| {
+                let k = layout.entry_key(&list, &dimension, &sandbox, v);
+                keys.push((layout.bucket_key(k.bucket), k.field));
+            };
+            probe(&value);
+            if let Some(ip) = value.as_ip() {
+                for len in registries[li].iter().filter(|p| p.family == ip.family()) {
+                    probe(&Value::Ip(ip.within(len.len)));
+                }
+            }
+        }
+    }
+    keys
+}
+
+async fn baseline_checks(url: &str, subjects: &[Subject]) -> Res<Vec<Vec<(String, i64)>>> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let buckets: u32 = redis::cmd("HGET")
+        .arg(format!("{PREFIX}meta"))
+        .arg("buckets")
+        .query_async(&mut conn)
+        .await?;
+    let layout = Layout::new(PREFIX, buckets);
+    let mut registries = Vec::new();
+    for list in LISTS {
+        let members: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{PREFIX}p:{list}:{SANDBOX}"))
+            .query_async(&mut conn)
+            .await?;
+        let mut lens: Vec<PrefixLen> = members
+            .iter()
+            .filter_map(|m| PrefixLen::parse_member(m))
+            .collect();
+        lens.sort();
+        registries.push(lens);
+    }
+    Ok(subjects
+        .iter()
+        .map(|s| check_keys(&layout, &registries, s))
+        .collect())
+}
+
+async fn one_check(
+    conn: &mut redis::aio::ConnectionManager,
+    keys: &[(String, i64)],
+) -> Result<usize, ()> {
+    let mut pipe = redis::pipe();
+    for (k, f) in keys {
+        pipe.cmd("HGET").arg(k).arg(*f);
+    }
+    match pipe.query_async::<Vec<Option<u32>>>(conn).await {
+        Ok(v) if v.len() == keys.len() => Ok(v.iter().filter(|c| c.is_some()).count()),
+        _ => Err(()),
+    }
+}
+
+/// `tasks` concurrent closed loops (rate `None`), or an open loop at `rate` checks/s.
+async fn baseline(
+    url: &str,
+    checks: Arc<Vec<Vec<(String, i64)>>>,
+    rate: Option<u64>,
+    tasks: usize,
+    secs: f64,
+) -> Res<Measured> {
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
+    let started = Instant::now();
+    let stop = started + Duration::from_secs_f64(secs);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    match rate {
+        None => {
+            for _ in 0..tasks {
+                let (mut conn, checks, next) = (conn.clone(), checks.clone(), next.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut lat = Vec::new();
+                    let mut errors = 0u64;
+                    while Instant::now() < stop {
+                        let i = next.fetch_add(1, Ordering::Relaxed) % checks.len();
+                        let t = Instant::now();
+                        if one_check(&mut conn, &checks[i]).await.is_err() {
+                            errors += 1;
+                        }
+                        lat.push(t.elapsed());
+                    }
+                    (lat, errors)
+                }));
+            }
+        }
+        Some(rate) => {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            while Instant::now() < stop {
+                tick.tick().await;
+                let (mut conn, checks) = (conn.clone(), checks.clone());
+                let i = next.fetch_add(1, Ordering::Relaxed) % checks.len();
+                handles.push(tokio::spawn(async move {
+                    let t = Instant::now();
+                    let failed = one_check(&mut conn, &checks[i]).await.is_err();
+                    (vec![t.elapsed()], u64::from(failed))
+                }));
+            }
+        }
+    }
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        let (l, e) = h.await?;
+        lat.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let ok = lat.len() as u64 - errors;
+    Ok(Measured {
+        rps: ok as f64 / elapsed,
+        ok,
+        p50_ms: pct_ms(&lat, 0.5),
+        p99_ms: pct_ms(&lat, 0.99),
+        p999_ms: pct_ms(&lat, 0.999),
+        errors,
+        statuses: BTreeMap::new(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn main() {
+    let knobs = Knobs::from_env();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(knobs.gen_threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(bench(knobs));
+}
+
+async fn bench(knobs: Knobs) {
+    let generator = find_generator()
+        .expect("no load generator: oha could not be installed and wrk is not on PATH");
+    let tck = clock_ticks();
+    let redis = RedisServer::start();
+    let redis_url = redis.url();
+    let redis_pid: u32 = {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut redis.conn())
+            .expect("INFO server");
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("redis process_id")
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("HTTP client");
+
+    // Data: members into Redis, non-members for subjects.
+    let setup = Instant::now();
+    let members_csv = dir.path().join("members.csv");
+    let outsiders_csv = dir.path().join("outsiders.csv");
+    let outsider_rows = 8 * (HIT_SUBJECTS + MISS_SUBJECTS) as u64;
+    let mix = DIMS.map(|d| format!("{d}=1")).join(",");
+    run(Command::new(TOOLS).args([
+        "gen",
+        "--rows",
+        &knobs.entries.to_string(),
+        "--seed",
+        "42",
+        "--lists",
+        &LISTS.join(","),
+        "--sandboxes",
+        SANDBOX,
+        "--mix",
+        &mix,
+        "--cidr-share",
+        "0",
+        "--non-member-rows",
+        &outsider_rows.to_string(),
+        "--non-members",
+        outsiders_csv.to_str().expect("UTF-8 path"),
+        "--out",
+        members_csv.to_str().expect("UTF-8 path"),
+        "--quiet",
+    ]));
+    let imported: Json = serde_json::from_str(
+        run(Command::new(TOOLS).args([
+            "--redis-url",
+            &redis_url,
+            "--prefix",
+            PREFIX,
+            "--expected-entries",
+            &knobs.expected_entries.to_string(),
+            "import",
+            members_csv.to_str().expect("UTF-8 path"),
+            "--quiet",
+            "--json",
+        ]))
+        .trim(),
+    )
+    .expect("import summary JSON");
+    let buckets: u64 = redis::cmd("HGET")
+        .arg(format!("{PREFIX}meta"))
+        .arg("buckets")
+        .query(&mut redis.conn())
+        .expect("the keyspace's bucket count");
+    let members = read_values(&members_csv);
+    let outsiders = read_values(&outsiders_csv);
+    for d in DIMS {
+        assert!(
+            outsiders.get(d).is_some_and(|v| v.len() > 1_000) && members.contains_key(d),
+            "gen wrote too few {d} values"
+        );
+    }
+    let mut rng = Rng(7);
+    let mut cursor = 0;
+    let hit_subjects = subjects(HIT_SUBJECTS, &outsiders, &mut cursor, &members, &mut rng);
+    let miss_subjects = subjects(MISS_SUBJECTS, &outsiders, &mut cursor, &members, &mut rng);
+    let hit_bodies = dir.path().join("hit.jsonl");
+    let miss_bodies = dir.path().join("miss.jsonl");
+    write_bodies(&hit_bodies, &hit_subjects);
+    write_bodies(&miss_bodies, &miss_subjects);
+    let body_bytes = std::fs::metadata(&miss_bodies)
+        .map(|m| m.len())
+        .unwrap_or(0)
+        / MISS_SUBJECTS as u64;
+
+    println!();
+    println!(
+        "namelist load benchmark: {} entries imported ({} lists x 7 dimensions, sandbox {SANDBOX}; {buckets} buckets, \
+         ~{} per bucket) + {} ranges; generator {} ({}), {} thread(s), -c {}; {} s per fixed rate, {} s unlimited; \
+         setup {:.1} s",
+        imported["entries_written"].as_u64().unwrap_or(0),
+        LISTS.len(),
+        knobs.entries / buckets.max(1),
+        RANGES.len(),
+        generator.name(),
+        generator.version(),
+        knobs.gen_threads,
+        knobs.connections,
+        knobs.secs,
+        knobs.secs * 1.5,
+        setup.elapsed().as_secs_f64()
+    );
+    println!(
+        "  bodies: {HIT_SUBJECTS} hit-mix subjects, {MISS_SUBJECTS} miss-mix subjects, ~{body_bytes} B each, \
+         {LISTED_PCT} % carry a listed value; the generator shares the machine's {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    if !generator.fixed_rates() {
+        println!("  (wrk: no fixed-rate mode, unlimited-rate runs only)");
+    }
+    print_header();
+
+    let phase = Phase {
+        knobs: &knobs,
+        generator: &generator,
+        http: &http,
+        redis_pid,
+        tck,
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut ranges_written = false;
+    let mut sample_hits = Vec::new();
+    for &workers in &knobs.workers {
+        // Hit mix: the default cache.
+        let service = Service::start(&redis_url, workers, &[], dir.path(), &http).await;
+        if !ranges_written {
+            for (list, range) in RANGES {
+                let res = http
+                    .post(service.url(&format!("/v1/lists/{list}/entries")))
+                    .json(&json!({"entries": [{"dimension": "ip", "value": range, "sandbox": SANDBOX}]}))
+                    .send()
+                    .await
+                    .expect("writing a range");
+                assert_eq!(res.status(), 200, "writing {range}");
+            }
+            ranges_written = true;
+        }
+        // Every hit-mix subject once: verified, and now cached.
+        let listed = verify(&http, &service, &hit_subjects, HIT_SUBJECTS).await;
+        sample_hits.push(listed);
+        rows.extend(
+            phase
+                .mix("hit", workers, &service, &hit_bodies, &knobs.hit_rates)
+                .await,
+        );
+        verify(&http, &service, &hit_subjects, SAMPLE).await;
+        service.stop();
+
+        // Miss mix: a one-entry cache, so every lookup goes to Redis.
+        let service = Service::start(
+            &redis_url,
+            workers,
+            &[("NAMELIST_CACHE_CAPACITY", "1")],
+            dir.path(),
+            &http,
+        )
+        .await;
+        verify(&http, &service, &miss_subjects, SAMPLE).await;
+        rows.extend(
+            phase
+                .mix("miss", workers, &service, &miss_bodies, &knobs.miss_rates)
+                .await,
+        );
+        verify(&http, &service, &miss_subjects, SAMPLE).await;
+        service.stop();
+    }
+
+    // Direct-Redis baseline, the service stopped.
+    let checks = Arc::new(
+        baseline_checks(&redis_url, &miss_subjects)
+            .await
+            .expect("baseline keys"),
+    );
+    let lookups = checks.iter().map(Vec::len).sum::<usize>() as f64 / checks.len() as f64;
+    let mut base_rows = Vec::new();
+    for rate in [Some(BASELINE_RATE), None] {
+        let secs = if rate.is_some() {
+            knobs.secs
+        } else {
+            knobs.secs * 1.5
+        };
+        let cpu = CpuMark::take(None, redis_pid);
+        let m = baseline(&redis_url, checks.clone(), rate, knobs.connections, secs)
+            .await
+            .expect("baseline run");
+        let row = Row {
+            mix: "redis-direct".into(),
+            workers: None,
+            rate,
+            m,
+            degraded: 0.0,
+            refused: 0.0,
+            cache_hit_pct: None,
+            cpu: cpu.since(None, redis_pid, tck),
+        };
+        row.print();
+        base_rows.push(row);
+    }
+    println!(
+        "  (redis-direct: {lookups:.1} HGETs per check in one pipeline, one multiplexed connection, \
+         {} tasks at max; its client is the 'gen' CPU)",
+        knobs.connections
+    );
+
+    let base_max = base_rows.last().map(|r| r.m.rps).unwrap_or(0.0);
+    let max_of = |mix: &str| {
+        rows.iter()
+            .filter(|r| r.mix == mix && r.rate.is_none())
+            .map(|r| r.m.rps)
+            .fold(0.0, f64::max)
+    };
+    let (hit_max, miss_max) = (max_of("hit"), max_of("miss"));
+    let miss_5k_p99 = rows
+        .iter()
+        .filter(|r| r.mix == "miss" && r.rate == Some(5_000))
+        .map(|r| r.m.p99_ms)
+        .fold(None, |acc: Option<f64>, p| {
+            Some(acc.map_or(p, |a| a.min(p)))
+        });
+    println!();
+    println!(
+        "  service max / redis-direct max: hit mix {:.2}x ({hit_max:.0} / {base_max:.0}), miss mix {:.2}x ({miss_max:.0} / {base_max:.0})",
+        hit_max / base_max,
+        miss_max / base_max
+    );
+    let miss_target = miss_5k_p99.map(|p| p <= 2.0);
+    let hit_target = hit_max >= 30_000.0;
+    println!(
+        "  target p99 <= 2 ms at 5,000 checks/s with misses: {} ({}); target >= 30,000 checks/s with hits: {} ({hit_max:.0})",
+        match miss_target {
+            Some(true) => "MET",
+            Some(false) => "NOT MET",
+            None => "not measured",
+        },
+        miss_5k_p99
+            .map(|p| format!("p99 {p:.3} ms"))
+            .unwrap_or("-".into()),
+        if hit_target { "MET" } else { "NOT MET" },
+    );
+    println!(
+        "{}",
+        json!({
+            "bench": "load",
+            "generator": {"name": generator.name(), "version": generator.version(),
+                          "threads": knobs.gen_threads, "connections": knobs.connections},
+            "entries": imported["entries_written"],
+            "buckets": buckets,
+            "ranges": RANGES.len(),
+            "secs_per_rate": knobs.secs,
+            "lookups_per_check": lookups,
+            "hit_subjects_verified_with_hits": sample_hits,
+            "runs": rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "baseline": base_rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "ratio_hit_max_to_baseline": hit_max / base_max,
+            "ratio_miss_max_to_baseline": miss_max / base_max,
+            "target_miss_p99_le_2ms_at_5000": miss_target,
+            "target_hit_ge_30000": hit_target,
+        })
+    );
+}
