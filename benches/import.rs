@@ -116,7 +116,7 @@ fn main() {
 
     let fresh = import(&redis, &first, rows);
     let incremental = import(&redis, &second, rows);
-    let buckets = rows.div_ceil(400);
+    let buckets = u64::from(namelist::store::Layout::buckets_for(rows));
     let bench_fields = redis_benchmark(&redis, buckets);
 
     let rate = |v: &Value| v["rows_per_sec"].as_f64().unwrap_or(0.0);

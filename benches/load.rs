@@ -65,7 +65,7 @@
 //! (2; a list such as `1,2` runs both mixes per count), `NAMELIST_LOAD_HIT_RATES`
 //! (1000,5000,10000,20000), `NAMELIST_LOAD_MISS_RATES` (1000,2500,5000),
 //! `NAMELIST_LOAD_CONNECTIONS` (64), `NAMELIST_LOAD_GEN_THREADS` (1), `NAMELIST_LOAD_OHA`,
-//! `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 400)` buckets, so
+//! `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
 //! a larger figure makes smaller buckets), `NAMELIST_LOAD_PERF=DIR` (`perf record -e cpu-clock
 //! -g` of the service and of Redis during each unlimited run, into DIR; `perf report -i`).
 

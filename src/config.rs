@@ -31,7 +31,7 @@ pub struct Settings {
     pub redis_cluster_nodes: Vec<String>,
     /// Prefix of every key the service writes.
     pub key_prefix: String,
-    /// Sizes the bucket count of a new keyspace (`ceil(n / 400)`). Unset: an existing
+    /// Sizes the bucket count of a new keyspace (`ceil(n / 200)`). Unset: an existing
     /// keyspace's recorded count is adopted and a new one is sized for 1,000,000 entries.
     pub expected_entries: Option<u64>,
     /// How long a cached answer may be used at most (the bound on staleness if an

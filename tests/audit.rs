@@ -23,8 +23,8 @@ async fn open(server: &RedisServer, prefix: &str) -> RedisStore {
         url: server.url(),
         cluster_nodes: Vec::new(),
         prefix: prefix.into(),
-        expected_entries: Some(4000),
-        default_expected_entries: 4000,
+        expected_entries: Some(2000),
+        default_expected_entries: 2000,
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,
@@ -156,7 +156,7 @@ async fn totals_equal_an_independent_sum_and_expired_fields_are_counted() {
     assert!(report.memory.used_memory.unwrap() > 0);
     let p = report.projection.as_ref().expect("projection");
     assert_eq!(p.entries, 50_000_000_000);
-    assert_eq!(p.buckets, 125_000_000);
+    assert_eq!(p.buckets, 250_000_000, "200 entries per bucket");
     assert!((p.bytes - report.bytes_per_entry * 5e10).abs() < 1.0);
 
     // A sample probes exactly that many distinct buckets.
@@ -368,8 +368,8 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {
         url: String::new(),
         cluster_nodes: cluster.urls(),
         prefix: prefix.into(),
-        expected_entries: Some(4000),
-        default_expected_entries: 4000,
+        expected_entries: Some(2000),
+        default_expected_entries: 2000,
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,

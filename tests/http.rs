@@ -652,7 +652,10 @@ async fn buckets_are_listpacks_with_integer_fields() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(meta["format"], "1");
-    assert_eq!(meta["buckets"], "2500");
+    assert_eq!(
+        meta["buckets"], "5000",
+        "1,000,000 entries by default, 200 per bucket"
+    );
 }
 
 macro_rules! on_a_node_and_a_cluster {

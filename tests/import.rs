@@ -178,7 +178,7 @@ async fn restore_builds_what_hset_would() {
     let rows = rows(20_000, "r");
     write_csv_absolute(&file, &rows);
 
-    let restored = open(&redis, "r:", 20_000).await;
+    let restored = open(&redis, "r:", 10_000).await;
     let a = import(
         Some(&restored),
         restored_layout(&restored),
@@ -197,7 +197,7 @@ async fn restore_builds_what_hset_would() {
     assert_eq!(a.buckets_restored, 50, "every bucket was new: all RESTOREd");
     assert_eq!(a.buckets_hset, 0);
 
-    let hset = open(&redis, "h:", 20_000).await;
+    let hset = open(&redis, "h:", 10_000).await;
     let mut args = Args::for_file(&file);
     args.no_restore = true;
     let b = import(Some(&hset), restored_layout(&hset), &args)

@@ -38,7 +38,7 @@ fn keyspace_error(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bucket_count_is_fixed_at_creation() {
     let redis = RedisServer::start();
-    let (store, report) = RedisStore::open(options(&redis, "k:", Some(4_000_000)))
+    let (store, report) = RedisStore::open(options(&redis, "k:", Some(2_000_000)))
         .await
         .unwrap();
     assert!(report.created);
@@ -46,7 +46,7 @@ async fn the_bucket_count_is_fixed_at_creation() {
     assert_eq!(store.layout().buckets(), 10_000);
 
     // The same configuration reopens it.
-    let (_, report) = RedisStore::open(options(&redis, "k:", Some(4_000_000)))
+    let (_, report) = RedisStore::open(options(&redis, "k:", Some(2_000_000)))
         .await
         .unwrap();
     assert!(!report.created);
@@ -54,7 +54,7 @@ async fn the_bucket_count_is_fixed_at_creation() {
     // Another configured count is refused, with a message that says what to do.
     let msg = keyspace_error(RedisStore::open(options(&redis, "k:", Some(1_000_000))).await);
     assert!(
-        msg.contains("10000 buckets") && msg.contains("2500"),
+        msg.contains("10000 buckets") && msg.contains("5000"),
         "{msg}"
     );
     assert!(msg.contains("NAMELIST_EXPECTED_ENTRIES"), "{msg}");
@@ -70,7 +70,7 @@ async fn the_bucket_count_is_fixed_at_creation() {
     assert!(report.created);
     assert_eq!(
         store.layout().buckets(),
-        2_500,
+        5_000,
         "a new keyspace with nothing configured"
     );
 }
@@ -120,7 +120,7 @@ async fn a_low_listpack_limit_is_a_loud_warning() {
         .unwrap();
     assert!(
         report.warnings.is_empty(),
-        "512 is enough for a mean of 400: {:?}",
+        "512 is enough for a mean of 200: {:?}",
         report.warnings
     );
 }
@@ -154,7 +154,7 @@ async fn the_embedded_store_keeps_its_lists_across_restarts() {
             &json!({"entries": [
                 {"dimension": "ip", "value": "10.1.0.0/16"},
                 {"dimension": "uid", "value": "kept", "ttl_seconds": 3600},
-                {"dimension": "uid", "value": "short", "expires_at": namelist::domain::now_ms() + 10}
+                {"dimension": "uid", "value": "short", "expires_at": namelist::domain::now_ms() + 300}
             ]}),
         )
         .await;

@@ -220,7 +220,7 @@ async fn the_last_audit_is_exported_as_gauges() {
     let redis = RedisServer::start();
     let mut settings = redis_settings(&redis);
     // One bucket: 470 entries put it at 92 % of the default listpack limit of 512.
-    settings.expected_entries = Some(400);
+    settings.expected_entries = Some(200);
     settings.audit_refresh_secs = 1;
     let prefix = settings.key_prefix.clone();
     let app = spawn_app(settings).await;

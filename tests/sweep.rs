@@ -162,7 +162,7 @@ fn args_at(t: i64) -> Args {
 async fn sweep_removes_exactly_the_expired_fields_and_nothing_else() {
     let redis = RedisServer::start();
     let prefix = "s:";
-    let store = open(&redis, prefix, 4_000).await;
+    let store = open(&redis, prefix, 2_000).await;
     let layout = store.layout().clone();
     assert_eq!(layout.buckets(), 10);
     let now = now_ms();
@@ -351,7 +351,7 @@ async fn a_resumed_sweep_ends_where_one_full_sweep_does() {
     let (full, stepped) = (RedisServer::start(), RedisServer::start());
     let mut stores = Vec::new();
     for redis in [&full, &stepped] {
-        let store = open(redis, "r:", 40_000).await;
+        let store = open(redis, "r:", 20_000).await;
         let (entries, _) = mix(store.layout(), 12_000, t, now);
         write(&store, &entries).await;
         stores.push(store);
@@ -539,7 +539,7 @@ async fn max_ops_per_sec_paces_the_commands() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_too_big_for_a_listpack_is_swept_in_several_calls() {
     let redis = RedisServer::start();
-    let store = open(&redis, "h:", 400).await;
+    let store = open(&redis, "h:", 200).await;
     assert_eq!(store.layout().buckets(), 1);
     let now = now_ms();
     let t = sweep_time(now);
@@ -785,7 +785,7 @@ async fn on_a_redis_cluster() {
 
     // Exactly the expired fields go, on every primary, and nothing else.
     let prefix = "s:";
-    let store = open_cluster(&cluster, prefix, 4_000).await;
+    let store = open_cluster(&cluster, prefix, 2_000).await;
     let layout = store.layout().clone();
     let (entries, expired) = mix(&layout, 2_100, t, now);
     let (entries, expired): (Vec<_>, Vec<_>) = entries
@@ -903,7 +903,7 @@ async fn on_a_redis_cluster() {
     let fill = |prefix: &'static str| {
         let cluster = &cluster;
         async move {
-            let store = open_cluster(cluster, prefix, 40_000).await;
+            let store = open_cluster(cluster, prefix, 20_000).await;
             let (entries, _) = mix(store.layout(), 12_000, t, now);
             write(&store, &entries).await;
             store

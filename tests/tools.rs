@@ -174,7 +174,7 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     ))
     .unwrap();
     assert_eq!(audit["entries"], 60_000);
-    assert_eq!(audit["buckets"], 150);
+    assert_eq!(audit["buckets"], 300, "60,000 entries, 200 per bucket");
     assert_eq!(audit["hashtable_buckets"].as_array().map_or(0, Vec::len), 0);
     let bpe = audit["bytes_per_entry"].as_f64().unwrap();
     assert!(bpe > 16.0 && bpe < 18.5, "bytes per entry {bpe}");
@@ -312,7 +312,11 @@ async fn import_and_audit_on_a_cluster() {
     );
     assert_eq!(audit["buckets"], keys);
     assert_eq!(audit["buckets_found"], keys);
-    assert_eq!(audit["keyspace_buckets"], 100);
+    assert_eq!(
+        audit["keyspace_buckets"],
+        ROWS as u64 / 200,
+        "200 entries per bucket"
+    );
     assert_eq!(audit["cluster"], true);
     let nodes = audit["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 3);

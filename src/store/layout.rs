@@ -13,21 +13,28 @@
 //!
 //! | what   | Redis                                  | why |
 //! |--------|----------------------------------------|-----|
-//! | key    | `<prefix>b:<crc32(canonical) % N>`     | a few hundred entries per hash so Redis keeps it a listpack |
+//! | key    | `<prefix>b:<crc32(canonical) % N>`     | ~200 entries per hash so Redis keeps it a listpack |
 //! | field  | `xxh3_64(canonical)` as a **signed** decimal i64 | an integer listpack element: 10 B, where the unsigned text would be a 22 B string |
 //! | value  | expiry in whole seconds since 2020-01-01T00:00:00Z, rounded up; `0` = never | a 32-bit integer element: 6 B until 2088 (ms would be 10 B) |
 //!
 //! So an entry costs 16 B of listpack, plus the bucket's share of allocator rounding and of
-//! the key itself. With a mean of 400 entries a bucket is ~6.4 KB; jemalloc rounds it to the
-//! next size class (6 KiB, 7 KiB or 8 KiB), which averages ~17.4 B per entry, and the key,
-//! its object and dict entry add ~0.2 B per entry: ~17.6 B per entry (see README, measured).
+//! the key itself. With a mean of 200 entries a bucket is ~3.2 KB; jemalloc rounds it to the
+//! next size class (3 KiB, 3.5 KiB or 4 KiB), which adds ~1.3 B per entry, and the key, its
+//! object and dict entry add ~0.3 B per entry: ~17.6 B per entry (see README, measured).
+//!
+//! Why 200 and not more: a lookup of a field is a linear scan of its bucket's listpack
+//! (`lpFind`), and a check's misses scan the whole bucket. With 400 per bucket Redis spent 89 %
+//! of its CPU in that scan and a check's p99 at 5,000 misses/s on 2 cores was 2–11 ms; with
+//! 200 it is 1.7–1.9 ms, for +0.1 B per entry (README, *Load*). Fewer per bucket costs more
+//! memory: 100 gives ~17.9 B (more key overhead, finer but proportionally larger rounding).
 //! Two different entries share a slot only if both their crc32 bucket and 64-bit field
 //! collide: about n²/2⁶⁵ over n entries in one bucket, i.e. never in practice.
 //!
 //! # The bucket count N
-//! `N = ceil(expected_entries / 400)`, fixed when the keyspace is created and recorded in
-//! `<prefix>meta` (a hash: `format`, `buckets`, `created_ms`). With a mean of 400 fields, a
-//! bucket reaching Redis's default `hash-max-listpack-entries` of 512 is a 5.6σ event. A
+//! `N = ceil(expected_entries / 200)`, fixed when the keyspace is created and recorded in
+//! `<prefix>meta` (a hash: `format`, `buckets`, `created_ms`). With a mean of 200 fields, a
+//! bucket reaching Redis's default `hash-max-listpack-entries` of 512 is a 22σ event: it
+//! takes 2.5 times the expected entries before the mean reaches the limit. A
 //! service whose configured N disagrees with the recorded one refuses to start: the same
 //! entry would hash to a different bucket and silently vanish.
 //!
@@ -86,7 +93,7 @@ use crate::domain::{Dimension, IpFamily, ListName, Sandbox, Value};
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Mean fields per bucket the bucket count is sized for.
-pub const MAX_MEAN_FILL: u64 = 400;
+pub const MAX_MEAN_FILL: u64 = 200;
 
 /// Where one entry lives: its bucket and its field in that bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -472,10 +479,10 @@ mod tests {
     #[test]
     fn bucket_count_keeps_mean_fill_at_most_400() {
         assert_eq!(Layout::buckets_for(0), 1);
-        assert_eq!(Layout::buckets_for(400), 1);
-        assert_eq!(Layout::buckets_for(401), 2);
-        assert_eq!(Layout::buckets_for(1_000_000), 2500);
-        assert_eq!(Layout::buckets_for(50_000_000_000), 125_000_000);
+        assert_eq!(Layout::buckets_for(200), 1);
+        assert_eq!(Layout::buckets_for(201), 2);
+        assert_eq!(Layout::buckets_for(1_000_000), 5_000);
+        assert_eq!(Layout::buckets_for(50_000_000_000), 250_000_000);
     }
 
     #[test]

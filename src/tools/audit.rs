@@ -63,7 +63,7 @@ pub const NEAR_LIMIT_PERCENT: u64 = 90;
 /// Cost: one SCAN pass over the whole keyspace (`SCAN MATCH <prefix>b:* COUNT <batch>`), then
 /// per bucket `MEMORY USAGE key SAMPLES 0`, `OBJECT ENCODING`, `HLEN` and one `EVALSHA` of a
 /// read-only Lua script that counts expired fields (`HVALS`: O(fill) server time, tens of µs for
-/// 400 fields), pipelined `--batch` buckets per round trip, one pipeline at a time: O(buckets /
+/// 200 fields), pipelined `--batch` buckets per round trip, one pipeline at a time: O(buckets /
 /// batch) round trips. `--sample N` still SCANs every key name (reservoir sampling of bucket
 /// names: unbiased, N names in memory) but probes only N buckets. The layout comparison reads
 /// `--compare-sample` real entries (default 10,000; HGETALL of the first buckets walked), writes

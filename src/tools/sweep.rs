@@ -25,7 +25,7 @@
 //!
 //! # Cost and pacing
 //! One command for a bucket with nothing expired, four for a bucket with expired fields, plus
-//! one `SCAN` per batch; each is O(one bucket): ~400 fields, well under a millisecond. A
+//! one `SCAN` per batch; each is O(one bucket): ~200 fields, well under a millisecond. A
 //! pacing limiter spaces commands at least `1 / --max-ops-per-sec` apart (no bursts).
 //!
 //! # Resuming
@@ -111,8 +111,8 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPARE_AND_DELET
 ///
 /// Cost: one Redis command per bucket with nothing expired, four per bucket with expired
 /// fields (HSCAN, MEMORY USAGE, EVALSHA, MEMORY USAGE), plus one SCAN per batch; each is
-/// O(one bucket), ~400 fields. With N/400 buckets for N entries, a 1,000,000-entry keyspace
-/// (2,500 buckets) takes ~10 s at the default 1000 commands/s; 0 = unpaced.
+/// O(one bucket), ~200 fields. With N/200 buckets for N entries, a 1,000,000-entry keyspace
+/// (5,000 buckets) takes ~5 s at the default 1000 commands/s; 0 = unpaced.
 ///
 /// Resumable: SCAN returns every key present for the whole run at least once (possibly
 /// twice, harmlessly), so a sweep resumed at a printed position (--cursor) or from its
