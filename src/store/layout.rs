@@ -25,8 +25,9 @@
 //! Why 200 and not more: a lookup of a field is a linear scan of its bucket's listpack
 //! (`lpFind`), and a check's misses scan the whole bucket. With 400 per bucket Redis spent 89 %
 //! of its CPU in that scan and a check's p99 at 5,000 misses/s on 2 cores was 2–11 ms; with
-//! 200 it is 1.7–1.9 ms, for +0.1 B per entry (README, *Load*). Fewer per bucket costs more
-//! memory: 100 gives ~17.9 B (more key overhead, finer but proportionally larger rounding).
+//! 200 it is 1.7–2.6 ms (run-to-run noise: 3 processes on 2 cores), for +0.1 B per entry
+//! (README, *Load*). Fewer per bucket costs more memory: 100 gives ~17.9 B (more key
+//! overhead, finer but proportionally larger rounding).
 //! Two different entries share a slot only if both their crc32 bucket and 64-bit field
 //! collide: about n²/2⁶⁵ over n entries in one bucket, i.e. never in practice.
 //!
