@@ -625,7 +625,7 @@ async fn the_binary_sweeps_and_prints_one_json_line() {
 }
 
 /// A timing, not a check: `cargo test --release --test sweep -- --ignored --nocapture`.
-/// 1,000,000 entries (2,500 buckets), 10% expired, swept unpaced.
+/// 1,000,000 entries (5,000 buckets), 10% expired, swept unpaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn timing_a_million_entries() {

@@ -239,7 +239,7 @@ struct Partitions {
 
 impl Partitions {
     fn new(buckets: u32, budget_bytes: u64) -> Self {
-        // ~25,000 buckets ≈ 10M rows at the design fill: one partition for most imports.
+        // ~25,000 buckets ≈ 5M rows at the design fill of 200: one partition for most imports.
         let buckets_per = 25_000u32.min(buckets).max(1);
         let n = buckets.div_ceil(buckets_per) as usize;
         Self {
