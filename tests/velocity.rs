@@ -935,3 +935,47 @@ async fn a_long_stream_keeps_hashes_listpacks() {
     let n = f.values[&mid("per_min")].as_i64().unwrap();
     assert!((354..=366).contains(&n), "{n}");
 }
+
+/// Scripts are called by SHA; a flushed script cache (what a Redis restart or failover to a
+/// fresh node gives) is reloaded and exactly the calls that did not run are redone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_is_reloaded() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let v = velocity(store).await;
+    v.put_metric(mid("n"), "COUNT(1h, tx) BY device", None)
+        .await
+        .unwrap();
+    v.put_metric(mid("users"), "COUNT_DISTINCT(1h, tx, user) BY device", None)
+        .await
+        .unwrap();
+    let now = now_ms();
+    let ev = |i: i64| {
+        event(
+            Some(&format!("e{i}")),
+            "tx",
+            now - i * 1000,
+            &[("device", "d"), ("user", &format!("u{}", i % 3))],
+        )
+    };
+    let mut conn = redis.conn();
+    let flush = |conn: &mut redis::Connection| {
+        let ok: String = redis::cmd("SCRIPT").arg("FLUSH").query(conn).unwrap();
+        assert_eq!(ok, "OK");
+    };
+    let first = v.ingest(&(0..4).map(ev).collect::<Vec<_>>()).await.unwrap();
+    assert_eq!((first.applied, first.duplicates), (8, 0));
+
+    flush(&mut conn);
+    // Two new events and two replays, after the flush: the replays are still recognised.
+    let second = v.ingest(&(2..6).map(ev).collect::<Vec<_>>()).await.unwrap();
+    assert_eq!((second.applied, second.duplicates), (4, 2));
+
+    flush(&mut conn);
+    let f = v
+        .features(&[mid("n"), mid("users")], &fields(&[("device", "d")]), None)
+        .await
+        .unwrap();
+    assert_eq!(f.values[&mid("n")], json!(6));
+    assert_eq!(f.values[&mid("users")], json!(3));
+}
