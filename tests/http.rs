@@ -658,6 +658,50 @@ async fn buckets_are_listpacks_with_integer_fields() {
     );
 }
 
+/// Deletes run a script by SHA: after `SCRIPT FLUSH` (a restart, a failover to a fresh node)
+/// it is reloaded and the delete still counts and removes exactly what was there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_survive_a_flushed_script_cache() {
+    let backend = Backend::Node(RedisServer::start());
+    let app = app_on(&backend).await;
+    let Backend::Node(redis) = &backend else {
+        unreachable!()
+    };
+    let entries: Vec<Value> = (0..3)
+        .map(|i| json!({"dimension": "device", "value": format!("dev-{i}")}))
+        .collect();
+    let res = app
+        .post("/v1/lists/black/entries", &json!({ "entries": entries }))
+        .await;
+    assert_eq!(res.status(), 200);
+    let mut conn = redis.conn();
+    for round in 0..2 {
+        let ok: String = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+        assert_eq!(ok, "OK");
+        let value = format!("dev-{round}");
+        let res = app
+            .delete(
+                "/v1/lists/black/entries",
+                &json!({"entries": [
+                    {"dimension": "device", "value": value},
+                    {"dimension": "device", "value": "never-there"}
+                ]}),
+            )
+            .await;
+        assert_eq!(res.status(), 200, "round {round}");
+        assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
+    }
+    for (i, listed) in [(0, false), (1, false), (2, true)] {
+        let body: Value = app
+            .get(&format!("/v1/lists/black/entries/device/dev-{i}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["listed"], listed, "dev-{i}");
+    }
+}
+
 macro_rules! on_a_node_and_a_cluster {
     ($($case:ident),* $(,)?) => {
         mod one_node {
