@@ -148,13 +148,16 @@ async fn the_embedded_store_keeps_its_lists_across_restarts() {
     settings.expected_entries = Some(40_000);
 
     let app = spawn_app(settings.clone()).await;
+    let short_expiry = namelist::domain::now_ms() + 300;
+    // Expiries are kept in whole seconds, rounded up: "short" is gone after the next second.
+    let short_gone_at = (short_expiry + 999) / 1000 * 1000 + 50;
     let res = app
         .post(
             "/v1/lists/black/entries",
             &json!({"entries": [
                 {"dimension": "ip", "value": "10.1.0.0/16"},
                 {"dimension": "uid", "value": "kept", "ttl_seconds": 3600},
-                {"dimension": "uid", "value": "short", "expires_at": namelist::domain::now_ms() + 300}
+                {"dimension": "uid", "value": "short", "expires_at": short_expiry}
             ]}),
         )
         .await;
@@ -168,7 +171,8 @@ async fn the_embedded_store_keeps_its_lists_across_restarts() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(path.exists(), "the snapshot was written on shutdown");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let wait = short_gone_at - namelist::domain::now_ms();
+    tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
 
     let app = spawn_app(settings.clone()).await;
     let body = app
