@@ -2389,7 +2389,8 @@ struct SlowEnd {
     status: Option<u16>,
 }
 
-/// Sends `request` one byte every `every`, until the server closes or `give_up` passes.
+/// Sends `request` one byte every `every`, until the server closes or `give_up` passes;
+/// `closed_after` counts from the connect.
 async fn drip(port: u16, request: Vec<u8>, every: Duration, give_up: Duration) -> SlowEnd {
     let started = Instant::now();
     let Ok(stream) = TcpStream::connect(("127.0.0.1", port)).await else {
@@ -2398,42 +2399,10 @@ async fn drip(port: u16, request: Vec<u8>, every: Duration, give_up: Duration) -
             status: None,
         };
     };
-    let (mut rd, mut wr) = stream.into_split();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let mut sent = 0;
-    let mut next = tokio::time::Instant::now();
-    loop {
-        if started.elapsed() >= give_up {
-            return SlowEnd {
-                closed_after: None,
-                status: parse_reply(&got, true).map(|r| r.status),
-            };
-        }
-        tokio::select! {
-            r = rd.read(&mut buf) => match r {
-                Ok(0) | Err(_) => {
-                    return SlowEnd {
-                        closed_after: Some(started.elapsed()),
-                        status: parse_reply(&got, true).map(|r| r.status),
-                    };
-                }
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            },
-            _ = tokio::time::sleep_until(next) => {
-                if sent < request.len() {
-                    if wr.write_all(&request[sent..=sent]).await.is_err() {
-                        return SlowEnd {
-                            closed_after: Some(started.elapsed()),
-                            status: parse_reply(&got, true).map(|r| r.status),
-                        };
-                    }
-                    sent += 1;
-                }
-                next += every;
-            }
-        }
-    }
+    let left = give_up.saturating_sub(started.elapsed());
+    let mut end = drip_on(stream, request, Duration::ZERO, every, left).await;
+    end.closed_after = end.closed_after.map(|_| started.elapsed());
+    end
 }
 
 /// What a client that never reads its responses did, and what became of it.
@@ -2704,7 +2673,9 @@ async fn slow_request_bodies_are_cut_off() {
                 };
             }
             let stream = rd.reunite(wr).unwrap();
-            let mut end = drip_on(stream, request[head_len..].to_vec(), give_up).await;
+            let every = Duration::from_millis(200);
+            let rest = request[head_len..].to_vec();
+            let mut end = drip_on(stream, rest, every, every, give_up).await;
             end.closed_after = end.closed_after.map(|_| started.elapsed());
             end
         }));
@@ -2735,15 +2706,21 @@ async fn slow_request_bodies_are_cut_off() {
     );
 }
 
-/// `drip` on an already open stream; `closed_after` counts from the call.
-async fn drip_on(stream: TcpStream, rest: Vec<u8>, give_up: Duration) -> SlowEnd {
+/// On an open stream: sends `rest` one byte every `every`, the first after `first`, until
+/// the server closes or `give_up` passes; `closed_after` counts from the call.
+async fn drip_on(
+    stream: TcpStream,
+    rest: Vec<u8>,
+    first: Duration,
+    every: Duration,
+    give_up: Duration,
+) -> SlowEnd {
     let started = Instant::now();
     let (mut rd, mut wr) = stream.into_split();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let mut sent = 0;
-    let every = Duration::from_millis(200);
-    let mut next = tokio::time::Instant::now() + every;
+    let mut next = tokio::time::Instant::now() + first;
     loop {
         if started.elapsed() >= give_up {
             return SlowEnd {
