@@ -380,27 +380,14 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {
     store
 }
 
-/// The nodes acting as primaries, asked one by one (`ROLE`), in address order.
-fn primaries(cluster: &RedisCluster) -> Vec<&RedisServer> {
-    let mut out: Vec<&RedisServer> = cluster
-        .nodes
-        .iter()
-        .filter(|n| {
-            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut n.conn()).unwrap();
-            matches!(&role[0], redis::Value::BulkString(b) if b == b"master")
-        })
-        .collect();
-    out.sort_by_key(|n| format!("127.0.0.1:{}", n.port));
-    out
-}
-
 /// Per primary (`127.0.0.1:port`): its bucket keys with (MEMORY USAGE, HLEN), computed here
 /// on a plain connection to each primary, independently of the store's connection.
 fn cluster_buckets(
     cluster: &RedisCluster,
     prefix: &str,
 ) -> BTreeMap<String, BTreeMap<String, (u64, u64)>> {
-    primaries(cluster)
+    cluster
+        .primaries()
         .into_iter()
         .map(|node| {
             let mut conn = node.conn();
@@ -425,14 +412,16 @@ fn cluster_buckets(
 }
 
 fn scratch_keys_on(cluster: &RedisCluster) -> usize {
-    primaries(cluster)
+    cluster
+        .primaries()
         .into_iter()
         .map(|n| scratch_keys(&mut n.conn()).len())
         .sum()
 }
 
 fn keys_on(cluster: &RedisCluster) -> u64 {
-    primaries(cluster)
+    cluster
+        .primaries()
         .into_iter()
         .map(|n| redis::cmd("DBSIZE").query::<u64>(&mut n.conn()).unwrap())
         .sum()
@@ -610,12 +599,12 @@ async fn on_a_redis_cluster() {
     );
     assert_eq!(report.expired_entries, EXPIRED);
     assert_eq!(report.entries, ENTRIES + EXPIRED + 600);
-    for node in primaries(&cluster) {
+    for node in cluster.primaries() {
         assert!(cached_scripts(node) >= 1, "reloaded on {}", node.port);
     }
 
     // One primary with a lower limit: its buckets are over it, the others' are not.
-    let low = primaries(&cluster)[0];
+    let low = cluster.primaries()[0];
     let low_name = format!("127.0.0.1:{}", low.port);
     let set_limit = |n: u64| {
         let _: () = redis::cmd("CONFIG")

@@ -710,24 +710,10 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str, expected: u64) -> Re
     store
 }
 
-/// The nodes acting as primaries (`ROLE`), in address order: the sweep's walk order.
-fn primaries(cluster: &RedisCluster) -> Vec<&RedisServer> {
-    let mut out: Vec<&RedisServer> = cluster
-        .nodes
-        .iter()
-        .filter(|n| {
-            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut n.conn()).unwrap();
-            matches!(&role[0], redis::Value::BulkString(b) if b == b"master")
-        })
-        .collect();
-    out.sort_by_key(|n| format!("127.0.0.1:{}", n.port));
-    out
-}
-
 /// Everything on every primary, read from each primary directly.
 fn cluster_snapshot(cluster: &RedisCluster) -> Snapshot {
     let mut out = Snapshot::new();
-    for node in primaries(cluster) {
+    for node in cluster.primaries() {
         let part = snapshot(node);
         for k in part.keys() {
             assert!(!out.contains_key(k), "a key on two primaries");
@@ -753,7 +739,8 @@ fn cluster_buckets(
 }
 
 fn primaries_digest(cluster: &RedisCluster) -> String {
-    primaries(cluster)
+    cluster
+        .primaries()
         .into_iter()
         .map(RedisServer::digest)
         .collect::<Vec<_>>()
@@ -775,7 +762,8 @@ fn totals(r: &SweepReport) -> (u64, u64, u64, u64, i64) {
 async fn on_a_redis_cluster() {
     let cluster = tokio::task::block_in_place(RedisCluster::start);
     let urls = cluster.urls().join(",");
-    let names: Vec<String> = primaries(&cluster)
+    let names: Vec<String> = cluster
+        .primaries()
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.port))
         .collect();
@@ -825,7 +813,8 @@ async fn on_a_redis_cluster() {
     let mut homes: Vec<usize> = (0..10)
         .map(|b| {
             let key = layout.bucket_key(b);
-            primaries(&cluster)
+            cluster
+                .primaries()
                 .iter()
                 .position(|n| {
                     // Another primary answers MOVED.

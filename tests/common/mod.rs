@@ -286,6 +286,15 @@ impl RedisCluster {
             .expect("a primary")
     }
 
+    /// The live nodes acting as primaries (`ROLE`), in address order as text: the order in
+    /// which the tools walk them (`ScanTarget`s sorted by `host:port`).
+    pub fn primaries(&self) -> Vec<&RedisServer> {
+        let mut out: Vec<&RedisServer> =
+            self.nodes.iter().filter(|n| Self::is_primary(n)).collect();
+        out.sort_by_key(|n| format!("127.0.0.1:{}", n.port));
+        out
+    }
+
     fn is_primary(node: &RedisServer) -> bool {
         node.child.is_some()
             && redis::Client::open(node.url())
