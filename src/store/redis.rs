@@ -97,6 +97,26 @@ if update and ARGV[8] ~= '' then
     extend(KEYS[2], at)
   end
 end
+-- Field f of a hash holds sub-window floor(f / width). Once the hash holds more fields than
+-- the window needs, drops those of sub-windows that left it.
+local function trim(k, width)
+  if redis.call('HLEN', k) > width * n then
+    for _, f in ipairs(redis.call('HKEYS', k)) do
+      if math.floor(tonumber(f) / width) < floor then redis.call('HDEL', k, f) end
+    end
+  end
+end
+-- Appends to out the values (and, with fields, each value's field first) of the read window.
+local function read_window(k, width, out, fields)
+  local all = redis.call('HGETALL', k)
+  for i = 1, #all, 2 do
+    local s = math.floor(tonumber(all[i]) / width)
+    if s >= lo and s <= hi then
+      if fields then out[#out + 1] = all[i] end
+      out[#out + 1] = all[i + 1]
+    end
+  end
+end
 ";
 
 /// COUNT and SUM: a hash of sub-window → total. Returns {dup, totals read...} (exact i64
@@ -105,21 +125,11 @@ const METRIC_SUM: &str = r"
 local k = KEYS[1]
 if update then
   redis.call('HINCRBY', k, ARGV[1], ARGV[2])
-  if redis.call('HLEN', k) > n then
-    for _, f in ipairs(redis.call('HKEYS', k)) do
-      if tonumber(f) < floor then redis.call('HDEL', k, f) end
-    end
-  end
+  trim(k, 1)
   extend(k, at)
 end
 local out = {dup}
-if read then
-  local all = redis.call('HGETALL', k)
-  for i = 1, #all, 2 do
-    local f = tonumber(all[i])
-    if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
-  end
-end
+if read then read_window(k, 1, out, false) end
 return out
 ";
 
@@ -130,24 +140,11 @@ if update then
   local f = tonumber(ARGV[1]) * 2
   redis.call('HINCRBY', k, f, ARGV[2])
   redis.call('HINCRBY', k, f + 1, 1)
-  if redis.call('HLEN', k) > 2 * n then
-    for _, f in ipairs(redis.call('HKEYS', k)) do
-      if math.floor(tonumber(f) / 2) < floor then redis.call('HDEL', k, f) end
-    end
-  end
+  trim(k, 2)
   extend(k, at)
 end
 local out = {dup}
-if read then
-  local all = redis.call('HGETALL', k)
-  for i = 1, #all, 2 do
-    local s = math.floor(tonumber(all[i]) / 2)
-    if s >= lo and s <= hi then
-      out[#out + 1] = all[i]
-      out[#out + 1] = all[i + 1]
-    end
-  end
-end
+if read then read_window(k, 2, out, true) end
 return out
 ";
 
@@ -161,21 +158,11 @@ if update then
   if not cur or (ARGV[9] == 'min' and v < tonumber(cur)) or (ARGV[9] == 'max' and v > tonumber(cur)) then
     redis.call('HSET', k, ARGV[1], ARGV[2])
   end
-  if redis.call('HLEN', k) > n then
-    for _, f in ipairs(redis.call('HKEYS', k)) do
-      if tonumber(f) < floor then redis.call('HDEL', k, f) end
-    end
-  end
+  trim(k, 1)
   extend(k, at)
 end
 local out = {dup}
-if read then
-  local all = redis.call('HGETALL', k)
-  for i = 1, #all, 2 do
-    local f = tonumber(all[i])
-    if f >= lo and f <= hi then out[#out + 1] = all[i + 1] end
-  end
-end
+if read then read_window(k, 1, out, false) end
 return out
 ";
 
