@@ -188,22 +188,22 @@ pub async fn observe(
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let started = Instant::now();
     let metrics = req.app_data::<web::Data<Metrics>>().cloned();
-    let method = req.method().to_string();
+    let method = req.method().clone();
     let route = req
         .match_pattern()
         .unwrap_or_else(|| "unmatched".to_owned());
     let id = request_id(&req);
-    let span = tracing::info_span!("request", method, route, request_id = id);
+    let span = tracing::info_span!("request", method = method.as_str(), route, request_id = id);
     let mut res = next
         .call(req)
         .instrument(span.clone())
         .await?
         .map_into_boxed_body();
-    let status = res.status().as_u16();
+    let status = res.status();
     let elapsed = started.elapsed();
     if let Some(m) = metrics {
         m.http_requests
-            .with_label_values(&[route.as_str(), method.as_str(), &status.to_string()])
+            .with_label_values(&[route.as_str(), method.as_str(), status.as_str()])
             .observe(elapsed.as_secs_f64());
     }
     if let Ok(v) = HeaderValue::from_str(&id) {
@@ -216,6 +216,7 @@ pub async fn observe(
         .and_then(|e| e.as_error::<ApiError>())
         .map(ApiError::code);
     let latency_us = elapsed.as_micros() as u64;
+    let status = status.as_u16();
     let _in = span.enter();
     // Overload is logged at debug: one warning per refused request would add to the load.
     if status >= 500 && error_code != Some("overloaded") {
