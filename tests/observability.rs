@@ -77,6 +77,7 @@ async fn start_logged(redis: &RedisServer) -> Logged {
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_namelist"))
             .env_clear()
+            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
             .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
             .env("NAMELIST_REDIS_URL", redis.url())
             .env("NAMELIST_KEY_PREFIX", "obs:")
@@ -240,6 +241,7 @@ async fn the_last_audit_is_exported_as_gauges() {
 
     let before = namelist::domain::now_ms() as f64 / 1000.0;
     let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &redis.url(), "--prefix", &prefix, "audit"])
         .args(["--compare-sample", "0", "--project", "0"])
         .env_remove("NAMELIST_CONFIG")

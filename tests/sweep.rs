@@ -35,6 +35,8 @@ async fn open(redis: &RedisServer, prefix: &str, expected: u64) -> RedisStore {
         response_timeout: Duration::from_secs(30),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .expect("opening the keyspace");
@@ -572,7 +574,8 @@ fn tools() -> Command {
             cmd.env_remove(k);
         }
     }
-    cmd.env("RUST_LOG", "warn");
+    cmd.env("RUST_LOG", "warn")
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file());
     cmd
 }
 
@@ -704,6 +707,8 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str, expected: u64) -> Re
         response_timeout: Duration::from_secs(30),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .expect("opening the keyspace on the cluster");

@@ -18,6 +18,7 @@ const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
 
 fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
     let out = Command::new(TOOLS)
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &redis.url(), "--prefix", prefix])
         .args(args)
         .output()
@@ -195,7 +196,11 @@ fn tools_with(args: &[&str]) -> String {
             cmd.env_remove(k);
         }
     }
-    let out = cmd.args(args).output().unwrap();
+    let out = cmd
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",

@@ -3,15 +3,58 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use namelist::config::{LogFormat, Settings};
 use namelist::lists::NameLists;
 use namelist::startup::Application;
+use namelist::store::{FingerprintKey, Hashing};
 use secrecy::SecretString;
+
+/// The fingerprint key of the tests (hex, as a key file holds it): every keyspace a test makes
+/// is keyed with it unless the test is about format 1 or other keys.
+pub const TEST_KEY_HEX: &str = "3b9f1c7e2a6d4058b1e7c3a9f0d2846e5c1a7b3f9e0d2c4a6b8f1e3d5c7a9b0d";
+
+/// The tests' fingerprint key.
+pub fn test_key() -> FingerprintKey {
+    FingerprintKey::from_hex(TEST_KEY_HEX, "the tests' key").expect("a valid test key")
+}
+
+/// The tests' hashing: keyed with [`test_key`].
+pub fn keyed() -> Hashing {
+    Hashing::Keyed(test_key())
+}
+
+/// A file holding [`TEST_KEY_HEX`], mode 0600, made once per test process (for the binaries
+/// and `Settings::fingerprint_key_file`).
+pub fn key_file() -> &'static Path {
+    static FILE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &FILE
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let path = dir.path().join("fingerprint.key");
+            write_key_file(&path, TEST_KEY_HEX);
+            (dir, path)
+        })
+        .1
+}
+
+/// Writes `hex` to a new key file, mode 0600.
+pub fn write_key_file(path: &Path, hex: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{hex}"))
+        .expect("writing a key file");
+}
 
 /// A `redis-server` of the test's own, killed when dropped.
 pub struct RedisServer {
@@ -362,8 +405,9 @@ pub fn unique_prefix() -> String {
     format!("t{}:", PREFIXES.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Test settings: quiet, one worker, port 0, embedded store, and a check deadline that a busy
-/// CI machine running debug builds meets (tests about deadlines set their own).
+/// Test settings: quiet, one worker, port 0, embedded store, the tests' fingerprint key, and a
+/// check deadline that a busy CI machine running debug builds meets (tests about deadlines set
+/// their own).
 pub fn test_settings() -> Settings {
     Settings {
         listen: "127.0.0.1:0".into(),
@@ -371,6 +415,7 @@ pub fn test_settings() -> Settings {
         log_format: LogFormat::Text,
         key_prefix: unique_prefix(),
         check_deadline_ms: 500,
+        fingerprint_key_file: Some(key_file().to_owned()),
         ..Settings::default()
     }
 }
