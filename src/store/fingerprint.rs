@@ -450,7 +450,7 @@ pub fn for_new_keyspace(
 /// Why a new keyspace is not created without a key, and how to make one.
 pub fn no_key_for_new(place: &str) -> String {
     format!(
-        "{place} does not exist and no fingerprint key is configured: a new keyspace is keyed, so that nothing \
+        "{place} holds no keyspace yet and no fingerprint key is configured: a new keyspace is keyed, so that nothing \
          stored or logged can be turned back into a phone or ID card number. Make a key with \
          `namelist-tools keygen --out /etc/namelist/fingerprint.key` (32 random bytes, mode 0600; keep a copy in \
          your secret store: the keyspace can never be read without it) and set \

@@ -418,7 +418,7 @@ impl RedisStore {
                 .unwrap_or(opts.default_expected_entries),
         );
         let meta = format!("{}meta", opts.prefix);
-        let place = format!("keyspace {}", opts.prefix);
+        let place = format!("key prefix {}", opts.prefix);
         // What a new keyspace would be; the script creates it only if it is missing.
         let new = fingerprint::for_new_keyspace(
             opts.fingerprint_key.as_ref(),
