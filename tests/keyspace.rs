@@ -94,6 +94,16 @@ async fn an_unknown_format_stops_the_service() {
         "{msg}"
     );
 
+    // A meta hash without a format is not taken for a missing keyspace.
+    let _: () = redis::cmd("HSET")
+        .arg("g:meta")
+        .arg("buckets")
+        .arg(2500)
+        .query(&mut redis.conn())
+        .unwrap();
+    let msg = keyspace_error(RedisStore::open(options(&redis, "g:", None)).await);
+    assert!(msg.contains("g:meta has no readable format field"), "{msg}");
+
     let mut settings = redis_settings(&redis);
     settings.key_prefix = "f:".into();
     match Application::build(settings).await {

@@ -34,11 +34,11 @@ use super::{
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
 /// Creates the meta hash if it is missing and ARGV[1] (the format to create) is not empty;
-/// ARGV[4] is the key id ('' in format 1). Returns (format, buckets, created?, key id): all
-/// nil when the keyspace is missing and was not created.
+/// ARGV[4] is the key id ('' in format 1). Returns (format, buckets, created, key id), created
+/// being 1 (created now), 0 (found) or -1 (missing, and not created).
 const OPEN_KEYSPACE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == '' then return {false, false, 0, false} end
+  if ARGV[1] == '' then return {false, false, -1, false} end
   redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3])
   if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
   return {ARGV[1], ARGV[2], 1, ARGV[4]}
@@ -443,18 +443,17 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        let created = created == 1;
-        let (hashing, unkeyed) = match (format, created) {
-            (None, _) => {
-                // Missing and not created: only when no key was given.
+        let (hashing, unkeyed) = match created {
+            // Missing, and not created: only when there was nothing to create it with.
+            -1 => {
                 return Err(StoreError::Keyspace(
                     new.err()
                         .unwrap_or_else(|| fingerprint::no_key_for_new(&place)),
                 ));
             }
-            (Some(_), true) => new.map_err(StoreError::Keyspace)?,
-            (Some(format), false) => {
-                let format: u32 = format.parse().map_err(|_| {
+            1 => new.map_err(StoreError::Keyspace)?,
+            _ => {
+                let format: u32 = format.and_then(|f| f.parse().ok()).ok_or_else(|| {
                     StoreError::Keyspace(format!("{meta} has no readable format field"))
                 })?;
                 fingerprint::open_recorded(
@@ -533,7 +532,7 @@ impl RedisStore {
         Ok((
             store,
             OpenReport {
-                created,
+                created: created == 1,
                 buckets,
                 format,
                 key_id,
