@@ -11,10 +11,8 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{RedisServer, free_port};
+use common::{Logged, RedisServer};
 use namelist::store::{FingerprintKey, Hashing, Layout};
 use serde_json::{Value as Json, json};
 
@@ -25,57 +23,23 @@ const SANDBOX: &str = "loan";
 const METRIC: &str = "ids_per_phone_7d";
 
 /// The service binary, JSON logs at trace level into a file; killed when dropped.
-struct Service {
-    child: Child,
-    port: u16,
-    log: tempfile::NamedTempFile,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start(redis: &RedisServer) -> Service {
-    let client = reqwest::Client::new();
-    for _ in 0..5 {
-        let port = free_port();
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_namelist"))
-            .env_clear()
-            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
-            .env("NAMELIST_REDIS_URL", redis.url())
-            .env("NAMELIST_KEY_PREFIX", PREFIX)
-            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-            .env("NAMELIST_EXPECTED_ENTRIES", "2000")
-            .env("NAMELIST_WORKERS", "1")
-            .env("NAMELIST_LOG_FORMAT", "json")
-            .env("NAMELIST_CHECK_DEADLINE_MS", "1000")
-            .env("RUST_LOG", "trace")
-            .stdout(Stdio::null())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .expect("spawning the namelist binary");
-        let mut s = Service { child, port, log };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if s.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            let ready = client
-                .get(format!("http://127.0.0.1:{port}/readyz"))
-                .send()
-                .await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        drop(s);
-    }
-    panic!("the namelist binary did not start");
+async fn start(redis: &RedisServer) -> Logged {
+    let url = redis.url();
+    let key = common::key_file().to_str().expect("UTF-8 path");
+    common::start_logged(
+        env!("CARGO_BIN_EXE_namelist"),
+        &[
+            ("NAMELIST_REDIS_URL", &url),
+            ("NAMELIST_KEY_PREFIX", PREFIX),
+            ("NAMELIST_FINGERPRINT_KEY_FILE", key),
+            ("NAMELIST_EXPECTED_ENTRIES", "2000"),
+            ("NAMELIST_WORKERS", "1"),
+            ("NAMELIST_LOG_FORMAT", "json"),
+            ("NAMELIST_CHECK_DEADLINE_MS", "1000"),
+            ("RUST_LOG", "trace"),
+        ],
+    )
+    .await
 }
 
 /// Every maximal run of `[A-Za-z0-9_-]` in `text`: how a fingerprint (hex), a field (signed

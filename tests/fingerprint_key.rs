@@ -136,12 +136,7 @@ async fn service(redis: &RedisServer, prefix: &str, env: &[(&str, &Path)]) -> Ou
 
 /// Runs `namelist-tools` on `prefix` with `env` only: started (and succeeded) or refused.
 fn tool(redis: &RedisServer, prefix: &str, env: &[(&str, &Path)], args: &[&str]) -> Outcome {
-    let mut cmd = Command::new(TOOLS);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("NAMELIST_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = common::without_namelist_env(TOOLS);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -378,15 +373,7 @@ async fn each_tool_reads_the_key_as_the_service_does() {
 #[test]
 fn gen_needs_no_key_and_keygen_makes_private_keys_it_never_replaces() {
     let dir = tempfile::tempdir().unwrap();
-    let clean = || {
-        let mut cmd = Command::new(TOOLS);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("NAMELIST_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd
-    };
+    let clean = || common::without_namelist_env(TOOLS);
     let (members, outsiders) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
     let out = clean()
         .args(["gen", "--rows", "10", "--quiet", "--out"])

@@ -568,12 +568,7 @@ async fn a_bucket_too_big_for_a_listpack_is_swept_in_several_calls() {
 }
 
 fn tools() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_namelist-tools"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("NAMELIST_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"));
     cmd.env("RUST_LOG", "warn")
         .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file());
     cmd

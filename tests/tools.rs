@@ -190,13 +190,7 @@ async fn gen_import_check_no_false_negatives_or_positives() {
 
 /// Runs `namelist-tools` with `args` (global flags first); its stdout.
 fn tools_with(args: &[&str]) -> String {
-    let mut cmd = Command::new(TOOLS);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("NAMELIST_") {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd
+    let out = common::without_namelist_env(TOOLS)
         .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(args)
         .output()
