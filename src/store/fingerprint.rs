@@ -182,7 +182,9 @@ impl FingerprintKey {
         };
         let text = text.trim();
         if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(malformed("not an even number of hex digits"));
+            return Err(malformed(
+                "not hex text (an even number of the digits 0-9, a-f)",
+            ));
         }
         let mut material: Vec<u8> = (0..text.len())
             .step_by(2)
