@@ -231,7 +231,13 @@ impl Layout {
     }
 
     pub fn meta_key(&self) -> String {
-        format!("{}meta", self.prefix)
+        Self::meta_key_of(&self.prefix)
+    }
+
+    /// The meta hash of the keyspace at `prefix`: read before its hashing, hence its layout,
+    /// is known.
+    pub fn meta_key_of(prefix: &str) -> String {
+        format!("{prefix}meta")
     }
 
     pub fn registry_key(&self, list: &ListName, sandbox: &Sandbox) -> String {

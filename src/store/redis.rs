@@ -417,7 +417,7 @@ impl RedisStore {
             opts.expected_entries
                 .unwrap_or(opts.default_expected_entries),
         );
-        let meta = format!("{}meta", opts.prefix);
+        let meta = Layout::meta_key_of(&opts.prefix);
         let place = format!("key prefix {}", opts.prefix);
         // What a new keyspace would be; the script creates it only if it is missing.
         let new = fingerprint::for_new_keyspace(
