@@ -516,14 +516,35 @@ async fn an_unkeyed_snapshot_of_an_older_build_still_opens() {
         Definitions::new(),
     ))
     .unwrap();
-    std::fs::write(&snapshot, old).unwrap();
+    std::fs::write(&snapshot, &old).unwrap();
     let mut settings = test_settings();
-    settings.snapshot_path = Some(snapshot);
-    let app = spawn_app(settings).await;
+    settings.snapshot_path = Some(snapshot.clone());
+    let app = spawn_app(settings.clone()).await;
     let body = app
         .check(&json!({"lists": ["black"], "subjects": {"phone": "13800000003"}}))
         .await;
     assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    // A write: saved again in this build's snapshot encoding, still unkeyed.
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "uid", "value": "u-new"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    app.stop().await;
+    for _ in 0..200 {
+        if std::fs::read(&snapshot).unwrap() != old {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_ne!(std::fs::read(&snapshot).unwrap(), old, "saved again");
+    let app = spawn_app(settings).await;
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"phone": "13800000003", "uid": "u-new"}}))
+        .await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 2, "{body}");
     app.stop().await;
 }
 
