@@ -1,5 +1,6 @@
-//! Client-side bucket serialisation for `RESTORE`: the bulk-load path of `namelist-tools
-//! import` for buckets that do not exist yet.
+//! Client-side bucket serialisation: `RESTORE` payloads for the bulk-load path of
+//! `namelist-tools import` (buckets that do not exist yet), and the reading of `DUMP`
+//! payloads for the service's local tier (`cache`), which fetches whole buckets.
 //!
 //! `HSET` into a listpack is bound by Redis's CPU (every insert scans the bucket, ~370k
 //! fields/s measured); `RESTORE` of a ready-made listpack is a memcpy plus validation (~22M
@@ -21,6 +22,17 @@
 //! A malformed payload can crash a Redis that does not sanitise payloads; the tests run
 //! `redis-server --sanitize-dump-payload yes`, which validates every restored listpack deeply
 //! (including duplicate fields, which is why `hash_payload` refuses them).
+//!
+//! Reading (`read_hash_dump`): why `DUMP` and not `HGETALL` to fetch a bucket. Measured on
+//! Redis 7.0.15 with 200-field buckets (`INFO commandstats`, `usec_per_call`): `HGETALL`
+//! 31.3 µs (every integer is formatted as a decimal string, 400 replies), `DUMP` 21.7 µs with
+//! the default `rdbcompression yes` (the listpack is LZF-compressed on the way out) and 3.4 µs
+//! with `rdbcompression no`, against 2.4 µs for one `HGET`; the reply is one 3.2 KB string
+//! instead of ~10 KB in 400 parts, so the client parses it in a fraction of the time too. So
+//! the reader accepts both raw and LZF-compressed listpacks, checks the CRC, and refuses
+//! anything else (a hash that grew past `hash-max-listpack-entries` dumps as RDB type 4: the
+//! caller reads that one with `HGETALL`). Every element of a bucket must be an integer (the
+//! layout writes nothing else): a string element is an error, never a guess.
 
 use std::collections::HashSet;
 
@@ -41,6 +53,8 @@ pub enum DumpError {
     UnsupportedType(u8),
     #[error("duplicate field {0} in one bucket")]
     DuplicateField(i64),
+    #[error("malformed DUMP payload: {0}")]
+    Malformed(&'static str),
 }
 
 /// The server's DUMP framing.
@@ -85,6 +99,162 @@ impl DumpFormat {
         out.extend_from_slice(&crc.to_le_bytes());
         Ok(out)
     }
+}
+
+/// The (field, value) pairs of a hash from its `DUMP` payload, in listpack order. Fails with
+/// `UnsupportedType` when the hash is not a listpack (read it another way), and with
+/// `Checksum` or `Malformed` when the payload is damaged or holds a non-integer element.
+pub fn read_hash_dump(payload: &[u8]) -> Result<Vec<(i64, i64)>, DumpError> {
+    if payload.len() < 1 + 1 + 2 + 8 {
+        return Err(DumpError::TooShort(payload.len()));
+    }
+    let (body, crc) = payload.split_at(payload.len() - 8);
+    if CRC.checksum(body).to_le_bytes() != crc {
+        return Err(DumpError::Checksum);
+    }
+    let body = &body[..body.len() - 2]; // the RDB version: the framing is checked by the CRC
+    if body[0] != RDB_TYPE_HASH_LISTPACK {
+        return Err(DumpError::UnsupportedType(body[0]));
+    }
+    let mut at = 1;
+    let lp = read_rdb_string(body, &mut at)?;
+    if at != body.len() {
+        return Err(DumpError::Malformed("bytes after the listpack"));
+    }
+    let elements = read_listpack(&lp)?;
+    if elements.len() % 2 != 0 {
+        return Err(DumpError::Malformed("a field without a value"));
+    }
+    Ok(elements.chunks(2).map(|p| (p[0], p[1])).collect())
+}
+
+/// An RDB string at `body[*at..]` (raw or LZF-compressed), advancing `at` past it.
+fn read_rdb_string(body: &[u8], at: &mut usize) -> Result<Vec<u8>, DumpError> {
+    const LZF: u8 = 0xC3;
+    if body.get(*at) == Some(&LZF) {
+        *at += 1;
+        let compressed = read_rdb_length(body, at)?;
+        let len = read_rdb_length(body, at)?;
+        let data = take(body, at, compressed)?;
+        return lzf_decompress(data, len);
+    }
+    let len = read_rdb_length(body, at)?;
+    Ok(take(body, at, len)?.to_vec())
+}
+
+fn take<'a>(body: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], DumpError> {
+    let end = at
+        .checked_add(n)
+        .filter(|&e| e <= body.len())
+        .ok_or(DumpError::Malformed("truncated"))?;
+    let out = &body[*at..end];
+    *at = end;
+    Ok(out)
+}
+
+/// RDB length encoding (the reverse of `rdb_length`).
+fn read_rdb_length(body: &[u8], at: &mut usize) -> Result<usize, DumpError> {
+    let first = take(body, at, 1)?[0];
+    let len = match first >> 6 {
+        0 => u64::from(first & 0x3F),
+        1 => (u64::from(first & 0x3F) << 8) | u64::from(take(body, at, 1)?[0]),
+        _ if first == 0x80 => u64::from(u32::from_be_bytes(
+            take(body, at, 4)?.try_into().expect("4 bytes"),
+        )),
+        _ if first == 0x81 => u64::from_be_bytes(take(body, at, 8)?.try_into().expect("8 bytes")),
+        _ => return Err(DumpError::Malformed("not a string length")),
+    };
+    usize::try_from(len).map_err(|_| DumpError::Malformed("length too large"))
+}
+
+/// LZF decompression (liblzf's format, what Redis compresses RDB strings with): a control
+/// byte below 32 starts a run of that many + 1 literal bytes; above, its top 3 bits are the
+/// length of a back reference (7: one more length byte follows) and its low 5 bits with the
+/// next byte the distance back, less one. Written here because the one maintained crate for
+/// it is deprecated; the result must be exactly `len` bytes.
+fn lzf_decompress(input: &[u8], len: usize) -> Result<Vec<u8>, DumpError> {
+    let bad = || DumpError::Malformed("bad LZF data");
+    let mut out = Vec::with_capacity(len);
+    let mut i = 0;
+    while i < input.len() {
+        let ctrl = usize::from(input[i]);
+        i += 1;
+        if ctrl < 32 {
+            let run = input.get(i..i + ctrl + 1).ok_or_else(bad)?;
+            out.extend_from_slice(run);
+            i += ctrl + 1;
+        } else {
+            let mut n = ctrl >> 5;
+            if n == 7 {
+                n += usize::from(*input.get(i).ok_or_else(bad)?);
+                i += 1;
+            }
+            let low = usize::from(*input.get(i).ok_or_else(bad)?);
+            i += 1;
+            let back = ((ctrl & 0x1F) << 8) + low + 1;
+            let start = out.len().checked_sub(back).ok_or_else(bad)?;
+            // The reference may overlap what it produces: byte by byte.
+            for k in 0..n + 2 {
+                out.push(out[start + k]);
+            }
+        }
+        if out.len() > len {
+            return Err(bad());
+        }
+    }
+    if out.len() != len {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// The integer elements of a listpack (the reverse of `listpack`, for every integer
+/// encoding; a string element is an error).
+fn read_listpack(lp: &[u8]) -> Result<Vec<i64>, DumpError> {
+    let bad = DumpError::Malformed;
+    if lp.len() < 7 || lp.len() != u32::from_le_bytes(lp[0..4].try_into().expect("4")) as usize {
+        return Err(bad("listpack size"));
+    }
+    let count = u16::from_le_bytes([lp[4], lp[5]]);
+    let mut out = Vec::with_capacity(if count == u16::MAX { 0 } else { count.into() });
+    let mut at = 6;
+    loop {
+        let b = *lp.get(at).ok_or(bad("no end byte"))?;
+        if b == 0xFF {
+            break;
+        }
+        let int = |n: usize| -> Result<i64, DumpError> {
+            let bytes = lp.get(at + 1..at + 1 + n).ok_or(bad("truncated integer"))?;
+            let mut buf = [0u8; 8];
+            buf[..n].copy_from_slice(bytes);
+            // Sign-extend from n bytes.
+            let shift = 64 - 8 * n as u32;
+            Ok((i64::from_le_bytes(buf) << shift) >> shift)
+        };
+        let (value, size) = match b {
+            0x00..=0x7F => (i64::from(b), 1),
+            0xC0..=0xDF => {
+                let low = *lp.get(at + 1).ok_or(bad("truncated integer"))?;
+                let u = (i64::from(b & 0x1F) << 8) | i64::from(low);
+                (if u >= 0x1000 { u - 0x2000 } else { u }, 2)
+            }
+            0xF1 => (int(2)?, 3),
+            0xF2 => (int(3)?, 4),
+            0xF3 => (int(4)?, 5),
+            0xF4 => (int(8)?, 9),
+            _ => return Err(bad("a string element in a bucket")),
+        };
+        let backlen = match size {
+            0..=127 => 1,
+            _ => 2,
+        };
+        at += size + backlen;
+        out.push(value);
+    }
+    if at + 1 != lp.len() || (count != u16::MAX && usize::from(count) != out.len()) {
+        return Err(bad("element count"));
+    }
+    Ok(out)
 }
 
 /// A listpack of integer elements.
@@ -214,6 +384,110 @@ mod tests {
             f.hash_payload(&[(-1_234_567_890_123, 200_000_000)])
                 .unwrap(),
             redis
+        );
+    }
+
+    /// `redis-cli --raw DUMP z` on Redis 7.0.15 after `HSET z -1234567890123 200000000
+    /// -1234567890124 200000001 -1234567890125 200000002 5 0 -5000 7 40000 -40000 9000000
+    /// -9000000`: LZF-compressed (0xC3), with back references, and every integer encoding.
+    const REDIS_LZF_DUMP: &[u8] = &[
+        0x10, 0xc3, 0x40, 0x4c, 0x40, 0x57, 0x17, 0x57, 0x00, 0x00, 0x00, 0x0e, 0x00, 0xf4, 0x35,
+        0xfb, 0x04, 0x8e, 0xe0, 0xfe, 0xff, 0xff, 0x09, 0xf3, 0x00, 0xc2, 0xeb, 0x0b, 0x05, 0xf4,
+        0x34, 0xe0, 0x00, 0x0f, 0x00, 0x01, 0x60, 0x0f, 0x00, 0x33, 0xe0, 0x00, 0x0f, 0x00, 0x02,
+        0x40, 0x0f, 0x1f, 0x05, 0x01, 0x00, 0x01, 0xf1, 0x78, 0xec, 0x03, 0x07, 0x01, 0xf2, 0x40,
+        0x9c, 0x00, 0x04, 0xf2, 0xc0, 0x63, 0xff, 0x04, 0xf3, 0x40, 0x54, 0x89, 0x00, 0x05, 0xf3,
+        0xc0, 0xab, 0x76, 0xff, 0x05, 0x00, 0xff, 0x0a, 0x00, 0x97, 0x78, 0xfb, 0xbc, 0xea, 0xa4,
+        0x10, 0xe8,
+    ];
+
+    #[test]
+    fn a_compressed_redis_dump_reads_back_as_its_pairs() {
+        assert_eq!(
+            read_hash_dump(REDIS_LZF_DUMP).unwrap(),
+            vec![
+                (-1_234_567_890_123, 200_000_000),
+                (-1_234_567_890_124, 200_000_001),
+                (-1_234_567_890_125, 200_000_002),
+                (5, 0),
+                (-5000, 7),
+                (40_000, -40_000),
+                (9_000_000, -9_000_000),
+            ]
+        );
+        let mut bad = REDIS_LZF_DUMP.to_vec();
+        bad[20] ^= 1;
+        assert_eq!(read_hash_dump(&bad), Err(DumpError::Checksum));
+    }
+
+    #[test]
+    fn what_we_build_reads_back_whatever_its_encodings() {
+        let f = DumpFormat { rdb_version: 10 };
+        let edges = [
+            0,
+            127,
+            128,
+            -1,
+            -4096,
+            4095,
+            4096,
+            -32768,
+            32767,
+            32768,
+            -8_388_608,
+            8_388_607,
+            8_388_608,
+            i64::from(i32::MIN),
+            i64::from(i32::MAX),
+            i64::MIN,
+            i64::MAX,
+        ];
+        let pairs: Vec<(i64, i64)> = edges
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i64::MIN + i as i64, v))
+            .chain((0..300).map(|i| (i * 7_919, 200_000_000 + i)))
+            .collect();
+        assert_eq!(
+            read_hash_dump(&f.hash_payload(&pairs).unwrap()).unwrap(),
+            pairs
+        );
+        assert_eq!(
+            read_hash_dump(&f.hash_payload(&[]).unwrap()).unwrap(),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn other_types_and_damaged_payloads_are_refused() {
+        let f = DumpFormat { rdb_version: 10 };
+        let mut other = f.hash_payload(&[(1, 2)]).unwrap();
+        other[0] = 4; // a hashtable-encoded hash
+        let n = other.len();
+        let crc = CRC.checksum(&other[..n - 8]).to_le_bytes();
+        other[n - 8..].copy_from_slice(&crc);
+        assert_eq!(read_hash_dump(&other), Err(DumpError::UnsupportedType(4)));
+        assert_eq!(read_hash_dump(&[16, 0]), Err(DumpError::TooShort(2)));
+        // A string element (`HSET h a 1`): not a bucket of this layout.
+        let mut lp = vec![0, 0, 0, 0, 2, 0, 0x81, b'a', 2, 1, 1, 0xFF];
+        let total = lp.len() as u32;
+        lp[0..4].copy_from_slice(&total.to_le_bytes());
+        let mut payload = vec![RDB_TYPE_HASH_LISTPACK];
+        rdb_length(&mut payload, lp.len() as u64);
+        payload.extend_from_slice(&lp);
+        payload.extend_from_slice(&10u16.to_le_bytes());
+        let crc = CRC.checksum(&payload);
+        payload.extend_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            read_hash_dump(&payload),
+            Err(DumpError::Malformed(_))
+        ));
+        assert!(
+            lzf_decompress(&[0x20, 0x00], 2).is_err(),
+            "a reference before the start"
+        );
+        assert!(
+            lzf_decompress(&[0x01, b'a'], 2).is_err(),
+            "a literal run past the input"
         );
     }
 
