@@ -1,275 +1,840 @@
-//! The local cache in front of the store: most checks are answered without a round trip.
+//! The local tier in front of the store: whole buckets held in memory, so that a lookup whose
+//! bucket is held never leaves the process, whether the entry is listed or not.
 //!
-//! * `LookupCache` holds, per entry key, either the live expiry code (a hit, cached never
-//!   beyond the entry's own expiry) or "absent" (a miss), each for at most the configured TTL,
-//!   within a bounded capacity (moka: TinyLFU admission, per-entry expiry).
-//! * Concurrent misses for one key are coalesced: a fetch registers its keys as in flight;
-//!   a check that needs one of them awaits that fetch instead of issuing its own, and fetches
-//!   only the rest, still in one pipelined round trip. Fetches run as their own tasks, so a
-//!   caller that gives up (deadline) never leaves a half-done fetch for others to resume.
-//! * Invalidation races: a fetch that started before a write may return the old value after
-//!   the write's invalidation arrived. Each key maps to one of 1024 epoch counters that every
-//!   invalidation of the key bumps; a fetch inserts its results and then drops every key whose
-//!   epoch moved while it was in flight, so an old value never outlives the invalidation.
-//! * Trust: while the invalidation subscription is down, writes elsewhere go unseen, so the
-//!   cache is *untrusted*: normal answers bypass it (every lookup goes to the store), but a
-//!   fail-open answer may still use it when the store is unreachable. On resubscribing the
-//!   cache is cleared before it is trusted again.
+//! * **Unit.** A bucket (~200 entries) is read whole (`Store::get_buckets`) and kept as a
+//!   sorted copy (`copy`, 12 bytes an entry): every lookup that falls in it, hit or miss, is a
+//!   binary search. Copies live in a moka cache weighted by their bytes, capped at the memory
+//!   budget (and at `max_buckets` copies: each weighs at least `budget / max_buckets`), so
+//!   memory stays within the budget whatever the keyspace.
+//! * **Modes.** At start-up the worker reads a sample of buckets to measure their mean size.
+//!   If all N buckets fit the budget, the tier is *complete*: the worker loads every bucket in
+//!   the background (pipelined, paced at `fetch_rate` buckets/s, resumed where it stopped
+//!   after a store error) and then answers every lookup locally. Otherwise it is *partial*: it
+//!   preloads buckets until the budget is 90 % full, then fetches a bucket only when the
+//!   sketch (`sketch`) says it is touched far more than the average bucket, and moka's
+//!   TinyLFU keeps the hottest. Every other lookup goes to the store per key (`HGET`), on
+//!   the caller's path as before; a whole bucket is never fetched on a caller's path. Why: a
+//!   bucket read costs Redis ~9 `HGET`s (`dump`), and with uniform traffic a bucket fetched
+//!   into a tier holding a fraction c of the keyspace serves c/(1-c) lookups before it is
+//!   evicted: at 20x the budget, 0.05. (README, *Local tier*, has the measurements.)
+//! * **Exact in place.** Every write's message carries the new codes (`Invalidation::Changes`)
+//!   and is applied to the copy in place. A bucket being read when a change arrives gets the
+//!   change logged and applied on top of what the read returns, so a read that raced a write
+//!   never installs an older state: changes are absolute (field := code), applying one that
+//!   the read already saw is a no-op, and messages of one bucket arrive in write order.
+//! * **When values are not known** the bucket's copy is marked dirty (used only for fail-open)
+//!   and read again in the background: a message from an older build (`Keys`), a write made
+//!   by this instance (its outcome may be unknown: a timeout may still land), and two changes
+//!   of one field within `conflict_window` (on a cluster, and for deletes, a write and its
+//!   message are not one atomic step, so two concurrent writers' messages may arrive in the
+//!   other order than their writes; reading again after the second settles it).
+//! * **Trust and generations.** While the invalidation subscription is down, writes elsewhere
+//!   go unseen: the tier is *untrusted* and every lookup goes to the store, but copies stay
+//!   for fail-open answers. Resubscribing (and a `Bulk` import) starts a new generation:
+//!   copies of older generations are used only for fail-open until read again, which the
+//!   worker does at once. A copy is never used for a normal answer more than `ttl` after the
+//!   read it comes from started (the bound on staleness if a message is lost); the worker
+//!   reads every held bucket again from `ttl / 2` on, never on a caller's path.
+//! * **Staleness of a fail-open answer** (`stale_ms`): the time since each copy used was last
+//!   known in sync (now, while trusted and current; when the subscription broke, or its
+//!   generation ended, or it turned dirty, otherwise).
 //!
-//! `RegistryCache` does the same, more simply, for the IP prefix-length registries.
+//! `RegistryCache` caches the IP prefix-length registries per scope (a TTL and an epoch).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod copy;
+mod sketch;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
-use futures::future::{BoxFuture, Shared, join_all};
-use moka::Expiry;
 use moka::future::Cache;
+use moka::notification::RemovalCause;
 
-use crate::domain::{EPOCH_2020_MS, now_ms};
-use crate::store::{EntryKey, PrefixLen, Scope, Store, StoreError, code_is_live};
+pub use copy::BucketCopy;
 
-const STRIPES: usize = 1024;
+use crate::domain::now_ms;
+use crate::metrics::TierGauges;
+use crate::store::{EntryKey, PrefixLen, Scope, Store, StoreError};
 
-/// What the cache knows about one entry key.
+/// Buckets read per round trip.
+const BATCH: usize = 64;
+/// Buckets the worker looks at per sweep step (complete mode).
+const SCAN_STEP: u32 = 4096;
+/// Buckets read to measure their mean size before choosing the mode.
+const SAMPLE: u32 = 64;
+/// How long one background read may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Complete mode needs the projected size within this share of the budget (room to grow).
+const COMPLETE_SHARE: f64 = 0.9;
+/// Partial mode preloads until this share of the budget is used.
+const PRELOAD_SHARE: f64 = 0.9;
+/// Field → time of the last change heard, kept for conflict detection; past this many,
+/// every change is treated as a conflict (read again) until old ones age out.
+const RECENT_CAP: usize = 1_000_000;
+const STRIPES: usize = 256;
+
+/// How the tier holds the keyspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cached {
-    /// Listed, with this expiry code (0 = never).
-    Listed(u32),
-    /// Not listed (absent, or expired).
-    Absent,
+#[repr(u8)]
+pub enum Mode {
+    /// No tier: every lookup goes to the store (embedded store, or a zero budget).
+    Off = 0,
+    /// Measuring bucket sizes before choosing.
+    Sizing = 1,
+    /// Every bucket is (or is being) held.
+    Complete = 2,
+    /// The hottest buckets within the budget; the rest per lookup.
+    Partial = 3,
 }
 
-impl Cached {
-    /// The cache form of a raw stored code read at `now_ms`: expired entries are misses.
-    pub fn from_stored(code: Option<u32>, now_ms: i64) -> Self {
-        match code {
-            Some(c) if code_is_live(c, now_ms) => Cached::Listed(c),
-            _ => Cached::Absent,
+impl Mode {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Mode::Sizing,
+            2 => Mode::Complete,
+            3 => Mode::Partial,
+            _ => Mode::Off,
         }
     }
 
-    pub fn code(self) -> Option<u32> {
+    /// The `mode` label of `namelist_tier_mode`.
+    pub fn label(self) -> &'static str {
         match self {
-            Cached::Listed(c) => Some(c),
-            Cached::Absent => None,
+            Mode::Off => "off",
+            Mode::Sizing => "sizing",
+            Mode::Complete => "complete",
+            Mode::Partial => "partial",
         }
     }
+
 }
 
-struct Lifetime {
-    ttl: Duration,
+/// The tier's tuning.
+#[derive(Debug, Clone)]
+pub struct TierSettings {
+    /// Bytes the copies may take; 0 turns the tier off.
+    pub budget_bytes: u64,
+    /// Most buckets held; 0 turns the tier off.
+    pub max_buckets: u64,
+    /// The longest a copy answers after the read it comes from started.
+    pub ttl: Duration,
+    /// Background reads per second (loading, refreshing); 0: unpaced.
+    pub fetch_rate: u64,
+    /// Two changes of one field within this window are read again (see the module docs):
+    /// at least the longest a write may take between landing and publishing.
+    pub conflict_window: Duration,
 }
 
-impl Lifetime {
-    fn of(&self, value: &Cached) -> Duration {
-        match value {
-            Cached::Listed(code) if *code != 0 => {
-                let until = EPOCH_2020_MS + i64::from(*code) * 1000 - now_ms();
-                self.ttl.min(Duration::from_millis(until.max(0) as u64))
-            }
-            _ => self.ttl,
-        }
-    }
+/// What a lookup found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The bucket is held and current: the raw code stored for the key, if any.
+    Local(Option<u32>),
+    /// Ask the store.
+    Remote,
 }
 
-impl Expiry<EntryKey, Cached> for Lifetime {
-    fn expire_after_create(&self, _: &EntryKey, value: &Cached, _: Instant) -> Option<Duration> {
-        Some(self.of(value))
-    }
-
-    fn expire_after_update(
-        &self,
-        _: &EntryKey,
-        value: &Cached,
-        _: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(self.of(value))
-    }
+/// Trust and generations (see the module docs).
+struct SyncState {
+    trusted: bool,
+    generation: u64,
+    /// When the subscription broke (while untrusted).
+    broke_at: Option<Instant>,
+    /// When recent generations stopped being in sync.
+    ended: BTreeMap<u64, Instant>,
 }
 
-/// Raw stored codes by key, as one fetch returned them.
-pub type Fetched = HashMap<EntryKey, Option<u32>>;
-type FetchFuture = Shared<BoxFuture<'static, Result<Arc<Fetched>, StoreError>>>;
+/// A read of one bucket in flight, and the changes heard meanwhile.
+#[derive(Default)]
+struct Fetching {
+    log: Vec<(i64, Option<u32>)>,
+    /// A change of unknown value arrived meanwhile: install the copy dirty.
+    poisoned: bool,
+}
 
-/// The entry cache with coalesced fetches.
-pub struct LookupCache {
-    entries: Cache<EntryKey, Cached>,
-    epochs: Box<[AtomicU64]>,
+#[derive(Default)]
+struct Queue {
+    urgent: VecDeque<u32>,
+    queued: HashSet<u32>,
+}
+
+/// Counters shared with the cache's eviction listener.
+#[derive(Default)]
+struct Held {
+    /// Bytes of the copies held (`BucketCopy::bytes`).
+    bytes: AtomicI64,
+    /// Copies of the current generation held (approximate).
+    current: AtomicI64,
+    generation: AtomicU64,
+}
+
+/// Progress of the background sweep.
+struct Sweep {
+    cursor: u32,
+    /// Held buckets due for a refresh (partial mode), gathered once per `ttl / 8`.
+    due: Vec<u32>,
+    gathered_at: Option<Instant>,
+    gathered_gen: u64,
+    /// Oldest copy seen in the last full pass, for the gauge.
+    oldest: Duration,
+    pass_oldest: Duration,
+}
+
+/// The local tier of one instance.
+pub struct LocalTier {
+    copies: Option<moka::sync::Cache<u32, Arc<BucketCopy>>>,
+    buckets: u32,
+    settings: TierSettings,
+    mode: AtomicU8,
     trusted: AtomicBool,
-    inflight: Mutex<HashMap<EntryKey, (u64, FetchFuture)>>,
-    next_fetch: AtomicU64,
+    sync: Mutex<SyncState>,
+    held: Arc<Held>,
+    stripes: Box<[Mutex<HashMap<u32, Fetching>>]>,
+    queue: Mutex<Queue>,
+    wake: tokio::sync::Notify,
+    sketch: sketch::Sketch,
+    recent: Mutex<HashMap<EntryKey, Instant>>,
+    sweep: Mutex<Sweep>,
+    /// Background reads done and failed, by reason, for the metrics.
+    pub fetched: AtomicU64,
+    pub fetch_errors: AtomicU64,
 }
 
-impl LookupCache {
-    pub fn new(capacity: u64, ttl: Duration) -> Arc<Self> {
-        let entries = Cache::builder()
-            .max_capacity(capacity)
-            .expire_after(Lifetime { ttl })
-            .support_invalidation_closures()
-            .build();
+impl LocalTier {
+    /// A tier for a keyspace of `buckets` buckets; off when `enabled` is false or the budget
+    /// or bucket cap is zero.
+    pub fn new(buckets: u32, settings: TierSettings, enabled: bool) -> Arc<Self> {
+        let on = enabled && settings.budget_bytes > 0 && settings.max_buckets > 0;
+        let held = Arc::new(Held::default());
+        held.generation.store(1, Ordering::Relaxed);
+        let copies = on.then(|| {
+            let min_weight = (settings.budget_bytes / settings.max_buckets).min(u64::from(u32::MAX));
+            let listener_held = held.clone();
+            moka::sync::Cache::builder()
+                .max_capacity(settings.budget_bytes)
+                .weigher(move |_: &u32, c: &Arc<BucketCopy>| {
+                    (c.bytes() as u64).max(min_weight).min(u64::from(u32::MAX)) as u32
+                })
+                .eviction_listener(move |_, c: Arc<BucketCopy>, _: RemovalCause| {
+                    listener_held
+                        .bytes
+                        .fetch_sub(c.bytes() as i64, Ordering::Relaxed);
+                    if c.generation == listener_held.generation.load(Ordering::Relaxed) {
+                        listener_held.current.fetch_sub(1, Ordering::Relaxed);
+                    }
+                })
+                .build()
+        });
         Arc::new(Self {
-            entries,
-            epochs: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            copies,
+            buckets,
+            mode: AtomicU8::new(if on { Mode::Sizing } else { Mode::Off } as u8),
             trusted: AtomicBool::new(false),
-            inflight: Mutex::new(HashMap::new()),
-            next_fetch: AtomicU64::new(0),
+            sync: Mutex::new(SyncState {
+                trusted: false,
+                generation: 1,
+                broke_at: None,
+                ended: BTreeMap::new(),
+            }),
+            held,
+            stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
+            queue: Mutex::new(Queue::default()),
+            wake: tokio::sync::Notify::new(),
+            sketch: sketch::Sketch::new(buckets),
+            recent: Mutex::new(HashMap::new()),
+            sweep: Mutex::new(Sweep {
+                cursor: 0,
+                due: Vec::new(),
+                gathered_at: None,
+                gathered_gen: 0,
+                oldest: Duration::ZERO,
+                pass_oldest: Duration::ZERO,
+            }),
+            settings,
+            fetched: AtomicU64::new(0),
+            fetch_errors: AtomicU64::new(0),
         })
     }
 
-    fn epoch(&self, key: &EntryKey) -> &AtomicU64 {
-        &self.epochs[(key.field as u64 as usize) % STRIPES]
-    }
-
-    fn bump_all(&self) {
-        for e in self.epochs.iter() {
-            e.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-
-    /// Whether cached answers may be given as authoritative (the subscription is up).
+    /// Whether answers from the tier (and the registry cache) may be given as authoritative:
+    /// the invalidation subscription is up.
     pub fn is_trusted(&self) -> bool {
         self.trusted.load(Ordering::Acquire)
     }
 
-    pub fn set_trusted(&self, trusted: bool) {
-        self.trusted.store(trusted, Ordering::Release);
+    pub fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::Relaxed))
     }
 
-    pub async fn get(&self, key: &EntryKey) -> Option<Cached> {
-        self.entries.get(key).await
+    fn generation(&self) -> u64 {
+        self.held.generation.load(Ordering::Acquire)
     }
 
-    /// Number of cached keys (approximate; for metrics and tests).
-    pub fn len(&self) -> u64 {
-        self.entries.entry_count()
+    fn stripe(&self, bucket: u32) -> std::sync::MutexGuard<'_, HashMap<u32, Fetching>> {
+        self.stripes[bucket as usize % STRIPES]
+            .lock()
+            .expect("stripe lock")
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Drops these keys (a write changed them).
-    pub async fn invalidate(&self, keys: &[EntryKey]) {
-        for k in keys {
-            self.epoch(k).fetch_add(1, Ordering::AcqRel);
-            self.entries.invalidate(k).await;
+    /// The subscription broke: writes elsewhere may go unseen from now on.
+    pub fn lost_sync(&self) {
+        let mut st = self.sync.lock().expect("sync lock");
+        if st.trusted {
+            st.trusted = false;
+            st.broke_at = Some(Instant::now());
         }
+        self.trusted.store(false, Ordering::Release);
     }
 
-    /// Drops everything.
+    /// Subscribed (again): everything held may have changed unseen, so a new generation
+    /// starts and the worker reads every held bucket again.
+    pub fn resynced(&self) {
+        let mut st = self.sync.lock().expect("sync lock");
+        let ended = st.broke_at.take().unwrap_or_else(Instant::now);
+        self.new_generation(&mut st, ended);
+        st.trusted = true;
+        self.trusted.store(true, Ordering::Release);
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// Entries were written in bulk (import): anything held may be out of date.
     pub fn invalidate_all(&self) {
-        self.bump_all();
-        self.entries.invalidate_all();
+        let mut st = self.sync.lock().expect("sync lock");
+        self.new_generation(&mut st, Instant::now());
+        drop(st);
+        self.wake.notify_one();
     }
 
-    /// Drops every cached miss (a bulk import may have listed any of them).
-    pub fn invalidate_misses(&self) {
-        self.bump_all();
-        if self
-            .entries
-            .invalidate_entries_if(|_, v| *v == Cached::Absent)
-            .is_err()
-        {
-            self.entries.invalidate_all();
+    fn new_generation(&self, st: &mut SyncState, ended: Instant) {
+        st.ended.insert(st.generation, ended);
+        while st.ended.len() > 64 {
+            st.ended.pop_first();
         }
+        st.generation += 1;
+        self.held.generation.store(st.generation, Ordering::Release);
+        self.held.current.store(0, Ordering::Relaxed);
     }
 
-    /// Fetches `keys` from the store, at most until `deadline`, joining fetches of the same
-    /// keys already in flight; the results are cached. Returns the raw stored codes.
-    pub async fn fetch(
-        self: &Arc<Self>,
-        store: &Arc<dyn Store>,
-        keys: Vec<EntryKey>,
-        deadline: tokio::time::Instant,
-    ) -> Result<Fetched, StoreError> {
-        let mut waits: Vec<(u64, FetchFuture)> = Vec::new();
-        {
-            let mut inflight = self.inflight.lock().expect("inflight lock");
-            let mut owned = Vec::new();
-            for k in keys {
-                match inflight.get(&k) {
-                    Some((id, fut)) => {
-                        if !waits.iter().any(|(w, _)| w == id) {
-                            waits.push((*id, fut.clone()));
-                        }
-                    }
-                    None => owned.push(k),
+    /// Whether `copy` may answer a normal (not fail-open) lookup at `now`.
+    fn usable(&self, copy: &BucketCopy, now: Instant) -> bool {
+        self.is_trusted()
+            && copy.generation == self.generation()
+            && copy.dirty_since.is_none()
+            && now.saturating_duration_since(copy.fetched_at) <= self.settings.ttl
+    }
+
+    /// The check path: the key's answer if its bucket is held and current, else `Remote`
+    /// (and, by the mode's rule, the bucket is queued to be read in the background).
+    pub fn lookup(&self, key: &EntryKey, now: Instant) -> Lookup {
+        let Some(copies) = &self.copies else {
+            return Lookup::Remote;
+        };
+        match copies.get(&key.bucket) {
+            Some(c) if self.usable(&c, now) => Lookup::Local(c.get(key.field)),
+            Some(_) => Lookup::Remote,
+            None => {
+                let wanted = match self.mode() {
+                    Mode::Complete => self.is_trusted(),
+                    Mode::Partial => self.sketch.touch(key.bucket),
+                    Mode::Off | Mode::Sizing => false,
+                };
+                if wanted {
+                    self.enqueue(key.bucket);
                 }
-            }
-            if !owned.is_empty() {
-                let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
-                let fut = self.spawn_fetch(id, store.clone(), owned.clone(), deadline);
-                for k in owned {
-                    inflight.insert(k, (id, fut.clone()));
-                }
-                waits.push((id, fut));
+                Lookup::Remote
             }
         }
-        let mut out = Fetched::new();
-        for r in join_all(waits.into_iter().map(|(_, f)| f)).await {
-            out.extend(r?.iter().map(|(k, v)| (*k, *v)));
-        }
-        Ok(out)
     }
 
-    fn spawn_fetch(
-        self: &Arc<Self>,
-        id: u64,
-        store: Arc<dyn Store>,
-        keys: Vec<EntryKey>,
-        deadline: tokio::time::Instant,
-    ) -> FetchFuture {
-        let this = self.clone();
-        let task = tokio::spawn(async move {
-            let started: Vec<u64> = keys
-                .iter()
-                .map(|k| this.epoch(k).load(Ordering::Acquire))
-                .collect();
-            let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let result = match tokio::time::timeout_at(deadline, store.get_many(&keys)).await {
-                Ok(Ok(codes)) => Ok(codes),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(StoreError::Timeout(budget)),
+    /// For a fail-open answer: the key's code in whatever copy is held (current or not), and
+    /// when that copy was last known in sync. `None` when the bucket is not held.
+    pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
+        let copy = self.copies.as_ref()?.get(&key.bucket)?;
+        Some((copy.get(key.field), self.synced_at(&copy, now)))
+    }
+
+    fn synced_at(&self, copy: &BucketCopy, now: Instant) -> Instant {
+        if let Some(t) = copy.dirty_since {
+            return t;
+        }
+        let st = self.sync.lock().expect("sync lock");
+        if copy.generation == st.generation {
+            return if st.trusted {
+                now
+            } else {
+                st.broke_at.unwrap_or(now)
             };
-            let result = match result {
-                Ok(codes) if codes.len() == keys.len() => {
-                    let now = now_ms();
-                    for (k, code) in keys.iter().zip(&codes) {
-                        this.entries
-                            .insert(*k, Cached::from_stored(*code, now))
-                            .await;
-                    }
-                    for (k, e) in keys.iter().zip(started) {
-                        if this.epoch(k).load(Ordering::Acquire) != e {
-                            this.entries.invalidate(k).await;
-                        }
-                    }
-                    Ok(Arc::new(keys.iter().copied().zip(codes).collect()))
-                }
-                Ok(codes) => Err(StoreError::Corrupt(format!(
-                    "asked for {} fields, got {}",
-                    keys.len(),
-                    codes.len()
-                ))),
-                Err(e) => Err(e),
-            };
-            let mut inflight = this.inflight.lock().expect("inflight lock");
-            for k in &keys {
-                if inflight.get(k).is_some_and(|(owner, _)| *owner == id) {
-                    inflight.remove(k);
-                }
-            }
-            result
-        });
-        task.map(|joined| {
-            joined.unwrap_or_else(|e| Err(StoreError::Unavailable(format!("fetch task: {e}"))))
+        }
+        st.ended
+            .get(&copy.generation)
+            .copied()
+            .unwrap_or(copy.fetched_at)
+    }
+
+    /// When the tier as a whole was last known in sync (now, while trusted); `None` when off.
+    pub fn synced(&self, now: Instant) -> Option<Instant> {
+        self.copies.as_ref()?;
+        let st = self.sync.lock().expect("sync lock");
+        Some(if st.trusted {
+            now
+        } else {
+            st.broke_at.unwrap_or(now)
         })
-        .boxed()
-        .shared()
+    }
+
+    fn enqueue(&self, bucket: u32) {
+        let mut q = self.queue.lock().expect("queue lock");
+        if q.queued.insert(bucket) {
+            q.urgent.push_back(bucket);
+            drop(q);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Changes heard from a write (`Invalidation::Changes`): applied to held copies and to
+    /// reads in flight; a field changed twice within the conflict window is read again.
+    pub fn apply(&self, changes: &[(EntryKey, Option<u32>)]) {
+        if self.copies.is_none() || changes.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut conflicts = HashSet::new();
+        {
+            let window = self.settings.conflict_window;
+            let mut recent = self.recent.lock().expect("recent lock");
+            if recent.len() >= RECENT_CAP / 2 {
+                recent.retain(|_, t| now.saturating_duration_since(*t) < window);
+            }
+            for (k, _) in changes {
+                let full = recent.len() >= RECENT_CAP;
+                let previous = if full { None } else { recent.insert(*k, now) };
+                if full || previous.is_some_and(|t| now.saturating_duration_since(t) < window) {
+                    conflicts.insert(k.bucket);
+                }
+            }
+        }
+        let mut by_bucket: BTreeMap<u32, Vec<(i64, Option<u32>)>> = BTreeMap::new();
+        for (k, code) in changes {
+            by_bucket.entry(k.bucket).or_default().push((k.field, *code));
+        }
+        let now_ms = now_ms();
+        for (bucket, fields) in by_bucket {
+            let mut stripe = self.stripe(bucket);
+            if let Some(f) = stripe.get_mut(&bucket) {
+                f.log.extend_from_slice(&fields);
+            }
+            if let Some(copy) = self.get(bucket) {
+                self.put(bucket, copy.with_changes(&fields, now_ms));
+            }
+        }
+        if !conflicts.is_empty() {
+            self.dirty(conflicts);
+        }
+    }
+
+    /// Fields changed to values not known here (an older writer's `Keys`).
+    pub fn changed_unknown(&self, keys: &[EntryKey]) {
+        self.dirty(keys.iter().map(|k| k.bucket).collect());
+    }
+
+    /// This instance wrote (or tried to write) these fields: their buckets are read again,
+    /// and answered from the store until then (read-your-writes whatever the outcome).
+    pub fn wrote(&self, keys: &[EntryKey]) {
+        self.dirty(keys.iter().map(|k| k.bucket).collect());
+    }
+
+    /// Marks the held copies of `buckets` (and reads in flight) out of date and queues them.
+    fn dirty(&self, buckets: HashSet<u32>) {
+        if self.copies.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        for bucket in buckets {
+            let mut stripe = self.stripe(bucket);
+            let fetching = stripe.get_mut(&bucket).map(|f| f.poisoned = true).is_some();
+            let held = match self.get(bucket) {
+                Some(copy) => {
+                    if copy.dirty_since.is_none() {
+                        self.put(bucket, copy.dirtied(now));
+                    }
+                    true
+                }
+                None => false,
+            };
+            drop(stripe);
+            if held || fetching {
+                self.enqueue(bucket);
+            }
+        }
+    }
+
+    /// Lazy expiry deleted `key` while it held `code`: drop it from the copy too, so that
+    /// later checks do not ask for the same deletion again.
+    pub fn forget_expired(&self, key: &EntryKey, code: u32) {
+        let _stripe = self.stripe(key.bucket);
+        if let Some(copy) = self.get(key.bucket)
+            && copy.get(key.field) == Some(code)
+        {
+            self.put(key.bucket, copy.with_changes(&[(key.field, None)], now_ms()));
+        }
+    }
+
+    fn get(&self, bucket: u32) -> Option<Arc<BucketCopy>> {
+        self.copies.as_ref()?.get(&bucket)
+    }
+
+    /// Installs a copy (the caller holds the bucket's stripe lock).
+    fn put(&self, bucket: u32, copy: BucketCopy) {
+        let Some(copies) = &self.copies else { return };
+        self.held
+            .bytes
+            .fetch_add(copy.bytes() as i64, Ordering::Relaxed);
+        if copy.generation == self.generation() {
+            self.held.current.fetch_add(1, Ordering::Relaxed);
+        }
+        copies.insert(bucket, Arc::new(copy));
+    }
+
+    /// Reads `buckets` from the store and installs them (with the changes heard meanwhile).
+    /// Buckets already being read are skipped.
+    async fn fetch(&self, store: &Arc<dyn Store>, buckets: &[u32]) -> Result<(), StoreError> {
+        let generation = self.generation();
+        let started = Instant::now();
+        let mut owned = Vec::with_capacity(buckets.len());
+        for &b in buckets {
+            let mut stripe = self.stripe(b);
+            if let std::collections::hash_map::Entry::Vacant(e) = stripe.entry(b) {
+                e.insert(Fetching::default());
+                owned.push(b);
+            }
+        }
+        if owned.is_empty() {
+            return Ok(());
+        }
+        let read = match tokio::time::timeout(FETCH_TIMEOUT, store.get_buckets(&owned)).await {
+            Ok(Ok(r)) if r.len() == owned.len() => Ok(r),
+            Ok(Ok(r)) => Err(StoreError::Corrupt(format!(
+                "asked for {} buckets, got {}",
+                owned.len(),
+                r.len()
+            ))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Timeout(FETCH_TIMEOUT)),
+        };
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                for &b in &owned {
+                    self.stripe(b).remove(&b);
+                }
+                self.fetch_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        self.fetched.fetch_add(owned.len() as u64, Ordering::Relaxed);
+        let now_ms = now_ms();
+        for (b, pairs) in owned.into_iter().zip(read) {
+            let mut copy = BucketCopy::from_pairs(pairs, now_ms, started, generation);
+            let mut stripe = self.stripe(b);
+            let f = stripe.remove(&b).expect("registered above");
+            if !f.log.is_empty() {
+                copy = copy.with_changes(&f.log, now_ms);
+            }
+            if f.poisoned {
+                copy = copy.dirtied(started);
+            }
+            self.put(b, copy);
+            drop(stripe);
+            if f.poisoned {
+                self.enqueue(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the held copy of `bucket` (if any) should be read again now.
+    fn due(&self, copy: Option<&BucketCopy>, now: Instant) -> bool {
+        match copy {
+            None => true,
+            Some(c) => {
+                c.generation != self.generation()
+                    || c.dirty_since.is_some()
+                    || now.saturating_duration_since(c.fetched_at) >= self.settings.ttl / 2
+            }
+        }
+    }
+
+    /// The next buckets to read: urgent ones first, then the sweep's.
+    fn next_batch(&self, now: Instant) -> Vec<u32> {
+        let mut batch = Vec::with_capacity(BATCH);
+        {
+            let mut q = self.queue.lock().expect("queue lock");
+            while batch.len() < BATCH {
+                let Some(b) = q.urgent.pop_front() else { break };
+                q.queued.remove(&b);
+                batch.push(b);
+            }
+        }
+        let Some(copies) = &self.copies else {
+            return batch;
+        };
+        let mut sweep = self.sweep.lock().expect("sweep lock");
+        match self.mode() {
+            Mode::Complete => {
+                if sweep.cursor >= self.buckets {
+                    sweep.cursor = 0;
+                }
+                let mut looked = 0;
+                while batch.len() < BATCH && looked < SCAN_STEP && self.buckets > 0 {
+                    let b = sweep.cursor;
+                    let copy = copies.get(&b);
+                    if let Some(c) = &copy {
+                        let age = now.saturating_duration_since(c.fetched_at);
+                        sweep.pass_oldest = sweep.pass_oldest.max(age);
+                    }
+                    if self.due(copy.as_deref(), now) && !batch.contains(&b) {
+                        batch.push(b);
+                    }
+                    looked += 1;
+                    sweep.cursor = (b + 1) % self.buckets;
+                    if sweep.cursor == 0 {
+                        sweep.oldest = std::mem::take(&mut sweep.pass_oldest);
+                    }
+                }
+            }
+            Mode::Partial => {
+                // Preload while there is room, then refresh what is held.
+                copies.run_pending_tasks();
+                let room = (copies.weighted_size() as f64)
+                    < PRELOAD_SHARE * self.settings.budget_bytes as f64
+                    && (copies.entry_count() as u64) < self.settings.max_buckets;
+                if room && u64::from(sweep.cursor) < u64::from(self.buckets) {
+                    let mut looked = 0;
+                    while batch.len() < BATCH / 2 && looked < SCAN_STEP && sweep.cursor < self.buckets {
+                        let b = sweep.cursor;
+                        if copies.get(&b).is_none() {
+                            batch.push(b);
+                        }
+                        looked += 1;
+                        sweep.cursor += 1;
+                    }
+                }
+                let regather = sweep.gathered_gen != self.generation()
+                    || sweep
+                        .gathered_at
+                        .is_none_or(|t| now.saturating_duration_since(t) >= self.settings.ttl / 8);
+                if regather && sweep.due.is_empty() {
+                    let mut oldest = Duration::ZERO;
+                    let mut due = Vec::new();
+                    for (b, c) in copies.iter() {
+                        oldest = oldest.max(now.saturating_duration_since(c.fetched_at));
+                        if self.due(Some(&c), now) {
+                            due.push(*b);
+                        }
+                    }
+                    sweep.oldest = oldest;
+                    sweep.due = due;
+                    sweep.gathered_at = Some(now);
+                    sweep.gathered_gen = self.generation();
+                }
+                while batch.len() < BATCH {
+                    let Some(b) = sweep.due.pop() else { break };
+                    if !batch.contains(&b) {
+                        batch.push(b);
+                    }
+                }
+            }
+            Mode::Off | Mode::Sizing => {}
+        }
+        batch
+    }
+
+    /// Reads a sample of buckets, installs them, and chooses complete or partial mode from
+    /// their mean size.
+    async fn size_up(&self, store: &Arc<dyn Store>) -> Result<(), StoreError> {
+        let n = self.buckets.max(1);
+        let sample: Vec<u32> = (0..SAMPLE.min(n))
+            .map(|i| (u64::from(i) * u64::from(n) / u64::from(SAMPLE.min(n))) as u32)
+            .collect();
+        self.fetch(store, &sample).await?;
+        let sizes: Vec<u64> = sample
+            .iter()
+            .filter_map(|b| self.get(*b))
+            .map(|c| c.bytes() as u64)
+            .collect();
+        let mean = sizes.iter().sum::<u64>() as f64 / sizes.len().max(1) as f64;
+        self.choose(mean);
+        Ok(())
+    }
+
+    /// Complete when N copies of `mean` bytes fit the budget (with room) and the bucket cap.
+    fn choose(&self, mean: f64) {
+        let s = &self.settings;
+        let min_weight = (s.budget_bytes / s.max_buckets) as f64;
+        let projected = f64::from(self.buckets) * mean.max(min_weight);
+        let complete = projected <= COMPLETE_SHARE * s.budget_bytes as f64
+            && u64::from(self.buckets) <= s.max_buckets;
+        let mode = if complete { Mode::Complete } else { Mode::Partial };
+        let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
+        if previous != mode {
+            let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
+            tracing::info!(
+                mode = mode.label(),
+                buckets = self.buckets,
+                mean_bucket_bytes = mean as u64,
+                projected_bytes = projected as u64,
+                budget_bytes = s.budget_bytes,
+                "local tier mode chosen"
+            );
+            if mode == Mode::Complete && s.fetch_rate > 0 && per_refresh > s.fetch_rate as f64 {
+                tracing::warn!(
+                    buckets = self.buckets,
+                    fetch_rate = s.fetch_rate,
+                    "refreshing every bucket within cache_ttl_ms / 2 needs more than fetch_rate \
+                     reads/s: buckets will pass their TTL and be answered by the store; raise \
+                     cache_ttl_ms or local_fetch_rate"
+                );
+            }
+        }
+    }
+
+    /// Re-evaluates the mode from the copies held (once enough are held to say).
+    fn reconsider(&self) {
+        let Some(copies) = &self.copies else { return };
+        let count = copies.entry_count();
+        if count >= u64::from(SAMPLE) {
+            let mean = self.held.bytes.load(Ordering::Relaxed).max(0) as f64 / count as f64;
+            self.choose(mean);
+        }
+    }
+
+    /// Exports the tier's state.
+    fn export(&self, gauges: &TierGauges) {
+        let Some(copies) = &self.copies else {
+            gauges.set_mode(Mode::Off.label());
+            return;
+        };
+        let now = Instant::now();
+        gauges.set_mode(self.mode().label());
+        gauges.budget_bytes.set(self.settings.budget_bytes as i64);
+        gauges.bytes.set(self.held.bytes.load(Ordering::Relaxed).max(0));
+        gauges.buckets.set(copies.entry_count() as i64);
+        let current = self.held.current.load(Ordering::Relaxed).max(0) as f64;
+        gauges
+            .loaded
+            .set((current / f64::from(self.buckets.max(1))).min(1.0));
+        let stale = self
+            .synced(now)
+            .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        gauges.stale_seconds.set(stale);
+        let oldest = self.sweep.lock().expect("sweep lock").oldest;
+        gauges.oldest_copy_seconds.set(oldest.as_secs_f64());
+        gauges.set_fetches(
+            self.fetched.load(Ordering::Relaxed),
+            self.fetch_errors.load(Ordering::Relaxed),
+        );
+    }
+
+    /// The background worker: sizes the keyspace up, loads, refreshes and rereads buckets,
+    /// paced, and exports the gauges; runs until aborted. Does nothing while untrusted (a
+    /// read then could not be trusted either) or when the tier is off.
+    pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, gauges: Arc<TierGauges>) {
+        if self.copies.is_none() {
+            self.export(&gauges);
+            return;
+        }
+        const MIN_BACKOFF: Duration = Duration::from_millis(50);
+        const MAX_BACKOFF: Duration = Duration::from_secs(2);
+        let mut backoff = MIN_BACKOFF;
+        let mut exported = Instant::now() - Duration::from_secs(1);
+        let mut reconsidered = Instant::now();
+        loop {
+            let now = Instant::now();
+            if now.duration_since(exported) >= Duration::from_secs(1) {
+                self.export(&gauges);
+                self.sketch.age();
+                exported = now;
+            }
+            if !self.is_trusted() {
+                let _ = tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
+                continue;
+            }
+            if self.mode() == Mode::Sizing {
+                match self.size_up(&store).await {
+                    Ok(()) => backoff = MIN_BACKOFF,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "sizing the local tier failed; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                    }
+                }
+                continue;
+            }
+            if now.duration_since(reconsidered) >= self.settings.ttl {
+                self.reconsider();
+                reconsidered = now;
+            }
+            let batch = self.next_batch(now);
+            if batch.is_empty() {
+                let _ = tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
+                continue;
+            }
+            let started = Instant::now();
+            match self.fetch(&store, &batch).await {
+                Ok(()) => backoff = MIN_BACKOFF,
+                Err(e) => {
+                    tracing::debug!(error = %e, buckets = batch.len(), "local tier read failed; retrying");
+                    // Resume where it stopped: the failed buckets go first next time.
+                    {
+                        let mut q = self.queue.lock().expect("queue lock");
+                        for b in batch.iter().rev() {
+                            if q.queued.insert(*b) {
+                                q.urgent.push_front(*b);
+                            }
+                        }
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            }
+            if self.settings.fetch_rate > 0 {
+                let pace = Duration::from_secs_f64(batch.len() as f64 / self.settings.fetch_rate as f64);
+                tokio::time::sleep(pace.saturating_sub(started.elapsed())).await;
+            }
+        }
+    }
+
+    /// Waits until the tier's copies are loaded (tests and benches): complete mode with every
+    /// bucket held and current. `false` on timeout.
+    pub async fn wait_complete(&self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.mode() == Mode::Complete
+                && self.held.current.load(Ordering::Relaxed) >= i64::from(self.buckets)
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Copies held and the bytes they take (tests and benches).
+    pub fn held_stats(&self) -> (u64, u64) {
+        match &self.copies {
+            Some(c) => {
+                c.run_pending_tasks();
+                (
+                    c.entry_count(),
+                    self.held.bytes.load(Ordering::Relaxed).max(0) as u64,
+                )
+            }
+            None => (0, 0),
+        }
     }
 }
 
@@ -346,218 +911,5 @@ impl RegistryCache {
     pub fn invalidate_all(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.entries.invalidate_all();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicUsize;
-
-    use async_trait::async_trait;
-
-    use super::*;
-    use crate::store::memory::MemoryStore;
-    use crate::store::{
-        AuditRecord, DefinitionKind, Invalidation, InvalidationStream, Layout, MetricAnswer,
-        MetricOp, StoreResult, StoredDefinition, WriteBatch,
-    };
-
-    /// A real (embedded) store whose reads are slow and counted.
-    struct SlowStore {
-        inner: MemoryStore,
-        reads: AtomicUsize,
-        delay: Duration,
-    }
-
-    #[async_trait]
-    impl Store for SlowStore {
-        fn kind(&self) -> &'static str {
-            "slow"
-        }
-        fn layout(&self) -> &Layout {
-            self.inner.layout()
-        }
-        async fn ping(&self) -> StoreResult<()> {
-            self.inner.ping().await
-        }
-        async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(self.delay).await;
-            self.inner.get_many(keys).await
-        }
-        async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
-            self.inner.prefix_lengths(scopes).await
-        }
-        async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
-            self.inner.write(batch).await
-        }
-        async fn remove(
-            &self,
-            keys: &[EntryKey],
-            now_ms: i64,
-            audit: Vec<AuditRecord>,
-        ) -> StoreResult<Vec<bool>> {
-            self.inner.remove(keys, now_ms, audit).await
-        }
-        async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
-            self.inner.remove_if_unchanged(key, code).await
-        }
-        async fn subscribe(&self) -> StoreResult<InvalidationStream> {
-            self.inner.subscribe().await
-        }
-        async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
-            self.inner.publish(message).await
-        }
-        async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
-            self.inner.audit_tail(count).await
-        }
-        async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
-            self.inner.metric_ops(ops).await
-        }
-        async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
-            self.inner.definitions(kind).await
-        }
-        async fn put_definition(
-            &self,
-            kind: DefinitionKind,
-            id: &str,
-            fingerprint: &str,
-            body: &str,
-        ) -> StoreResult<u64> {
-            self.inner.put_definition(kind, id, fingerprint, body).await
-        }
-        async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
-            self.inner.delete_definition(kind, id).await
-        }
-    }
-
-    fn slow(delay_ms: u64) -> Arc<SlowStore> {
-        Arc::new(SlowStore {
-            inner: MemoryStore::open(
-                Layout::new(
-                    "c:",
-                    8,
-                    crate::store::Hashing::Keyed(
-                        crate::store::FingerprintKey::generate("test").unwrap(),
-                    ),
-                ),
-                10,
-                None,
-            )
-            .unwrap(),
-            reads: AtomicUsize::new(0),
-            delay: Duration::from_millis(delay_ms),
-        })
-    }
-
-    fn key(n: i64) -> EntryKey {
-        EntryKey {
-            bucket: 1,
-            field: n,
-        }
-    }
-
-    fn deadline() -> tokio::time::Instant {
-        tokio::time::Instant::now() + Duration::from_secs(2)
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_misses_for_one_key_are_coalesced() {
-        let slow = slow(50);
-        let store: Arc<dyn Store> = slow.clone();
-        let cache = LookupCache::new(1000, Duration::from_secs(60));
-        let fetches = (0..50).map(|_| {
-            let (cache, store) = (cache.clone(), store.clone());
-            tokio::spawn(async move { cache.fetch(&store, vec![key(7)], deadline()).await })
-        });
-        for r in join_all(fetches).await {
-            assert_eq!(r.unwrap().unwrap().get(&key(7)), Some(&None));
-        }
-        assert_eq!(
-            slow.reads.load(Ordering::SeqCst),
-            1,
-            "one store read for 50 callers"
-        );
-        assert_eq!(
-            cache.get(&key(7)).await,
-            Some(Cached::Absent),
-            "the miss is cached"
-        );
-
-        // A caller wanting an in-flight key and a new one joins the first and reads the rest.
-        let first = {
-            let (cache, store) = (cache.clone(), store.clone());
-            tokio::spawn(async move { cache.fetch(&store, vec![key(8)], deadline()).await })
-        };
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let both = cache
-            .fetch(&store, vec![key(8), key(9)], deadline())
-            .await
-            .unwrap();
-        assert_eq!(both.len(), 2);
-        first.await.unwrap().unwrap();
-        assert_eq!(
-            slow.reads.load(Ordering::SeqCst),
-            3,
-            "key 8 once, key 9 once"
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_invalidation_during_a_fetch_is_not_undone_by_it() {
-        let slow = slow(50);
-        let store: Arc<dyn Store> = slow.clone();
-        let cache = LookupCache::new(1000, Duration::from_secs(60));
-        let fetch = {
-            let (cache, store) = (cache.clone(), store.clone());
-            tokio::spawn(async move { cache.fetch(&store, vec![key(1), key(2)], deadline()).await })
-        };
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        // A write lands while the read is in flight.
-        cache.invalidate(&[key(1)]).await;
-        fetch.await.unwrap().unwrap();
-        assert_eq!(cache.get(&key(1)).await, None, "the stale read was dropped");
-        assert_eq!(
-            cache.get(&key(2)).await,
-            Some(Cached::Absent),
-            "the untouched key is cached"
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_missed_deadline_fails_every_waiter_and_frees_the_key() {
-        let slow = slow(200);
-        let store: Arc<dyn Store> = slow.clone();
-        let cache = LookupCache::new(1000, Duration::from_secs(60));
-        let soon = tokio::time::Instant::now() + Duration::from_millis(20);
-        let err = cache.fetch(&store, vec![key(3)], soon).await.unwrap_err();
-        assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
-        assert!(
-            cache.inflight.lock().unwrap().is_empty(),
-            "no fetch left registered"
-        );
-        assert_eq!(
-            cache.get(&key(3)).await,
-            None,
-            "nothing cached from a failed read"
-        );
-    }
-
-    #[tokio::test]
-    async fn hits_never_outlive_the_entry() {
-        let cache = LookupCache::new(1000, Duration::from_secs(60));
-        let in_a_second = ((now_ms() - EPOCH_2020_MS) / 1000 + 1) as u32;
-        let lifetime = Lifetime {
-            ttl: Duration::from_secs(60),
-        };
-        assert!(lifetime.of(&Cached::Listed(in_a_second)) <= Duration::from_secs(1));
-        assert_eq!(lifetime.of(&Cached::Listed(0)), Duration::from_secs(60));
-        assert_eq!(lifetime.of(&Cached::Absent), Duration::from_secs(60));
-        cache
-            .entries
-            .insert(key(5), Cached::Listed(in_a_second))
-            .await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(cache.get(&key(5)).await, None);
     }
 }

@@ -45,11 +45,19 @@ pub struct Settings {
     /// Sizes the bucket count of a new keyspace (`ceil(n / 200)`). Unset: an existing
     /// keyspace's recorded count is adopted and a new one is sized for 1,000,000 entries.
     pub expected_entries: Option<u64>,
-    /// How long a cached answer may be used at most (the bound on staleness if an
-    /// invalidation is lost).
+    /// The longest a local copy of a bucket (and a cached IP prefix registry) answers after
+    /// it was read: the bound on staleness if an invalidation is lost. Copies are read again
+    /// in the background from half this age on.
     pub cache_ttl_ms: u64,
-    /// Most entries the local cache holds.
+    /// Most buckets the local tier holds (each ~200 entries); 0 turns the tier off. The
+    /// memory budget (`local_memory_mb`) usually binds first.
     pub cache_capacity: u64,
+    /// Memory budget of the local tier (whole buckets held in memory), in MiB (fractions
+    /// allowed); 0 turns it off. When the keyspace fits, every bucket is held.
+    pub local_memory_mb: f64,
+    /// Buckets the local tier reads per second in the background (start-up load, refresh);
+    /// 0: unpaced.
+    pub local_fetch_rate: u64,
     /// `open`: answer from the cache, flagged degraded, when the store is slow or down;
     /// `closed`: answer 503.
     pub fail_mode: FailMode,
@@ -117,6 +125,8 @@ impl Default for Settings {
             expected_entries: None,
             cache_ttl_ms: 30_000,
             cache_capacity: 1_000_000,
+            local_memory_mb: 256.0,
+            local_fetch_rate: 5_000,
             fail_mode: FailMode::Open,
             check_deadline_ms: 20,
             write_deadline_ms: 2_000,
@@ -183,6 +193,8 @@ const KEYS: &[&str] = &[
     "expected_entries",
     "cache_ttl_ms",
     "cache_capacity",
+    "local_memory_mb",
+    "local_fetch_rate",
     "fail_mode",
     "check_deadline_ms",
     "write_deadline_ms",
@@ -247,6 +259,9 @@ impl Settings {
         if self.cache_ttl_ms == 0 {
             return bad("cache_ttl_ms must be at least 1".into());
         }
+        if !self.local_memory_mb.is_finite() || self.local_memory_mb < 0.0 {
+            return bad("local_memory_mb must be a number of MiB, 0 or more".into());
+        }
         if self.max_body_bytes < 1024 {
             return bad("max_body_bytes must be at least 1024".into());
         }
@@ -301,6 +316,8 @@ impl Settings {
             fail_mode: self.fail_mode,
             cache_ttl: Duration::from_millis(self.cache_ttl_ms),
             cache_capacity: self.cache_capacity,
+            local_memory_bytes: (self.local_memory_mb * 1024.0 * 1024.0) as u64,
+            local_fetch_rate: self.local_fetch_rate,
         }
     }
 }

@@ -1,25 +1,27 @@
-//! Cross-instance cache invalidation: every write publishes the fields it changed; this task,
-//! one per instance, applies what it hears to the local caches.
+//! Cross-instance invalidation: every write publishes the fields it changed and their new
+//! codes; this task, one per instance, applies what it hears to the local tier (in place)
+//! and to the registry cache.
 //!
-//! If the subscription breaks, the cache is marked untrusted at once (answers bypass it: a
-//! write may be going unseen) and the task resubscribes with a capped backoff; once
-//! subscribed again it clears both caches and only then trusts them again. A write is thus
-//! seen by every instance as soon as its message arrives (well under 100 ms on a healthy
-//! link), and never later than the cache TTL.
+//! If the subscription breaks, the tier is marked untrusted at once (answers go to the store:
+//! a write may be going unseen; copies stay for fail-open answers) and the task resubscribes
+//! with a capped backoff; once subscribed again it starts a new generation of the tier (every
+//! held bucket is read again) and clears the registry cache, and only then trusts them. A
+//! write is thus seen by every instance as soon as its message arrives (well under 100 ms on
+//! a healthy link), and never later than the cache TTL.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 
-use crate::cache::{LookupCache, RegistryCache};
+use crate::cache::{LocalTier, RegistryCache};
 use crate::metrics::Metrics;
 use crate::store::{Invalidation, Store};
 
 /// Listens for invalidations until the task is aborted.
 pub async fn listen(
     store: Arc<dyn Store>,
-    entries: Arc<LookupCache>,
+    tier: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     metrics: Arc<Metrics>,
 ) {
@@ -29,17 +31,16 @@ pub async fn listen(
     loop {
         match store.subscribe().await {
             Ok(mut stream) => {
-                // Anything cached before now may have changed while nobody listened.
-                entries.invalidate_all();
+                // Anything held before now may have changed while nobody listened.
                 registries.invalidate_all();
-                entries.set_trusted(true);
+                tier.resynced();
                 metrics.subscription_up.set(1);
                 backoff = MIN_BACKOFF;
                 tracing::info!("cache invalidation subscription up");
                 while let Some(message) = stream.next().await {
-                    apply(&entries, &registries, message).await;
+                    apply(&tier, &registries, message).await;
                 }
-                entries.set_trusted(false);
+                tier.lost_sync();
                 metrics.subscription_up.set(0);
                 tracing::warn!(
                     "cache invalidation subscription broke: bypassing the cache until resubscribed"
@@ -52,9 +53,10 @@ pub async fn listen(
     }
 }
 
-async fn apply(entries: &LookupCache, registries: &RegistryCache, message: Invalidation) {
+async fn apply(tier: &LocalTier, registries: &RegistryCache, message: Invalidation) {
     match message {
-        Invalidation::Keys(keys) => entries.invalidate(&keys).await,
+        Invalidation::Changes(changes) => tier.apply(&changes),
+        Invalidation::Keys(keys) => tier.changed_unknown(&keys),
         Invalidation::Scopes(scopes) => {
             let scopes: Vec<_> = scopes
                 .into_iter()
@@ -63,7 +65,7 @@ async fn apply(entries: &LookupCache, registries: &RegistryCache, message: Inval
             registries.invalidate(&scopes).await;
         }
         Invalidation::Bulk => {
-            entries.invalidate_misses();
+            tier.invalidate_all();
             registries.invalidate_all();
         }
         // Definitions are the velocity service's business (its own subscription).

@@ -3,13 +3,19 @@
 //! Everything that decides *what is listed* lives here, once for every backend: expiry (an
 //! expired field answers "absent" and is deleted off the request path by compare-and-delete,
 //! so a refresh that raced it survives), IP ranges (one probe per registered prefix length),
-//! the cache in front of the store, the deadlines and the fail-open/fail-closed policy.
+//! the local tier in front of the store (`cache`), the deadlines and the
+//! fail-open/fail-closed policy.
+//!
+//! A check asks the local tier first: a lookup whose bucket is held and in sync is answered
+//! in memory, listed or not; the others go to the store in one pipelined round trip.
 //!
 //! Deadlines: a check's store work (registry and lookups together) gets `check_deadline`;
-//! when it is missed or the store fails, fail-open answers from the cache with
-//! `degraded: true` and fail-closed refuses (503). A write gets `write_deadline` and is
-//! acknowledged only if the store took it; whatever the outcome, the local cache drops the
-//! keys it touched, since a write that timed out may still have landed.
+//! when it is missed or the store fails, fail-open answers from whatever the tier holds with
+//! `degraded: true` and `stale_ms` (how long since those copies were last known in sync), and
+//! fail-closed refuses (503). A write gets `write_deadline` and is acknowledged only if the
+//! store took it; whatever the outcome, the tier reads the buckets it touched again (and
+//! answers them from the store until then), since a write that timed out may still have
+//! landed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::cache::{Cached, LookupCache, RegistryCache};
+use crate::cache::{LocalTier, Lookup, RegistryCache, TierSettings};
 use crate::domain::{
     Dimension, Expiry, ListName, Sandbox, ValidationError, Value, mask_value, now_ms,
 };
@@ -44,7 +50,7 @@ pub const MAX_REASON_LEN: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum FailMode {
-    /// Answer from the cache alone, flagged `degraded: true`.
+    /// Answer from the local tier alone, flagged `degraded: true`.
     #[default]
     Open,
     /// Answer 503.
@@ -57,8 +63,15 @@ pub struct ListSettings {
     pub check_deadline: Duration,
     pub write_deadline: Duration,
     pub fail_mode: FailMode,
+    /// The longest a local copy of a bucket answers after it was read (the staleness bound
+    /// if an invalidation is lost); also the registry cache's TTL.
     pub cache_ttl: Duration,
+    /// Most buckets the local tier holds; 0 turns it off.
     pub cache_capacity: u64,
+    /// The local tier's memory budget, in bytes; 0 turns it off.
+    pub local_memory_bytes: u64,
+    /// Background bucket reads per second (loading, refreshing); 0: unpaced.
+    pub local_fetch_rate: u64,
 }
 
 /// Why a name-list operation failed.
@@ -111,8 +124,19 @@ pub struct Hit {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckOutcome {
     pub hits: Vec<Hit>,
-    /// The store did not answer in time and the cache answered alone.
+    /// The store did not answer in time and the local tier answered alone.
     pub degraded: bool,
+    /// Degraded answers only: `stale_ms`.
+    #[serde(flatten)]
+    pub stale: Option<Staleness>,
+}
+
+/// How old a fail-open answer may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Staleness {
+    /// Milliseconds since the local copies it used were last known in sync (the oldest of
+    /// them); `None` (null) when the tier is off.
+    pub stale_ms: Option<u64>,
 }
 
 struct Probe {
@@ -125,7 +149,7 @@ struct Probe {
 /// The name-list service of one instance.
 pub struct NameLists {
     store: Arc<dyn Store>,
-    cache: Arc<LookupCache>,
+    cache: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     settings: ListSettings,
     metrics: Arc<Metrics>,
@@ -142,13 +166,25 @@ impl Drop for NameLists {
 }
 
 impl NameLists {
-    /// Builds the service and starts its background tasks (invalidation listener, lazy
-    /// expiry); they stop when it is dropped. Must run inside a Tokio runtime.
+    /// Builds the service and starts its background tasks (invalidation listener, the local
+    /// tier's worker, lazy expiry); they stop when it is dropped. Must run inside a Tokio
+    /// runtime. The embedded store gets no tier: it is in memory already.
     pub fn new(store: Arc<dyn Store>, settings: ListSettings, metrics: Arc<Metrics>) -> Self {
-        let cache = LookupCache::new(settings.cache_capacity, settings.cache_ttl);
+        let cache = LocalTier::new(
+            store.layout().buckets(),
+            TierSettings {
+                budget_bytes: settings.local_memory_bytes,
+                max_buckets: settings.cache_capacity,
+                ttl: settings.cache_ttl,
+                fetch_rate: settings.local_fetch_rate,
+                conflict_window: settings.write_deadline + Duration::from_secs(1),
+            },
+            !store.in_process(),
+        );
         let registries = RegistryCache::new(settings.cache_ttl);
         let (expired, rx) = mpsc::channel(4096);
         let tasks = vec![
+            tokio::spawn(cache.clone().run(store.clone(), metrics.tier.clone())),
             tokio::spawn(crate::invalidation::listen(
                 store.clone(),
                 cache.clone(),
@@ -157,6 +193,7 @@ impl NameLists {
             )),
             tokio::spawn(reclaim_expired(
                 store.clone(),
+                cache.clone(),
                 rx,
                 settings.write_deadline,
                 metrics.clone(),
@@ -177,7 +214,8 @@ impl NameLists {
         &self.store
     }
 
-    pub fn cache(&self) -> &Arc<LookupCache> {
+    /// The local tier (its trust state, mode and copies).
+    pub fn cache(&self) -> &Arc<LocalTier> {
         &self.cache
     }
 
@@ -264,7 +302,7 @@ impl NameLists {
                 self.store.write(batch),
             )
             .await;
-        self.cache.invalidate(&keys).await;
+        self.cache.wrote(&keys);
         if !scopes.is_empty() {
             self.registries
                 .invalidate(&scopes.into_iter().collect::<Vec<_>>())
@@ -320,7 +358,7 @@ impl NameLists {
                 self.store.remove(&unique, now, audit),
             )
             .await;
-        self.cache.invalidate(&unique).await;
+        self.cache.wrote(&unique);
         let flags = result?;
         let removed = flags.iter().filter(|r| **r).count();
         self.metrics.entries_removed.inc_by(removed as u64);
@@ -416,33 +454,38 @@ impl NameLists {
             .filter(|k| seen.insert(*k))
             .collect();
 
+        let now = Instant::now();
         let mut known: HashMap<EntryKey, Option<u32>> = HashMap::with_capacity(keys.len());
-        let mut stale: HashMap<EntryKey, u32> = HashMap::new();
         let mut missing = Vec::new();
         for k in keys {
-            match self.cache.get(&k).await {
-                Some(c) if trusted => {
-                    known.insert(k, c.code());
+            match self.cache.lookup(&k, now) {
+                Lookup::Local(code) => {
+                    known.insert(k, code);
                 }
-                Some(Cached::Listed(code)) => {
-                    stale.insert(k, code);
-                    missing.push(k);
-                }
-                _ => missing.push(k),
+                Lookup::Remote => missing.push(k),
             }
         }
         self.metrics.cache_hits.inc_by(known.len() as u64);
         self.metrics.cache_misses.inc_by(missing.len() as u64);
 
         if !missing.is_empty() && !degraded {
-            match self
-                .cache
-                .fetch(&self.store, missing, deadline)
+            let read = tokio::time::timeout_at(deadline, self.store.get_many(&missing))
                 .instrument(tracing::info_span!("store", op = "check"))
-                .await
-            {
-                Ok(fetched) => known.extend(fetched),
-                Err(e) => {
+                .await;
+            match read {
+                Ok(Ok(codes)) if codes.len() == missing.len() => {
+                    known.extend(missing.iter().copied().zip(codes));
+                }
+                failed => {
+                    let e = match failed {
+                        Ok(Ok(codes)) => StoreError::Corrupt(format!(
+                            "asked for {} fields, got {}",
+                            missing.len(),
+                            codes.len()
+                        )),
+                        Ok(Err(e)) => e,
+                        Err(_) => StoreError::Timeout(self.settings.check_deadline),
+                    };
                     self.metrics
                         .store_errors
                         .with_label_values(&["check"])
@@ -456,25 +499,35 @@ impl NameLists {
                 .with_label_values(&["check"])
                 .observe(started.elapsed().as_secs_f64());
         }
+        let mut stale = None;
         if degraded {
             if self.settings.fail_mode == FailMode::Closed {
                 self.metrics.refused_answers.inc();
                 return Err(StoreError::Timeout(self.settings.check_deadline).into());
             }
             self.metrics.degraded_answers.inc();
-            for (k, code) in stale {
-                known.entry(k).or_insert(Some(code));
+            // Whatever copy is held answers, with how long ago it was last known in sync.
+            let mut synced: Option<Instant> = None;
+            for k in &missing {
+                if let Some((code, at)) = self.cache.held(k, now) {
+                    known.insert(*k, code);
+                    synced = Some(synced.map_or(at, |s| s.min(at)));
+                }
             }
+            let since = synced.or_else(|| self.cache.synced(now));
+            stale = Some(Staleness {
+                stale_ms: since.map(|t| now.saturating_duration_since(t).as_millis() as u64),
+            });
         }
 
-        let now = now_ms();
+        let now_ms = now_ms();
         let mut hits = Vec::new();
         let mut reported = HashSet::new();
         for p in probes {
             let Some(Some(code)) = known.get(&p.key).copied() else {
                 continue;
             };
-            if !code_is_live(code, now) {
+            if !code_is_live(code, now_ms) {
                 self.reclaim(p.key, code);
                 continue;
             }
@@ -487,7 +540,11 @@ impl NameLists {
                 });
             }
         }
-        Ok(CheckOutcome { hits, degraded })
+        Ok(CheckOutcome {
+            hits,
+            degraded,
+            stale,
+        })
     }
 
     /// Every (list × dimension × value × prefix length) lookup of a check.
@@ -542,16 +599,21 @@ fn too_many_entries(n: usize) -> ValidationError {
     )
 }
 
-/// Deletes expired fields that reads found, one compare-and-delete at a time.
+/// Deletes expired fields that reads found, one compare-and-delete at a time (and from the
+/// tier's copy, so that later checks do not ask again).
 async fn reclaim_expired(
     store: Arc<dyn Store>,
+    tier: Arc<LocalTier>,
     mut rx: mpsc::Receiver<(EntryKey, u32)>,
     deadline: Duration,
     metrics: Arc<Metrics>,
 ) {
     while let Some((key, code)) = rx.recv().await {
         match tokio::time::timeout(deadline, store.remove_if_unchanged(key, code)).await {
-            Ok(Ok(true)) => metrics.expired_reclaimed.inc(),
+            Ok(Ok(true)) => {
+                tier.forget_expired(&key, code);
+                metrics.expired_reclaimed.inc();
+            }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, fingerprint = %key.fingerprint(), "lazy expiry failed")

@@ -6,6 +6,8 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use std::sync::Arc;
+
 use crate::store::AuditSummary;
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -26,6 +28,7 @@ pub struct Metrics {
     /// Request latency by route pattern (never the raw path: it may hold a phone number),
     /// method and status.
     pub http_requests: HistogramVec,
+    /// Lookups answered by the local tier, and lookups sent to the store.
     pub cache_hits: IntCounter,
     pub cache_misses: IntCounter,
     /// Store call latency and errors by operation.
@@ -53,6 +56,101 @@ pub struct Metrics {
     pub in_flight: IntGauge,
     /// The last audit (`namelist-tools audit`), as it left its summary in the store.
     pub audit: AuditGauges,
+    /// The local tier of whole buckets (`cache`), as its worker last exported it.
+    pub tier: Arc<TierGauges>,
+}
+
+/// The `mode` labels of `namelist_tier_mode` (`cache::Mode::label`).
+pub const TIER_MODES: [&str; 4] = ["off", "sizing", "complete", "partial"];
+
+/// The local tier's state, exported every second by its worker.
+pub struct TierGauges {
+    /// 1 for the current mode, 0 for the others.
+    pub mode: IntGaugeVec,
+    pub budget_bytes: IntGauge,
+    pub bytes: IntGauge,
+    pub buckets: IntGauge,
+    /// Buckets held in sync / buckets in the keyspace.
+    pub loaded: Gauge,
+    /// Seconds since the tier was last known in sync (0 while the subscription is up).
+    pub stale_seconds: Gauge,
+    /// The oldest copy seen by the last refresh pass (stays under `cache_ttl_ms`).
+    pub oldest_copy_seconds: Gauge,
+    pub fetches: IntCounter,
+    pub fetch_errors: IntCounter,
+}
+
+impl TierGauges {
+    fn new() -> Self {
+        let gauge = |name: &str, help: &str| Gauge::new(name, help).expect("valid metric");
+        let int = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        Self {
+            mode: IntGaugeVec::new(
+                Opts::new(
+                    "namelist_tier_mode",
+                    "Local tier mode: off, sizing (measuring buckets), complete (every bucket                      held) or partial (the hottest within the budget); 1 for the current one",
+                ),
+                &["mode"],
+            )
+            .expect("valid metric"),
+            budget_bytes: int(
+                "namelist_tier_budget_bytes",
+                "Local tier memory budget (local_memory_mb)",
+            ),
+            bytes: int("namelist_tier_bytes", "Bytes taken by the buckets held locally"),
+            buckets: int("namelist_tier_buckets", "Buckets held locally"),
+            loaded: gauge(
+                "namelist_tier_loaded_ratio",
+                "Buckets held and in sync, as a fraction of the keyspace's buckets",
+            ),
+            stale_seconds: gauge(
+                "namelist_tier_stale_seconds",
+                "Seconds since the local tier was last known in sync (0 while the invalidation                  subscription is up)",
+            ),
+            oldest_copy_seconds: gauge(
+                "namelist_tier_oldest_copy_seconds",
+                "Age of the oldest bucket copy seen by the last refresh pass (must stay under                  cache_ttl_ms, else those buckets are answered by the store)",
+            ),
+            fetches: counter(
+                "namelist_tier_fetches_total",
+                "Buckets read whole in the background (load, refresh, hot, changed)",
+            ),
+            fetch_errors: counter(
+                "namelist_tier_fetch_errors_total",
+                "Background bucket reads that failed (retried)",
+            ),
+        }
+    }
+
+    /// Sets the current mode's series to 1 and the others to 0.
+    pub fn set_mode(&self, mode: &str) {
+        for m in TIER_MODES {
+            self.mode.with_label_values(&[m]).set(i64::from(m == mode));
+        }
+    }
+
+    /// Advances the fetch counters to these totals.
+    pub fn set_fetches(&self, fetched: u64, errors: u64) {
+        self.fetches
+            .inc_by(fetched.saturating_sub(self.fetches.get()));
+        self.fetch_errors
+            .inc_by(errors.saturating_sub(self.fetch_errors.get()));
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.mode.clone()),
+            Box::new(self.budget_bytes.clone()),
+            Box::new(self.bytes.clone()),
+            Box::new(self.buckets.clone()),
+            Box::new(self.loaded.clone()),
+            Box::new(self.stale_seconds.clone()),
+            Box::new(self.oldest_copy_seconds.clone()),
+            Box::new(self.fetches.clone()),
+            Box::new(self.fetch_errors.clone()),
+        ]
+    }
 }
 
 /// The last audit's findings. All zero until an audit has left a summary (the timestamp says
@@ -100,11 +198,11 @@ impl Metrics {
             http_requests,
             cache_hits: counter(
                 "namelist_cache_hits_total",
-                "Lookups answered by the local cache",
+                "Lookups answered by the local tier (its bucket held and in sync)",
             ),
             cache_misses: counter(
                 "namelist_cache_misses_total",
-                "Lookups the local cache could not answer",
+                "Lookups sent to the store (bucket not held, or not known to be in sync)",
             ),
             store_calls,
             store_errors,
@@ -183,6 +281,7 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             },
+            tier: Arc::new(TierGauges::new()),
             subscription_up: IntGauge::new(
                 "namelist_invalidation_subscription_up",
                 "1 while the cache invalidation subscription is up",
@@ -252,7 +351,7 @@ impl Metrics {
             Box::new(self.audit.expired_entries.clone()),
             Box::new(self.audit.bytes_per_entry.clone()),
         ];
-        for c in all {
+        for c in all.into_iter().chain(self.tier.collectors()) {
             r.register(c).expect("metric names are unique");
         }
     }

@@ -32,6 +32,8 @@ fn settings() -> ListSettings {
         fail_mode: FailMode::Open,
         cache_ttl: Duration::from_secs(60),
         cache_capacity: 10_000,
+        local_memory_bytes: 64 << 20,
+        local_fetch_rate: 0,
     }
 }
 

@@ -1689,6 +1689,9 @@ impl Store for LateAnswers {
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
         self.inner.get_many(keys).await
     }
+    async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
+        self.inner.get_buckets(buckets).await
+    }
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
         self.inner.prefix_lengths(scopes).await
     }

@@ -230,6 +230,7 @@ pub async fn post_evaluate(
     let (checked, features) = futures::join!(lists_work, metrics_work);
     let outcome: Option<CheckOutcome> = checked?;
     let mut degraded = outcome.as_ref().is_some_and(|o| o.degraded);
+    let stale = outcome.as_ref().and_then(|o| o.stale);
     let features = match features {
         Ok(f) => f,
         Err(VelocityError::Unavailable(e)) if lists.settings().fail_mode == FailMode::Open => {
@@ -252,6 +253,10 @@ pub async fn post_evaluate(
     });
     if !features.capped.is_empty() {
         out["capped"] = json!(features.capped);
+    }
+    // The list part answered from the local tier alone: how stale it may be.
+    if let Some(s) = stale {
+        out["stale_ms"] = json!(s.stale_ms);
     }
     Ok(HttpResponse::Ok().json(out))
 }

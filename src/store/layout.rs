@@ -97,8 +97,22 @@
 //! (`XADD MAXLEN ~`): when, who, op, list, dimension, sandbox, expiry, reason, the
 //! fingerprint (the field, as 16 hex digits: keyed in format 2) and the masked value; never the
 //! raw value, nor anything else derived from it.
-//! Every write publishes an [`Invalidation`] (postcard-encoded) on the channel `<prefix>inv`
-//! so every instance drops what it cached for those fields.
+//! Every write publishes an [`Invalidation`] on the channel `<prefix>inv` so every instance
+//! brings what it holds locally up to date. The message is a version byte (1), then the
+//! postcard encoding of the message as builds before the local tier defined it (`Keys`,
+//! `Scopes`, `Bulk`, `Definitions`), then, for a write of entries, a trailer:
+//!
+//! ```text
+//! 01 <postcard Keys(fields changed)> [ 01 <postcard Vec<Option<u32>>: each field's new code, None = removed> ]
+//! ```
+//!
+//! Why a trailer and not a new variant: postcard decodes a known prefix and ignores what
+//! follows, so an instance of an older build (during a rolling deploy) reads the message as
+//! the `Keys` it always understood and drops those fields, while a new one reads the new codes
+//! and updates its copy of each bucket in place. A new variant would decode as nothing on an
+//! old instance, which would then keep answering from a stale cache until its TTL. A `Keys`
+//! without a trailer (from an older writer) tells a new instance only that the fields changed:
+//! it refetches their buckets.
 //!
 //! The audit tool (`namelist-tools audit`) leaves its last summary in the hash
 //! `<prefix>audit:last` ([`AuditSummary`]); every service instance reads it periodically and
@@ -411,33 +425,94 @@ pub fn write_canonical(
     write!(out, "{value}").expect("writing to a Vec cannot fail");
 }
 
-/// What a write tells every instance to drop from its cache.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a write tells every instance about what it changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalidation {
-    /// These entries changed.
+    /// These entries changed, to values not said (an older writer's message).
     Keys(Vec<EntryKey>),
+    /// These entries now hold these codes (`None`: removed), in the order written: for a key
+    /// given twice, the last one holds.
+    Changes(Vec<(EntryKey, Option<u32>)>),
     /// The prefix-length registries of these scopes changed.
     Scopes(Vec<(String, String)>),
-    /// Entries were written in bulk (import): drop every cached miss and every registry.
+    /// Entries were written in bulk (import): anything held locally may be out of date.
     Bulk,
     /// Metric or rule definitions changed: reload them.
     Definitions,
 }
 
+/// The message as every build since the version byte encodes it: never reorder or change
+/// these variants (older instances decode them by position).
+#[derive(Serialize, Deserialize)]
+enum Wire {
+    Keys(Vec<EntryKey>),
+    Scopes(Vec<(String, String)>),
+    Bulk,
+    Definitions,
+}
+
+/// The tag of the trailer that carries the new codes of a `Keys` message.
+const TRAILER_CODES: u8 = 1;
+
 impl Invalidation {
-    /// The message body: postcard, after a version byte.
+    /// The message of an upsert: each entry now holds its code.
+    pub fn upserted(entries: &[(EntryKey, u32)]) -> Self {
+        Invalidation::Changes(entries.iter().map(|(k, c)| (*k, Some(*c))).collect())
+    }
+
+    /// The message of a delete: each entry is gone (whether it was there or not).
+    pub fn removed(keys: &[EntryKey]) -> Self {
+        Invalidation::Changes(keys.iter().map(|k| (*k, None)).collect())
+    }
+
+    /// The message body: the version byte, postcard, and for `Changes` the codes trailer.
     pub fn encode(&self) -> Vec<u8> {
+        let (wire, codes) = match self {
+            Invalidation::Keys(keys) => (Wire::Keys(keys.clone()), None),
+            Invalidation::Changes(changes) => (
+                Wire::Keys(changes.iter().map(|(k, _)| *k).collect()),
+                Some(changes.iter().map(|(_, c)| *c).collect::<Vec<_>>()),
+            ),
+            Invalidation::Scopes(s) => (Wire::Scopes(s.clone()), None),
+            Invalidation::Bulk => (Wire::Bulk, None),
+            Invalidation::Definitions => (Wire::Definitions, None),
+        };
         let mut out = vec![MESSAGE_VERSION];
-        out.extend(postcard::to_stdvec(self).expect("encoding to a Vec cannot fail"));
+        out.extend(postcard::to_stdvec(&wire).expect("encoding to a Vec cannot fail"));
+        if let Some(codes) = codes {
+            out.push(TRAILER_CODES);
+            out.extend(postcard::to_stdvec(&codes).expect("encoding to a Vec cannot fail"));
+        }
         out
     }
 
-    /// Decodes a message body; `None` for a message this version cannot read.
+    /// Decodes a message body; `None` for a message this version cannot read. A `Keys`
+    /// whose trailer is missing, unknown or does not match is read as plain `Keys`.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        match bytes.split_first() {
-            Some((&v, rest)) if v == MESSAGE_VERSION => postcard::from_bytes(rest).ok(),
-            _ => None,
+        let (&version, rest) = bytes.split_first()?;
+        if version != MESSAGE_VERSION {
+            return None;
         }
+        let (wire, trailer) = postcard::take_from_bytes::<Wire>(rest).ok()?;
+        Some(match wire {
+            Wire::Keys(keys) => {
+                let codes = match trailer.split_first() {
+                    Some((&TRAILER_CODES, body)) => {
+                        postcard::from_bytes::<Vec<Option<u32>>>(body).ok()
+                    }
+                    _ => None,
+                };
+                match codes {
+                    Some(codes) if codes.len() == keys.len() => {
+                        Invalidation::Changes(keys.into_iter().zip(codes).collect())
+                    }
+                    _ => Invalidation::Keys(keys),
+                }
+            }
+            Wire::Scopes(s) => Invalidation::Scopes(s),
+            Wire::Bulk => Invalidation::Bulk,
+            Wire::Definitions => Invalidation::Definitions,
+        })
     }
 }
 
@@ -627,11 +702,76 @@ mod tests {
 
     #[test]
     fn invalidation_round_trip() {
-        let m = Invalidation::Keys(vec![EntryKey {
-            bucket: 7,
-            field: -3,
-        }]);
-        assert_eq!(Invalidation::decode(&m.encode()), Some(m));
+        let k = |b, f| EntryKey {
+            bucket: b,
+            field: f,
+        };
+        for m in [
+            Invalidation::Keys(vec![k(7, -3)]),
+            Invalidation::upserted(&[(k(7, -3), 5), (k(1, i64::MIN), 0)]),
+            Invalidation::removed(&[k(2, 9)]),
+            Invalidation::Changes(vec![]),
+            Invalidation::Scopes(vec![("black".into(), "loan".into())]),
+            Invalidation::Bulk,
+            Invalidation::Definitions,
+        ] {
+            assert_eq!(Invalidation::decode(&m.encode()), Some(m.clone()), "{m:?}");
+        }
         assert_eq!(Invalidation::decode(b"\x09junk"), None);
+        // A damaged or foreign trailer still says which fields changed.
+        let mut bytes = Invalidation::upserted(&[(k(7, -3), 5)]).encode();
+        bytes.truncate(bytes.len() - 1);
+        assert_eq!(
+            Invalidation::decode(&bytes),
+            Some(Invalidation::Keys(vec![k(7, -3)]))
+        );
+    }
+
+    /// The decoder of the build before the local tier, verbatim in effect: a rolling deploy
+    /// mixes it with this one, and it must read every write's message as the fields to drop.
+    #[test]
+    fn an_older_build_reads_a_new_write_message_as_its_keys() {
+        #[derive(Debug, PartialEq, Deserialize)]
+        enum OldInvalidation {
+            Keys(Vec<EntryKey>),
+            Scopes(Vec<(String, String)>),
+            Bulk,
+            Definitions,
+        }
+        fn old_decode(bytes: &[u8]) -> Option<OldInvalidation> {
+            match bytes.split_first() {
+                Some((&1, rest)) => postcard::from_bytes(rest).ok(),
+                _ => None,
+            }
+        }
+        let keys = vec![
+            EntryKey {
+                bucket: 3,
+                field: 42,
+            },
+            EntryKey {
+                bucket: 4_000_000,
+                field: -42,
+            },
+        ];
+        let upsert = Invalidation::upserted(&[(keys[0], 123_456_789), (keys[1], 0)]);
+        assert_eq!(
+            old_decode(&upsert.encode()),
+            Some(OldInvalidation::Keys(keys.clone()))
+        );
+        assert_eq!(
+            old_decode(&Invalidation::removed(&keys).encode()),
+            Some(OldInvalidation::Keys(keys.clone()))
+        );
+        assert_eq!(
+            old_decode(&Invalidation::Bulk.encode()),
+            Some(OldInvalidation::Bulk)
+        );
+        // And what the older build publishes reads here as plain `Keys`.
+        let old_message = [vec![1u8], postcard::to_stdvec(&(0u8, &keys)).unwrap()].concat();
+        assert_eq!(
+            Invalidation::decode(&old_message),
+            Some(Invalidation::Keys(keys))
+        );
     }
 }

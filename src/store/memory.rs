@@ -472,6 +472,30 @@ impl Store for MemoryStore {
         Ok(keys.iter().map(|k| st.entries.get(k).copied()).collect())
     }
 
+    /// A scan of every entry: the embedded store has no local tier in front of it
+    /// (`in_process`), so this serves tests of the tier's logic, not the check path.
+    async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
+        let st = self.lock();
+        let wanted: HashMap<u32, usize> = buckets.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+        let mut out = vec![Vec::new(); buckets.len()];
+        for (k, code) in &st.entries {
+            if let Some(&i) = wanted.get(&k.bucket) {
+                out[i].push((k.field, *code));
+            }
+        }
+        // A bucket asked for twice gets its entries twice.
+        for (i, b) in buckets.iter().enumerate() {
+            if wanted[b] != i {
+                out[i] = out[wanted[b]].clone();
+            }
+        }
+        Ok(out)
+    }
+
+    fn in_process(&self) -> bool {
+        true
+    }
+
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
         let st = self.lock();
         Ok(scopes
@@ -486,7 +510,7 @@ impl Store for MemoryStore {
     }
 
     async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
-        let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
+        let changes = Invalidation::upserted(&batch.entries);
         let mut scopes = Vec::new();
         {
             let mut st = self.lock();
@@ -502,7 +526,7 @@ impl Store for MemoryStore {
         if !scopes.is_empty() {
             let _ = self.invalidations.send(Invalidation::Scopes(scopes));
         }
-        let _ = self.invalidations.send(Invalidation::Keys(keys));
+        let _ = self.invalidations.send(changes);
         Ok(())
     }
 
@@ -526,7 +550,7 @@ impl Store for MemoryStore {
             removed
         };
         self.dirty.store(true, Ordering::Release);
-        let _ = self.invalidations.send(Invalidation::Keys(keys.to_vec()));
+        let _ = self.invalidations.send(Invalidation::removed(keys));
         Ok(removed)
     }
 

@@ -161,6 +161,17 @@ pub trait Store: Send + Sync + 'static {
     /// returned as stored: the caller decides.
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>>;
 
+    /// Every (field, raw expiry code) of each bucket, in order (an empty list for a bucket
+    /// that does not exist); the order within a bucket is unspecified. What the local tier
+    /// (`cache`) fetches: a whole bucket answers every lookup that falls in it.
+    async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>>;
+
+    /// Whether the store already lives in this process (the embedded one), so that a local
+    /// copy in front of it would only cost memory.
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// The registered prefix lengths of each scope, in order.
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>>;
 

@@ -1,0 +1,203 @@
+//! One bucket held locally: its fields sorted, their expiry codes beside them, in one
+//! allocation of 12 bytes per entry (a field is 8 bytes, two codes share 8), so a lookup is a
+//! binary search and a bucket of ~200 entries costs ~2.4 KB plus a fixed overhead.
+//!
+//! A copy is immutable once built: a change makes a new copy (`with_changes`), swapped in
+//! whole, so a reader never sees half an update and needs no lock.
+
+use std::time::Instant;
+
+use crate::domain::Expiry;
+
+/// What holding one copy costs besides its entries: the `Arc` and this struct, the cache's
+/// own bookkeeping of the key (hash-table slot, entry info, deque node), and allocator
+/// rounding. Measured with the load bench's resident-memory figure (README, *Local tier*).
+pub const COPY_OVERHEAD: usize = 224;
+
+/// A bucket as it was read, with the changes heard since applied.
+#[derive(Debug)]
+pub struct BucketCopy {
+    /// `len` sorted fields, then the codes, two to a word (even index in the low half).
+    words: Box<[i64]>,
+    len: usize,
+    /// When the read this copy comes from started: it is at least this fresh.
+    pub fetched_at: Instant,
+    /// The tier's generation when that read started (see `cache`).
+    pub generation: u64,
+    /// Set when a change of unknown value reached this bucket: from then on the copy may be
+    /// wrong and is used only for fail-open answers, until it is read again.
+    pub dirty_since: Option<Instant>,
+}
+
+impl BucketCopy {
+    /// A copy of what a read returned. Entries already expired at `now_ms` are left out
+    /// (they answer "not listed" either way); a field given twice keeps its last code.
+    pub fn from_pairs(
+        mut pairs: Vec<(i64, u32)>,
+        now_ms: i64,
+        fetched_at: Instant,
+        generation: u64,
+    ) -> Self {
+        pairs.retain(|(_, c)| Expiry::from_code(*c).is_live(now_ms));
+        // Stable: of equal fields the last stays last, and dedup keeps the first, so reverse.
+        pairs.reverse();
+        pairs.sort_by_key(|(f, _)| *f);
+        pairs.dedup_by_key(|(f, _)| *f);
+        Self::packed(&pairs, fetched_at, generation, None)
+    }
+
+    fn packed(
+        sorted: &[(i64, u32)],
+        fetched_at: Instant,
+        generation: u64,
+        dirty_since: Option<Instant>,
+    ) -> Self {
+        let len = sorted.len();
+        let mut words = vec![0i64; len + len.div_ceil(2)];
+        for (i, (f, c)) in sorted.iter().enumerate() {
+            words[i] = *f;
+            let w = &mut words[len + i / 2];
+            *w |= (i64::from(*c) & 0xFFFF_FFFF) << (32 * (i % 2));
+        }
+        Self {
+            words: words.into_boxed_slice(),
+            len,
+            fetched_at,
+            generation,
+            dirty_since,
+        }
+    }
+
+    fn code_at(&self, i: usize) -> u32 {
+        (self.words[self.len + i / 2] as u64 >> (32 * (i % 2))) as u32
+    }
+
+    /// The raw code stored for `field`, if the copy holds it.
+    pub fn get(&self, field: i64) -> Option<u32> {
+        self.words[..self.len]
+            .binary_search(&field)
+            .ok()
+            .map(|i| self.code_at(i))
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// (field, code) pairs, sorted by field.
+    pub fn pairs(&self) -> impl Iterator<Item = (i64, u32)> + '_ {
+        (0..self.len).map(|i| (self.words[i], self.code_at(i)))
+    }
+
+    /// What holding this copy costs, in bytes (the tier's budget counts this).
+    pub fn bytes(&self) -> usize {
+        self.words.len() * std::mem::size_of::<i64>() + COPY_OVERHEAD
+    }
+
+    /// A new copy with `changes` applied in order (`None`: removed), entries expired at
+    /// `now_ms` dropped, and the same freshness.
+    pub fn with_changes(&self, changes: &[(i64, Option<u32>)], now_ms: i64) -> Self {
+        let mut pairs: Vec<(i64, u32)> = self.pairs().collect();
+        for (field, code) in changes {
+            match (pairs.binary_search_by_key(field, |(f, _)| *f), code) {
+                (Ok(i), Some(c)) => pairs[i].1 = *c,
+                (Ok(i), None) => {
+                    pairs.remove(i);
+                }
+                (Err(i), Some(c)) => pairs.insert(i, (*field, *c)),
+                (Err(_), None) => {}
+            }
+        }
+        pairs.retain(|(_, c)| Expiry::from_code(*c).is_live(now_ms));
+        Self::packed(&pairs, self.fetched_at, self.generation, self.dirty_since)
+    }
+
+    /// The same entries, marked out of date since `at` (kept for fail-open answers).
+    pub fn dirtied(&self, at: Instant) -> Self {
+        let pairs: Vec<(i64, u32)> = self.pairs().collect();
+        Self::packed(
+            &pairs,
+            self.fetched_at,
+            self.generation,
+            Some(self.dirty_since.unwrap_or(at)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::domain::{EPOCH_2020_MS, now_ms};
+
+    /// A code far in the future (2088 is u32::MAX seconds since 2020).
+    const LATER: u32 = 4_000_000_000;
+
+    #[test]
+    fn lookups_find_exactly_what_was_read() {
+        let pairs = vec![(5, LATER), (-9, 0), (i64::MIN, LATER - 1), (i64::MAX, 7)];
+        let now = EPOCH_2020_MS; // code 7 (7 s after 2020) is still live then
+        let c = BucketCopy::from_pairs(pairs, now, Instant::now(), 1);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.get(5), Some(LATER));
+        assert_eq!(c.get(-9), Some(0));
+        assert_eq!(c.get(i64::MIN), Some(LATER - 1));
+        assert_eq!(c.get(i64::MAX), Some(7));
+        assert_eq!(c.get(6), None);
+        assert_eq!(c.bytes(), (4 + 2) * 8 + COPY_OVERHEAD, "12 bytes an entry");
+    }
+
+    #[test]
+    fn expired_entries_are_not_kept_and_the_last_of_a_field_wins() {
+        let past = 1; // one second after 2020: long gone
+        let c = BucketCopy::from_pairs(
+            vec![(1, past), (2, LATER), (2, 0), (3, LATER)],
+            now_ms(),
+            Instant::now(),
+            1,
+        );
+        assert_eq!(c.pairs().collect::<Vec<_>>(), vec![(2, 0), (3, LATER)]);
+    }
+
+    proptest! {
+        /// Changes applied to a copy give what applying them to a map gives.
+        #[test]
+        fn changes_agree_with_a_map(
+            start in proptest::collection::btree_map(-50i64..50, 0u32..3, 0..40),
+            changes in proptest::collection::vec((-60i64..60, proptest::option::of(0u32..3)), 0..40),
+        ) {
+            // Codes 0 (never), 1 and 2 (far future once scaled) are all live.
+            let code = |c: u32| if c == 0 { 0 } else { LATER - c };
+            let mut oracle: BTreeMap<i64, u32> =
+                start.iter().map(|(f, c)| (*f, code(*c))).collect();
+            let copy = BucketCopy::from_pairs(
+                oracle.iter().map(|(f, c)| (*f, *c)).collect(),
+                now_ms(),
+                Instant::now(),
+                3,
+            );
+            let changes: Vec<(i64, Option<u32>)> =
+                changes.into_iter().map(|(f, c)| (f, c.map(code))).collect();
+            for (f, c) in &changes {
+                match c {
+                    Some(c) => { oracle.insert(*f, *c); }
+                    None => { oracle.remove(f); }
+                }
+            }
+            let changed = copy.with_changes(&changes, now_ms());
+            prop_assert_eq!(changed.pairs().collect::<Vec<_>>(), oracle.into_iter().collect::<Vec<_>>());
+            prop_assert_eq!(changed.generation, 3);
+            for f in -60..60 {
+                prop_assert_eq!(changed.get(f), changed.pairs().find(|(g, _)| *g == f).map(|(_, c)| c));
+            }
+        }
+    }
+}
