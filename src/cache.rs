@@ -108,7 +108,6 @@ impl Mode {
             Mode::Partial => "partial",
         }
     }
-
 }
 
 /// The tier's tuning.
@@ -152,6 +151,13 @@ struct Fetching {
     log: Vec<(i64, Option<u32>)>,
     /// A change of unknown value arrived meanwhile: install the copy dirty.
     poisoned: bool,
+}
+
+/// A read of some buckets, between `begin_read` and `finish_read`.
+struct Read {
+    buckets: Vec<u32>,
+    generation: u64,
+    started: Instant,
 }
 
 #[derive(Default)]
@@ -210,7 +216,8 @@ impl LocalTier {
         let held = Arc::new(Held::default());
         held.generation.store(1, Ordering::Relaxed);
         let copies = on.then(|| {
-            let min_weight = (settings.budget_bytes / settings.max_buckets).min(u64::from(u32::MAX));
+            let min_weight =
+                (settings.budget_bytes / settings.max_buckets).min(u64::from(u32::MAX));
             let listener_held = held.clone();
             moka::sync::Cache::builder()
                 .max_capacity(settings.budget_bytes)
@@ -418,7 +425,10 @@ impl LocalTier {
         }
         let mut by_bucket: BTreeMap<u32, Vec<(i64, Option<u32>)>> = BTreeMap::new();
         for (k, code) in changes {
-            by_bucket.entry(k.bucket).or_default().push((k.field, *code));
+            by_bucket
+                .entry(k.bucket)
+                .or_default()
+                .push((k.field, *code));
         }
         let now_ms = now_ms();
         for (bucket, fields) in by_bucket {
@@ -478,7 +488,10 @@ impl LocalTier {
         if let Some(copy) = self.get(key.bucket)
             && copy.get(key.field) == Some(code)
         {
-            self.put(key.bucket, copy.with_changes(&[(key.field, None)], now_ms()));
+            self.put(
+                key.bucket,
+                copy.with_changes(&[(key.field, None)], now_ms()),
+            );
         }
     }
 
@@ -501,8 +514,27 @@ impl LocalTier {
     /// Reads `buckets` from the store and installs them (with the changes heard meanwhile).
     /// Buckets already being read are skipped.
     async fn fetch(&self, store: &Arc<dyn Store>, buckets: &[u32]) -> Result<(), StoreError> {
-        let generation = self.generation();
-        let started = Instant::now();
+        let read = self.begin_read(buckets);
+        if read.buckets.is_empty() {
+            return Ok(());
+        }
+        let pairs =
+            match tokio::time::timeout(FETCH_TIMEOUT, store.get_buckets(&read.buckets)).await {
+                Ok(Ok(r)) if r.len() == read.buckets.len() => Ok(r),
+                Ok(Ok(r)) => Err(StoreError::Corrupt(format!(
+                    "asked for {} buckets, got {}",
+                    read.buckets.len(),
+                    r.len()
+                ))),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(StoreError::Timeout(FETCH_TIMEOUT)),
+            };
+        self.finish_read(read, pairs)
+    }
+
+    /// Registers a read of `buckets` (those not already being read), so that changes heard
+    /// from now on are logged for it.
+    fn begin_read(&self, buckets: &[u32]) -> Read {
         let mut owned = Vec::with_capacity(buckets.len());
         for &b in buckets {
             let mut stripe = self.stripe(b);
@@ -511,40 +543,42 @@ impl LocalTier {
                 owned.push(b);
             }
         }
-        if owned.is_empty() {
-            return Ok(());
+        Read {
+            buckets: owned,
+            generation: self.generation(),
+            started: Instant::now(),
         }
-        let read = match tokio::time::timeout(FETCH_TIMEOUT, store.get_buckets(&owned)).await {
-            Ok(Ok(r)) if r.len() == owned.len() => Ok(r),
-            Ok(Ok(r)) => Err(StoreError::Corrupt(format!(
-                "asked for {} buckets, got {}",
-                owned.len(),
-                r.len()
-            ))),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(StoreError::Timeout(FETCH_TIMEOUT)),
-        };
-        let read = match read {
-            Ok(r) => r,
+    }
+
+    /// Installs what a read returned, each bucket with the changes logged since it began
+    /// applied on top (dirty if a change of unknown value arrived); on failure forgets it.
+    fn finish_read(
+        &self,
+        read: Read,
+        result: Result<Vec<Vec<(i64, u32)>>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let all = match result {
+            Ok(all) => all,
             Err(e) => {
-                for &b in &owned {
+                for &b in &read.buckets {
                     self.stripe(b).remove(&b);
                 }
                 self.fetch_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
         };
-        self.fetched.fetch_add(owned.len() as u64, Ordering::Relaxed);
+        self.fetched
+            .fetch_add(read.buckets.len() as u64, Ordering::Relaxed);
         let now_ms = now_ms();
-        for (b, pairs) in owned.into_iter().zip(read) {
-            let mut copy = BucketCopy::from_pairs(pairs, now_ms, started, generation);
+        for (b, pairs) in read.buckets.into_iter().zip(all) {
+            let mut copy = BucketCopy::from_pairs(pairs, now_ms, read.started, read.generation);
             let mut stripe = self.stripe(b);
-            let f = stripe.remove(&b).expect("registered above");
+            let f = stripe.remove(&b).expect("registered by begin_read");
             if !f.log.is_empty() {
                 copy = copy.with_changes(&f.log, now_ms);
             }
             if f.poisoned {
-                copy = copy.dirtied(started);
+                copy = copy.dirtied(read.started);
             }
             self.put(b, copy);
             drop(stripe);
@@ -610,10 +644,13 @@ impl LocalTier {
                 copies.run_pending_tasks();
                 let room = (copies.weighted_size() as f64)
                     < PRELOAD_SHARE * self.settings.budget_bytes as f64
-                    && (copies.entry_count() as u64) < self.settings.max_buckets;
+                    && copies.entry_count() < self.settings.max_buckets;
                 if room && u64::from(sweep.cursor) < u64::from(self.buckets) {
                     let mut looked = 0;
-                    while batch.len() < BATCH / 2 && looked < SCAN_STEP && sweep.cursor < self.buckets {
+                    while batch.len() < BATCH / 2
+                        && looked < SCAN_STEP
+                        && sweep.cursor < self.buckets
+                    {
                         let b = sweep.cursor;
                         if copies.get(&b).is_none() {
                             batch.push(b);
@@ -677,7 +714,11 @@ impl LocalTier {
         let projected = f64::from(self.buckets) * mean.max(min_weight);
         let complete = projected <= COMPLETE_SHARE * s.budget_bytes as f64
             && u64::from(self.buckets) <= s.max_buckets;
-        let mode = if complete { Mode::Complete } else { Mode::Partial };
+        let mode = if complete {
+            Mode::Complete
+        } else {
+            Mode::Partial
+        };
         let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
         if previous != mode {
             let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
@@ -720,7 +761,9 @@ impl LocalTier {
         let now = Instant::now();
         gauges.set_mode(self.mode().label());
         gauges.budget_bytes.set(self.settings.budget_bytes as i64);
-        gauges.bytes.set(self.held.bytes.load(Ordering::Relaxed).max(0));
+        gauges
+            .bytes
+            .set(self.held.bytes.load(Ordering::Relaxed).max(0));
         gauges.buckets.set(copies.entry_count() as i64);
         let current = self.held.current.load(Ordering::Relaxed).max(0) as f64;
         gauges
@@ -759,7 +802,8 @@ impl LocalTier {
                 exported = now;
             }
             if !self.is_trusted() {
-                let _ = tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
                 continue;
             }
             if self.mode() == Mode::Sizing {
@@ -779,7 +823,8 @@ impl LocalTier {
             }
             let batch = self.next_batch(now);
             if batch.is_empty() {
-                let _ = tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
                 continue;
             }
             let started = Instant::now();
@@ -802,23 +847,34 @@ impl LocalTier {
                 }
             }
             if self.settings.fetch_rate > 0 {
-                let pace = Duration::from_secs_f64(batch.len() as f64 / self.settings.fetch_rate as f64);
+                let pace =
+                    Duration::from_secs_f64(batch.len() as f64 / self.settings.fetch_rate as f64);
                 tokio::time::sleep(pace.saturating_sub(started.elapsed())).await;
             }
         }
     }
 
-    /// Waits until the tier's copies are loaded (tests and benches): complete mode with every
-    /// bucket held and current. `false` on timeout.
-    pub async fn wait_complete(&self, limit: Duration) -> bool {
+    /// Whether every bucket is held, current and in sync (complete mode, loaded).
+    pub fn is_complete(&self) -> bool {
+        self.is_trusted()
+            && self.mode() == Mode::Complete
+            && self.held.current.load(Ordering::Relaxed) >= i64::from(self.buckets)
+    }
+
+    /// Waits until the tier has settled (tests and benches): off, partial once sized, or
+    /// complete and loaded. `false` on timeout.
+    pub async fn wait_settled(&self, limit: Duration) -> bool {
         let started = Instant::now();
         while started.elapsed() < limit {
-            if self.mode() == Mode::Complete
-                && self.held.current.load(Ordering::Relaxed) >= i64::from(self.buckets)
-            {
+            let settled = match self.mode() {
+                Mode::Off | Mode::Partial => true,
+                Mode::Sizing => false,
+                Mode::Complete => self.is_complete(),
+            };
+            if settled {
                 return true;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         false
     }
@@ -911,5 +967,368 @@ impl RegistryCache {
     pub fn invalidate_all(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.entries.invalidate_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{FingerprintKey, Hashing, Layout, WriteBatch};
+
+    /// Codes far in the future (2088 is u32::MAX seconds after 2020).
+    const LATER: u32 = 4_000_000_000;
+
+    fn settings(budget: u64, window: Duration) -> TierSettings {
+        TierSettings {
+            budget_bytes: budget,
+            max_buckets: 1_000_000,
+            ttl: Duration::from_secs(60),
+            fetch_rate: 0,
+            conflict_window: window,
+        }
+    }
+
+    /// A trusted tier in complete mode over 8 buckets, no worker running.
+    fn tier(window: Duration) -> Arc<LocalTier> {
+        let t = LocalTier::new(8, settings(64 << 20, window), true);
+        t.resynced();
+        t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
+        t
+    }
+
+    fn key(field: i64) -> EntryKey {
+        EntryKey { bucket: 1, field }
+    }
+
+    fn install(t: &LocalTier, pairs: Vec<(i64, u32)>) {
+        let read = t.begin_read(&[1]);
+        t.finish_read(read, Ok(vec![pairs])).unwrap();
+    }
+
+    /// One event of an interleaving: a write lands in the store (its message pending), the
+    /// oldest pending message is delivered, or the read starts / reads / is installed.
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        Write(i64, Option<u32>),
+        Deliver,
+    }
+
+    fn events() -> impl Strategy<Value = Vec<Event>> {
+        proptest::collection::vec(
+            prop_oneof![
+                (0i64..4, proptest::option::of(1u32..4))
+                    .prop_map(|(f, c)| Event::Write(f, c.map(|c| LATER - c))),
+                Just(Event::Deliver),
+            ],
+            0..24,
+        )
+    }
+
+    proptest! {
+        /// A bucket read while writes land, whatever the order of the read, the writes and
+        /// their messages: once a write's message has arrived (and the read is installed), the
+        /// answer for its field is never older than that write; once every message has
+        /// arrived, the copy is exactly the store.
+        #[test]
+        fn a_read_racing_writes_never_installs_an_older_state(
+            initial in proptest::collection::btree_map(0i64..4, 1u32..4, 0..4),
+            held_before in any::<bool>(),
+            events in events(),
+            marks in (0usize..=24, 0usize..=24, 0usize..=24),
+        ) {
+            let t = tier(Duration::ZERO);
+            let mut store: BTreeMap<i64, u32> =
+                initial.iter().map(|(f, c)| (*f, LATER - c)).collect();
+            if held_before {
+                install(&t, store.iter().map(|(f, c)| (*f, *c)).collect());
+            }
+            let n = events.len();
+            let mut m = [marks.0.min(n), marks.1.min(n), marks.2.min(n)];
+            m.sort_unstable();
+            let (begin_at, read_at, install_at) = (m[0], m[1], m[2]);
+            let mut writes: Vec<(i64, Option<u32>)> = Vec::new();
+            let mut delivered = 0;
+            let mut read = None;
+            let mut snapshot = None;
+            let mut installed = false;
+            let check = |t: &LocalTier, store: &BTreeMap<i64, u32>, writes: &[(i64, Option<u32>)], delivered: usize| {
+                for f in 0..4 {
+                    let answer = match t.lookup(&key(f), Instant::now()) {
+                        Lookup::Local(c) => c,
+                        Lookup::Remote => store.get(&f).copied(),
+                    };
+                    // Values the field may show: the last delivered write's or any later one.
+                    let last = writes[..delivered].iter().rposition(|(g, _)| *g == f);
+                    let allowed: Vec<Option<u32>> = match last {
+                        Some(j) => writes[j..].iter().filter(|(g, _)| *g == f).map(|(_, c)| *c).collect(),
+                        None => std::iter::once(initial.get(&f).map(|c| LATER - c))
+                            .chain(writes.iter().filter(|(g, _)| *g == f).map(|(_, c)| *c))
+                            .collect(),
+                    };
+                    prop_assert!(allowed.contains(&answer), "field {f}: {answer:?} not in {allowed:?}");
+                }
+                Ok(())
+            };
+            for i in 0..=n {
+                if i == begin_at {
+                    read = Some(t.begin_read(&[1]));
+                }
+                if i == read_at {
+                    snapshot = Some(store.iter().map(|(f, c)| (*f, *c)).collect::<Vec<_>>());
+                }
+                if i == install_at {
+                    let r = read.take().expect("begun before");
+                    t.finish_read(r, Ok(vec![snapshot.take().expect("read before")])).unwrap();
+                    installed = true;
+                }
+                if installed {
+                    check(&t, &store, &writes, delivered)?;
+                }
+                match events.get(i) {
+                    Some(Event::Write(f, c)) => {
+                        match c {
+                            Some(c) => { store.insert(*f, *c); }
+                            None => { store.remove(f); }
+                        }
+                        writes.push((*f, *c));
+                    }
+                    Some(Event::Deliver) if delivered < writes.len() => {
+                        let (f, c) = writes[delivered];
+                        t.apply(&[(key(f), c)]);
+                        delivered += 1;
+                    }
+                    _ => {}
+                }
+            }
+            while delivered < writes.len() {
+                let (f, c) = writes[delivered];
+                t.apply(&[(key(f), c)]);
+                delivered += 1;
+                check(&t, &store, &writes, delivered)?;
+            }
+            let copy = t.get(1).expect("installed");
+            prop_assert!(copy.dirty_since.is_none());
+            prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), store);
+        }
+    }
+
+    #[test]
+    fn changes_of_unknown_value_and_conflicts_send_the_bucket_to_the_store() {
+        let t = tier(Duration::from_secs(3));
+        install(&t, vec![(5, LATER)]);
+        assert_eq!(
+            t.lookup(&key(5), Instant::now()),
+            Lookup::Local(Some(LATER))
+        );
+
+        // One change: applied in place, still answered locally.
+        t.apply(&[(key(6), Some(LATER - 1))]);
+        assert_eq!(
+            t.lookup(&key(6), Instant::now()),
+            Lookup::Local(Some(LATER - 1))
+        );
+        assert!(
+            t.queue.lock().unwrap().queued.is_empty(),
+            "nothing to read again"
+        );
+
+        // The same field again within the window: the two messages may be out of order.
+        t.apply(&[(key(6), None)]);
+        assert_eq!(t.lookup(&key(6), Instant::now()), Lookup::Remote);
+        assert_eq!(
+            t.lookup(&key(5), Instant::now()),
+            Lookup::Remote,
+            "the whole bucket"
+        );
+        assert!(
+            t.queue.lock().unwrap().queued.contains(&1),
+            "queued to be read again"
+        );
+        let (code, _) = t.held(&key(5), Instant::now()).expect("kept for fail-open");
+        assert_eq!(code, Some(LATER));
+
+        // Read again: current again.
+        t.queue.lock().unwrap().queued.clear();
+        install(&t, vec![(5, LATER)]);
+        assert_eq!(t.lookup(&key(6), Instant::now()), Lookup::Local(None));
+
+        // An older writer's message: which fields, not their values.
+        t.changed_unknown(&[key(7)]);
+        assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Remote);
+        // A read in flight when it arrives installs its result dirty.
+        t.queue.lock().unwrap().queued.clear();
+        let read = t.begin_read(&[1]);
+        t.changed_unknown(&[key(7)]);
+        t.finish_read(read, Ok(vec![vec![(5, LATER)]])).unwrap();
+        assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Remote);
+        assert!(t.queue.lock().unwrap().queued.contains(&1));
+    }
+
+    #[test]
+    fn a_lost_subscription_keeps_copies_for_fail_open_only() {
+        let t = tier(Duration::ZERO);
+        install(&t, vec![(5, 0)]);
+        let now = Instant::now();
+        assert_eq!(
+            t.held(&key(5), now).map(|(_, at)| at),
+            Some(now),
+            "in sync now"
+        );
+
+        t.lost_sync();
+        let broke = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let now = Instant::now();
+        assert_eq!(t.lookup(&key(5), now), Lookup::Remote, "untrusted");
+        let (code, at) = t.held(&key(5), now).unwrap();
+        assert_eq!(code, Some(0));
+        assert!(at <= broke && now.duration_since(at) >= Duration::from_millis(20));
+        assert_eq!(t.synced(now), Some(at));
+
+        // Back: a new generation; the old copy is stale until read again, and stays as stale
+        // as when the subscription broke.
+        t.resynced();
+        let now = Instant::now();
+        assert_eq!(t.lookup(&key(5), now), Lookup::Remote);
+        assert_eq!(t.held(&key(5), now).map(|(_, a)| a), Some(at));
+        assert_eq!(t.synced(now), Some(now));
+        install(&t, vec![(5, 0)]);
+        assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Local(Some(0)));
+    }
+
+    #[test]
+    fn copies_older_than_the_ttl_are_not_used() {
+        let t = LocalTier::new(8, settings(1 << 20, Duration::ZERO), true);
+        t.resynced();
+        install(&t, vec![(5, 0)]);
+        let later = Instant::now() + Duration::from_secs(61);
+        assert_eq!(t.lookup(&key(5), later), Lookup::Remote);
+        assert!(t.due(
+            t.get(1).as_deref(),
+            Instant::now() + Duration::from_secs(30)
+        ));
+    }
+
+    #[test]
+    fn memory_stays_within_the_budget() {
+        let budget = 64 * 1024;
+        let t = LocalTier::new(1_000, settings(budget, Duration::ZERO), true);
+        t.resynced();
+        for b in 0..200u32 {
+            let read = t.begin_read(&[b]);
+            let pairs = (0..200)
+                .map(|i| (i64::from(b) * 1_000 + i, LATER))
+                .collect();
+            t.finish_read(read, Ok(vec![pairs])).unwrap();
+        }
+        let (held, bytes) = t.held_stats();
+        let copies = t.copies.as_ref().unwrap();
+        assert!(
+            copies.weighted_size() <= budget,
+            "{}",
+            copies.weighted_size()
+        );
+        assert!(bytes <= budget, "{bytes} bytes held");
+        assert!(held > 0 && held < 200, "{held} copies held");
+
+        // A bucket cap makes every copy weigh at least budget / cap.
+        let mut capped = settings(budget, Duration::ZERO);
+        capped.max_buckets = 3;
+        let t = LocalTier::new(1_000, capped, true);
+        t.resynced();
+        for b in 0..20u32 {
+            let read = t.begin_read(&[b]);
+            t.finish_read(read, Ok(vec![vec![(1, 0)]])).unwrap();
+        }
+        assert!(t.held_stats().0 <= 3);
+    }
+
+    fn memory_store() -> Arc<MemoryStore> {
+        let key = FingerprintKey::generate("test").unwrap();
+        Arc::new(MemoryStore::open(Layout::new("c:", 16, Hashing::Keyed(key)), 10, None).unwrap())
+    }
+
+    async fn fill(store: &MemoryStore, per_bucket: i64) {
+        let entries = (0..16u32)
+            .flat_map(|b| {
+                (0..per_bucket).map(move |f| {
+                    (
+                        EntryKey {
+                            bucket: b,
+                            field: f,
+                        },
+                        0,
+                    )
+                })
+            })
+            .collect();
+        store
+            .write(WriteBatch {
+                entries,
+                ..WriteBatch::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_worker_loads_every_bucket_when_they_fit() {
+        let store = memory_store();
+        fill(&store, 50).await;
+        let t = LocalTier::new(16, settings(1 << 20, Duration::ZERO), true);
+        let worker = tokio::spawn(t.clone().run(store.clone(), Arc::new(TierGauges::new())));
+        t.resynced();
+        assert!(t.wait_settled(Duration::from_secs(5)).await);
+        assert_eq!(t.mode(), Mode::Complete);
+        for b in 0..16 {
+            let k = EntryKey {
+                bucket: b,
+                field: 49,
+            };
+            assert_eq!(t.lookup(&k, Instant::now()), Lookup::Local(Some(0)));
+            let k = EntryKey {
+                bucket: b,
+                field: 50,
+            };
+            assert_eq!(t.lookup(&k, Instant::now()), Lookup::Local(None));
+        }
+        // A bulk write makes every copy stale; the worker reads them all again.
+        t.invalidate_all();
+        assert_eq!(
+            t.lookup(
+                &EntryKey {
+                    bucket: 3,
+                    field: 1
+                },
+                Instant::now()
+            ),
+            Lookup::Remote
+        );
+        assert!(t.wait_settled(Duration::from_secs(5)).await);
+        worker.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keyspace_larger_than_the_budget_is_held_in_part() {
+        let store = memory_store();
+        fill(&store, 100).await;
+        // 16 buckets of ~1.4 KB: room for about 4.
+        let t = LocalTier::new(16, settings(6_000, Duration::ZERO), true);
+        let worker = tokio::spawn(t.clone().run(store.clone(), Arc::new(TierGauges::new())));
+        t.resynced();
+        assert!(t.wait_settled(Duration::from_secs(5)).await);
+        assert_eq!(t.mode(), Mode::Partial);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (held, bytes) = t.held_stats();
+        assert!(
+            (1..16).contains(&held) && bytes <= 6_000,
+            "{held} copies, {bytes} bytes"
+        );
+        worker.abort();
     }
 }

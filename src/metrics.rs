@@ -81,7 +81,8 @@ pub struct TierGauges {
 }
 
 impl TierGauges {
-    fn new() -> Self {
+    /// Unregistered gauges (`Metrics::new` registers its own).
+    pub fn new() -> Self {
         let gauge = |name: &str, help: &str| Gauge::new(name, help).expect("valid metric");
         let int = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
@@ -368,6 +369,12 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding to a Vec cannot fail");
         String::from_utf8(buf).expect("Prometheus text is UTF-8")
+    }
+}
+
+impl Default for TierGauges {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

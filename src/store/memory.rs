@@ -476,7 +476,8 @@ impl Store for MemoryStore {
     /// (`in_process`), so this serves tests of the tier's logic, not the check path.
     async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
         let st = self.lock();
-        let wanted: HashMap<u32, usize> = buckets.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+        let wanted: HashMap<u32, usize> =
+            buckets.iter().enumerate().map(|(i, b)| (*b, i)).collect();
         let mut out = vec![Vec::new(); buckets.len()];
         for (k, code) in &st.entries {
             if let Some(&i) = wanted.get(&k.bucket) {

@@ -803,7 +803,9 @@ impl Store for RedisStore {
                     ),
                     // A hashtable-encoded bucket (past the listpack limit): read it whole.
                     Err(dump::DumpError::UnsupportedType(_)) => None,
-                    Err(e) => return Err(StoreError::Corrupt(format!("bucket {}: {e}", buckets[i]))),
+                    Err(e) => {
+                        return Err(StoreError::Corrupt(format!("bucket {}: {e}", buckets[i])));
+                    }
                 },
                 Ok(v) => return Err(StoreError::Corrupt(format!("DUMP answered {v:?}"))),
                 Err(e)
@@ -830,7 +832,10 @@ impl Store for RedisStore {
                 out[i] = Some(pairs);
             }
         }
-        Ok(out.into_iter().map(|p| p.expect("every bucket read")).collect())
+        Ok(out
+            .into_iter()
+            .map(|p| p.expect("every bucket read"))
+            .collect())
     }
 
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {

@@ -416,6 +416,8 @@ pub fn test_settings() -> Settings {
         key_prefix: unique_prefix(),
         check_deadline_ms: 500,
         fingerprint_key_file: Some(key_file().to_owned()),
+        // Load the local tier as fast as Redis answers: test keyspaces are small.
+        local_fetch_rate: 0,
         ..Settings::default()
     }
 }
@@ -498,8 +500,9 @@ impl TestApp {
     }
 }
 
-/// Builds and runs the app; returns once it listens and its cache invalidation
-/// subscription is up (so tests about invalidation start from a known state).
+/// Builds and runs the app; returns once it listens, its invalidation subscription is up and
+/// its local tier has settled (complete and loaded, for the small keyspaces of tests), so
+/// tests start from a known state.
 pub async fn spawn_app(settings: Settings) -> TestApp {
     if std::env::var_os("NAMELIST_TEST_LOG").is_some() {
         namelist::telemetry::init(LogFormat::Text);
@@ -519,6 +522,10 @@ pub async fn spawn_app(settings: Settings) -> TestApp {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert!(
+        lists.cache().wait_settled(Duration::from_secs(20)).await,
+        "the local tier did not settle (sized and, if complete, loaded)"
+    );
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
         port,
