@@ -199,6 +199,8 @@ pub struct LocalTier {
     held: Arc<Held>,
     stripes: Box<[Mutex<HashMap<u32, Fetching>>]>,
     queue: Mutex<Queue>,
+    /// Set (under the queue lock) while the worker holds a batch taken from it.
+    busy: AtomicBool,
     wake: tokio::sync::Notify,
     sketch: sketch::Sketch,
     recent: Mutex<HashMap<EntryKey, Instant>>,
@@ -248,6 +250,7 @@ impl LocalTier {
             held,
             stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
             queue: Mutex::new(Queue::default()),
+            busy: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             sketch: sketch::Sketch::new(buckets),
             recent: Mutex::new(HashMap::new()),
@@ -611,6 +614,7 @@ impl LocalTier {
                 q.queued.remove(&b);
                 batch.push(b);
             }
+            self.busy.store(true, Ordering::Release);
         }
         let Some(copies) = &self.copies else {
             return batch;
@@ -823,12 +827,17 @@ impl LocalTier {
             }
             let batch = self.next_batch(now);
             if batch.is_empty() {
+                self.busy.store(false, Ordering::Release);
                 let _ =
                     tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
                 continue;
             }
             let started = Instant::now();
-            match self.fetch(&store, &batch).await {
+            let fetched = self.fetch(&store, &batch).await;
+            if fetched.is_ok() {
+                self.busy.store(false, Ordering::Release);
+            }
+            match fetched {
                 Ok(()) => backoff = MIN_BACKOFF,
                 Err(e) => {
                     tracing::debug!(error = %e, buckets = batch.len(), "local tier read failed; retrying");
@@ -840,6 +849,7 @@ impl LocalTier {
                                 q.urgent.push_front(*b);
                             }
                         }
+                        self.busy.store(false, Ordering::Release);
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -875,6 +885,25 @@ impl LocalTier {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    /// Waits until nothing is queued or being read (tests): every copy made dirty has been
+    /// read again. `false` on timeout.
+    pub async fn wait_idle(&self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let queued = !self.queue.lock().expect("queue lock").urgent.is_empty()
+                || self.busy.load(Ordering::Acquire);
+            let reading = self
+                .stripes
+                .iter()
+                .any(|s| !s.lock().expect("stripe lock").is_empty());
+            if !queued && !reading {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         false
     }

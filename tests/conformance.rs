@@ -1,13 +1,17 @@
 //! The conformance suite: one set of behaviours that every `Store` backend must show through
-//! the name-list service (cache included). Each case runs on the embedded store, on a real
-//! `redis-server` of its own (keyed, and once more on an unkeyed format-1 keyspace) and on a
-//! local cluster.
+//! the name-list service (local tier included). Each case runs on the embedded store, on a
+//! real `redis-server` of its own (keyed with the local tier complete, partial and off, and
+//! once more on an unkeyed format-1 keyspace) and on a local cluster.
+//!
+//! With a complete tier, every check waits until the tier has read again what writes
+//! touched, and then must be answered without a single lookup sent to Redis.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use namelist::cache::Mode;
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::lists::{
     CheckQuery, EntryRef, FailMode, ListSettings, ListsError, NameLists, NewEntry,
@@ -22,23 +26,40 @@ use common::{RedisCluster, RedisServer, unique_prefix};
 struct Harness {
     lists: NameLists,
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    tier: Tier,
     _redis: Option<RedisServer>,
 }
 
-fn settings() -> ListSettings {
+/// The local tier a Redis case runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    /// Room for every bucket: all loaded before the case starts.
+    Complete,
+    /// Room for about 16 of the keyspace's 128 buckets.
+    Partial,
+    Off,
+}
+
+fn settings(tier: Tier) -> ListSettings {
     ListSettings {
         check_deadline: Duration::from_millis(500),
         write_deadline: Duration::from_secs(2),
         fail_mode: FailMode::Open,
         cache_ttl: Duration::from_secs(60),
         cache_capacity: 10_000,
-        local_memory_bytes: 64 << 20,
+        local_memory_bytes: match tier {
+            Tier::Complete => 64 << 20,
+            Tier::Partial => 4_000,
+            Tier::Off => 0,
+        },
         local_fetch_rate: 0,
     }
 }
 
-async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>) -> Harness {
-    let lists = NameLists::new(store.clone(), settings(), Arc::new(Metrics::new()));
+async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>, tier: Tier) -> Harness {
+    let metrics = Arc::new(Metrics::new());
+    let lists = NameLists::new(store.clone(), settings(tier), metrics.clone());
     for _ in 0..500 {
         if lists.cache().is_trusted() {
             break;
@@ -49,9 +70,21 @@ async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>) -> Harness {
         lists.cache().is_trusted(),
         "invalidation subscription is up"
     );
+    assert!(lists.cache().wait_settled(Duration::from_secs(20)).await);
+    let mode = lists.cache().mode();
+    if !store.in_process() {
+        let expected = match tier {
+            Tier::Complete => Mode::Complete,
+            Tier::Partial => Mode::Partial,
+            Tier::Off => Mode::Off,
+        };
+        assert_eq!(mode, expected, "tier mode");
+    }
     Harness {
         lists,
         store,
+        metrics,
+        tier,
         _redis: redis,
     }
 }
@@ -63,7 +96,7 @@ async fn memory() -> Harness {
         None,
     )
     .unwrap();
-    ready(Arc::new(store), None).await
+    ready(Arc::new(store), None, Tier::Off).await
 }
 
 /// A fresh keyspace (prefix) on a shared cluster.
@@ -83,20 +116,28 @@ async fn on_cluster(cluster: &RedisCluster) -> Harness {
     })
     .await
     .unwrap();
-    ready(Arc::new(store), None).await
+    ready(Arc::new(store), None, Tier::Complete).await
 }
 
 async fn redis() -> Harness {
-    on_node(Some(common::test_key())).await
+    on_node(Some(common::test_key()), Tier::Complete).await
+}
+
+async fn redis_tier_partial() -> Harness {
+    on_node(Some(common::test_key()), Tier::Partial).await
+}
+
+async fn redis_tier_off() -> Harness {
+    on_node(Some(common::test_key()), Tier::Off).await
 }
 
 /// A format-1 (unkeyed) keyspace, as builds before keyed fingerprints made them: existing
 /// keyspaces must keep working.
 async fn redis_unkeyed() -> Harness {
-    on_node(None).await
+    on_node(None, Tier::Complete).await
 }
 
-async fn on_node(key: Option<FingerprintKey>) -> Harness {
+async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
     let server = RedisServer::start();
     let (store, report) = RedisStore::open(RedisOptions {
         url: server.url(),
@@ -114,7 +155,7 @@ async fn on_node(key: Option<FingerprintKey>) -> Harness {
     .await
     .unwrap();
     assert_eq!(report.unkeyed.is_some(), report.format == 1);
-    ready(Arc::new(store), Some(server)).await
+    ready(Arc::new(store), Some(server), tier).await
 }
 
 fn list(s: &str) -> ListName {
@@ -163,10 +204,24 @@ fn query(sb: &str, lists: &[&str], subjects: &[(&str, &[&str])]) -> CheckQuery {
     }
 }
 
-/// The hits of a check as sorted (list, dimension, value) triples.
+/// The hits of a check as sorted (list, dimension, value) triples. With a complete tier, once
+/// what writes touched has been read again, the check must not send a lookup to Redis.
 async fn hits(h: &Harness, q: &CheckQuery) -> Vec<(String, String, String)> {
+    let local = h.tier == Tier::Complete && !h.store.in_process();
+    if local {
+        assert!(h.lists.cache().wait_idle(Duration::from_secs(5)).await);
+    }
+    let sent = h.metrics.cache_misses.get();
     let out = h.lists.check(q).await.expect("check succeeds");
     assert!(!out.degraded, "a healthy store never degrades");
+    assert_eq!(out.stale, None, "stale_ms only in degraded answers");
+    if local {
+        assert_eq!(
+            h.metrics.cache_misses.get(),
+            sent,
+            "a complete tier answers every lookup of a check locally"
+        );
+    }
     let mut v: Vec<_> = out
         .hits
         .into_iter()
@@ -815,6 +870,24 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case(&super::redis().await).await;
+                }
+            )*
+        }
+        /// Every case with a local tier holding a fraction of the keyspace.
+        mod redis_tier_partial {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::redis_tier_partial().await).await;
+                }
+            )*
+        }
+        /// Every case with no local tier: every lookup goes to Redis.
+        mod redis_tier_off {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::redis_tier_off().await).await;
                 }
             )*
         }
