@@ -1,8 +1,10 @@
 //! Sabotage: Redis killed (SIGKILL) or paused (`DEBUG SLEEP`) under a stream of checks.
 //! Every answer must come within the check deadline (plus the HTTP round trip), fail-open
-//! as `degraded: true` with the cached hits, fail-closed as 503 + `Retry-After`; writes are
+//! as `degraded: true` with `stale_ms`, fail-closed as 503 + `Retry-After`; writes are
 //! refused, never falsely acknowledged; and the service recovers when Redis is back,
-//! without a restart of its own.
+//! without a restart of its own. With a complete local tier (the default for a keyspace that
+//! fits) a fail-open answer is exact, values never seen included, and `stale_ms` is the time
+//! since Redis went away; with the tier off there is nothing local to answer from.
 
 mod common;
 
@@ -25,6 +27,10 @@ struct Answer {
     status: u16,
     degraded: Option<bool>,
     listed_hit: bool,
+    /// Hits other than `d-hit` (none is listed).
+    other_hits: usize,
+    /// `stale_ms`: absent (`None`), null (`Some(None)`) or a number.
+    stale_ms: Option<Option<u64>>,
     retry_after: bool,
 }
 
@@ -42,14 +48,15 @@ async fn stream_checks(app: Arc<TestApp>, stop: Arc<AtomicBool>) -> Vec<Answer> 
         let status = res.status().as_u16();
         let retry_after = res.headers().contains_key("retry-after");
         let body: Value = res.json().await.unwrap_or(Value::Null);
+        let hits = body["hits"].as_array().cloned().unwrap_or_default();
         out.push(Answer {
             at: started,
             took,
             status,
             degraded: body["degraded"].as_bool(),
-            listed_hit: body["hits"]
-                .as_array()
-                .is_some_and(|h| h.iter().any(|h| h["value"] == "d-hit")),
+            listed_hit: hits.iter().any(|h| h["value"] == "d-hit"),
+            other_hits: hits.iter().filter(|h| h["value"] != "d-hit").count(),
+            stale_ms: body.get("stale_ms").map(Value::as_u64),
             retry_after,
         });
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -57,14 +64,25 @@ async fn stream_checks(app: Arc<TestApp>, stop: Arc<AtomicBool>) -> Vec<Answer> 
     out
 }
 
-async fn setup(mode: FailMode) -> (RedisServer, Arc<TestApp>) {
+/// Whether the instance has its local tier (complete: the test keyspace fits) or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Complete,
+    Off,
+}
+
+async fn setup(mode: FailMode, tier: Tier) -> (RedisServer, Arc<TestApp>) {
     let redis = RedisServer::start();
     let mut settings = redis_settings(&redis);
     settings.fail_mode = mode;
+    if tier == Tier::Off {
+        settings.local_memory_mb = 0.0;
+    }
     settings.check_deadline_ms = DEADLINE_MS;
     settings.write_deadline_ms = 300;
     settings.connect_timeout_ms = 200;
     let app = Arc::new(spawn_app(settings).await);
+    assert_eq!(app.lists.cache().is_complete(), tier == Tier::Complete);
     let res = app
         .post(
             "/v1/lists/black/entries",
@@ -72,11 +90,12 @@ async fn setup(mode: FailMode) -> (RedisServer, Arc<TestApp>) {
         )
         .await;
     assert_eq!(res.status(), 200);
-    // Warm the cache: the hit and the miss are now known locally.
     let body = app
         .check(&json!({"lists": ["black"], "subjects": {"device": ["d-hit", "d-miss"]}}))
         .await;
     assert_eq!(body["hits"].as_array().unwrap().len(), 1);
+    // The write's bucket has been read again: the copy is complete and current.
+    assert!(app.lists.cache().wait_idle(Duration::from_secs(5)).await);
     (redis, app)
 }
 
@@ -91,8 +110,8 @@ async fn write_status(app: &TestApp, value: &str) -> (u16, Duration) {
     (res.status().as_u16(), started.elapsed())
 }
 
-async fn outage(mode: FailMode) {
-    let (mut redis, app) = setup(mode).await;
+async fn outage(mode: FailMode, tier: Tier) {
+    let (mut redis, app) = setup(mode, tier).await;
     let stop = Arc::new(AtomicBool::new(false));
     let checks = tokio::spawn(stream_checks(app.clone(), stop.clone()));
 
@@ -205,7 +224,24 @@ async fn outage(mode: FailMode) {
                     Some(true),
                     "fail-open answers are flagged degraded"
                 );
-                assert!(a.listed_hit, "the cached hit is still reported");
+                assert_eq!(a.other_hits, 0, "no false hit");
+                match tier {
+                    Tier::Complete => {
+                        assert!(a.listed_hit, "the complete copy still reports the hit");
+                        // Stale since the subscription saw Redis go: about since the kill.
+                        let since_kill = a.at.duration_since(killed_at).as_millis() as u64;
+                        let stale = a.stale_ms.flatten().expect("stale_ms in a degraded answer");
+                        assert!(
+                            stale <= since_kill + a.took.as_millis() as u64 + 5
+                                && stale + 200 >= since_kill,
+                            "stale_ms {stale} for an answer {since_kill} ms after the kill"
+                        );
+                    }
+                    Tier::Off => {
+                        assert!(!a.listed_hit, "nothing local to answer from");
+                        assert_eq!(a.stale_ms, Some(None), "stale_ms null: no local copy");
+                    }
+                }
             }
             FailMode::Closed => {
                 assert_eq!(a.status, 503, "fail-closed refuses");
@@ -218,11 +254,11 @@ async fn outage(mode: FailMode) {
         .filter(|a| a.at + a.took < killed_at)
         .collect();
     assert!(!before.is_empty());
-    assert!(
-        before
-            .iter()
-            .all(|a| a.status == 200 && a.degraded == Some(false))
-    );
+    assert!(before.iter().all(|a| a.status == 200
+        && a.degraded == Some(false)
+        && a.stale_ms.is_none()
+        && a.listed_hit
+        && a.other_hits == 0));
     let after: Vec<&Answer> = answers.iter().filter(|a| a.at > recovered_at).collect();
     assert!(!after.is_empty());
     assert!(
@@ -233,18 +269,23 @@ async fn outage(mode: FailMode) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_fail_open() {
-    outage(FailMode::Open).await;
+async fn redis_killed_fail_open_with_a_complete_copy() {
+    outage(FailMode::Open, Tier::Complete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_fail_open_without_a_tier() {
+    outage(FailMode::Open, Tier::Off).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_fail_closed() {
-    outage(FailMode::Closed).await;
+    outage(FailMode::Closed, Tier::Complete).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_answers_within_the_deadline() {
-    let (redis, app) = setup(FailMode::Open).await;
+    let (redis, app) = setup(FailMode::Open, Tier::Complete).await;
     let stop = Arc::new(AtomicBool::new(false));
     let checks = tokio::spawn(stream_checks(app.clone(), stop.clone()));
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -289,9 +330,15 @@ async fn redis_paused_answers_within_the_deadline() {
             a.took
         );
     }
+    // A paused Redis takes no writes: until the subscription's ping notices, the complete
+    // copy is in sync and answers normally; after, answers are degraded. Exact either way.
     for a in &during {
-        assert_eq!(a.degraded, Some(true));
-        assert!(a.listed_hit, "the cached hit is still reported");
+        assert!(a.listed_hit, "the hit is reported");
+        assert_eq!(a.other_hits, 0, "no false hit");
+        match a.degraded {
+            Some(true) => assert!(a.stale_ms.flatten().is_some(), "stale_ms when degraded"),
+            _ => assert_eq!(a.stale_ms, None),
+        }
     }
     let last = answers.last().unwrap();
     assert_eq!(
