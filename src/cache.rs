@@ -24,10 +24,12 @@
 //!   the read already saw is a no-op, and messages of one bucket arrive in write order.
 //! * **When values are not known** the bucket's copy is marked dirty (used only for fail-open)
 //!   and read again in the background: a message from an older build (`Keys`), a write made
-//!   by this instance (its outcome may be unknown: a timeout may still land), and two changes
-//!   of one field within `conflict_window` (on a cluster, and for deletes, a write and its
-//!   message are not one atomic step, so two concurrent writers' messages may arrive in the
-//!   other order than their writes; reading again after the second settles it).
+//!   by this instance (its outcome may be unknown: a timeout may still land), and a
+//!   non-atomic message for a field changed within `conflict_window` (on a cluster, and for
+//!   deletes, a write and its message are not one atomic step, so two concurrent writers'
+//!   messages may arrive in the other order than their writes; the later-arriving one is then
+//!   the non-atomic one, and reading again after it settles it; an atomic message cannot
+//!   overtake a write).
 //! * **Trust and generations.** While the invalidation subscription is down, writes elsewhere
 //!   go unseen: the tier is *untrusted* and every lookup goes to the store, but copies stay
 //!   for fail-open answers. Resubscribing (and a `Bulk` import) starts a new generation:
@@ -405,8 +407,9 @@ impl LocalTier {
     }
 
     /// Changes heard from a write (`Invalidation::Changes`): applied to held copies and to
-    /// reads in flight; a field changed twice within the conflict window is read again.
-    pub fn apply(&self, changes: &[(EntryKey, Option<u32>)]) {
+    /// reads in flight; a field changed again within the conflict window by a non-atomic
+    /// message has its bucket read again.
+    pub fn apply(&self, changes: &[(EntryKey, Option<u32>)], atomic: bool) {
         if self.copies.is_none() || changes.is_empty() {
             return;
         }
@@ -421,7 +424,8 @@ impl LocalTier {
             for (k, _) in changes {
                 let full = recent.len() >= RECENT_CAP;
                 let previous = if full { None } else { recent.insert(*k, now) };
-                if full || previous.is_some_and(|t| now.saturating_duration_since(t) < window) {
+                let close = previous.is_some_and(|t| now.saturating_duration_since(t) < window);
+                if !atomic && (full || close) {
                     conflicts.insert(k.bucket);
                 }
             }
@@ -1128,7 +1132,7 @@ mod tests {
                     }
                     Some(Event::Deliver) if delivered < writes.len() => {
                         let (f, c) = writes[delivered];
-                        t.apply(&[(key(f), c)]);
+                        t.apply(&[(key(f), c)], false);
                         delivered += 1;
                     }
                     _ => {}
@@ -1136,7 +1140,7 @@ mod tests {
             }
             while delivered < writes.len() {
                 let (f, c) = writes[delivered];
-                t.apply(&[(key(f), c)]);
+                t.apply(&[(key(f), c)], false);
                 delivered += 1;
                 check(&t, &store, &writes, delivered)?;
             }
@@ -1156,7 +1160,7 @@ mod tests {
         );
 
         // One change: applied in place, still answered locally.
-        t.apply(&[(key(6), Some(LATER - 1))]);
+        t.apply(&[(key(6), Some(LATER - 1))], false);
         assert_eq!(
             t.lookup(&key(6), Instant::now()),
             Lookup::Local(Some(LATER - 1))
@@ -1166,8 +1170,17 @@ mod tests {
             "nothing to read again"
         );
 
-        // The same field again within the window: the two messages may be out of order.
-        t.apply(&[(key(6), None)]);
+        // Again, atomically with its write: it cannot have overtaken another write.
+        t.apply(&[(key(6), Some(LATER - 2))], true);
+        assert_eq!(
+            t.lookup(&key(6), Instant::now()),
+            Lookup::Local(Some(LATER - 2))
+        );
+        assert!(t.queue.lock().unwrap().queued.is_empty());
+
+        // The same field again within the window, not atomically: the two messages may be out
+        // of order.
+        t.apply(&[(key(6), None)], false);
         assert_eq!(t.lookup(&key(6), Instant::now()), Lookup::Remote);
         assert_eq!(
             t.lookup(&key(5), Instant::now()),

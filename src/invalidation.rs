@@ -55,7 +55,7 @@ pub async fn listen(
 
 async fn apply(tier: &LocalTier, registries: &RegistryCache, message: Invalidation) {
     match message {
-        Invalidation::Changes(changes) => tier.apply(&changes),
+        Invalidation::Changes { changes, atomic } => tier.apply(&changes, atomic),
         Invalidation::Keys(keys) => tier.changed_unknown(&keys),
         Invalidation::Scopes(scopes) => {
             let scopes: Vec<_> = scopes

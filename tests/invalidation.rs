@@ -1,8 +1,10 @@
 //! Two application instances on one Redis: a write on one is seen by the other through
-//! pub/sub invalidation, long before the cache TTL would let it.
+//! pub/sub invalidation, long before the cache TTL would let it, and applied in place to the
+//! other's complete local copy (it keeps answering without Redis).
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, TestApp, redis_settings, spawn_app};
@@ -32,12 +34,12 @@ async fn until(app: &TestApp, device: &str, want: bool, limit: Duration) -> Dura
     }
 }
 
+async fn counter(app: &TestApp, name: &str) -> u64 {
+    app.metric(name).await.unwrap_or(0.0) as u64
+}
+
 async fn cache_hits(app: &TestApp) -> u64 {
-    let text = app.get("/metrics").await.text().await.unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("namelist_cache_hits_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    counter(app, "namelist_cache_hits_total").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,15 +48,22 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
     let mut settings = redis_settings(&redis);
     // A TTL far beyond the test: only an invalidation can explain B changing its answer.
     settings.cache_ttl_ms = 600_000;
+    // A delete's message is not atomic with it: one that follows another change of the field
+    // within the write deadline + 1 s has B read the bucket again (two writers' messages may
+    // be out of order). A short deadline lets the test space its writes past that window.
+    settings.write_deadline_ms = 200;
     let a = spawn_app(settings.clone()).await;
     let b = spawn_app(settings).await;
 
+    assert!(b.lists.cache().is_complete(), "B holds the whole keyspace");
     assert!(!listed(&b, "d-inv").await);
     let hits_before = cache_hits(&b).await;
+    let sent_before = counter(&b, "namelist_cache_misses_total").await;
+    let reads_before = b.lists.cache().fetched.load(Ordering::Relaxed);
     assert!(!listed(&b, "d-inv").await);
     assert!(
         cache_hits(&b).await > hits_before,
-        "B answers the miss from its cache"
+        "B answers the miss from its local copy"
     );
 
     let res = a
@@ -68,6 +77,7 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
     eprintln!("upsert on A seen on B after {seen:?}");
 
     assert!(listed(&b, "d-inv").await, "B caches the hit");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
     let res = a
         .delete(
             "/v1/lists/black/entries",
@@ -77,6 +87,24 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
     assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
     let seen = until(&b, "d-inv", false, Duration::from_millis(100)).await;
     eprintln!("delete on A seen on B after {seen:?}");
+
+    // And listed again: hit, miss, hit.
+    let res = a
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-inv"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let seen = until(&b, "d-inv", true, Duration::from_millis(100)).await;
+    eprintln!("second upsert on A seen on B after {seen:?}");
+    assert_eq!(
+        counter(&b, "namelist_cache_misses_total").await,
+        sent_before,
+        "B applied every change in place: not one lookup went to Redis"
+    );
+    let reads = b.lists.cache().fetched.load(Ordering::Relaxed) - reads_before;
+    assert_eq!(reads, 0, "nor read a bucket again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,8 +103,13 @@
 //! `Scopes`, `Bulk`, `Definitions`), then, for a write of entries, a trailer:
 //!
 //! ```text
-//! 01 <postcard Keys(fields changed)> [ 01 <postcard Vec<Option<u32>>: each field's new code, None = removed> ]
+//! 01 <postcard Keys(fields changed)> [ <tag> <postcard Vec<Option<u32>>: each field's new code, None = removed> ]
 //! ```
+//!
+//! The tag says whether the message was published atomically with the write (2: an upsert on
+//! one node, one `MULTI` with its `PUBLISH`) or not (1: deletes, whose script runs before the
+//! `PUBLISH`, and every write on a cluster): two writers' non-atomic messages may arrive in
+//! the other order than their writes, which the receiver must allow for (`cache`).
 //!
 //! Why a trailer and not a new variant: postcard decodes a known prefix and ignores what
 //! follows, so an instance of an older build (during a rolling deploy) reads the message as
@@ -431,8 +436,12 @@ pub enum Invalidation {
     /// These entries changed, to values not said (an older writer's message).
     Keys(Vec<EntryKey>),
     /// These entries now hold these codes (`None`: removed), in the order written: for a key
-    /// given twice, the last one holds.
-    Changes(Vec<(EntryKey, Option<u32>)>),
+    /// given twice, the last one holds. `atomic`: published in one step with the write itself,
+    /// so it cannot arrive in another order than the write relative to other writers.
+    Changes {
+        changes: Vec<(EntryKey, Option<u32>)>,
+        atomic: bool,
+    },
     /// The prefix-length registries of these scopes changed.
     Scopes(Vec<(String, String)>),
     /// Entries were written in bulk (import): anything held locally may be out of date.
@@ -451,27 +460,44 @@ enum Wire {
     Definitions,
 }
 
-/// The tag of the trailer that carries the new codes of a `Keys` message.
+/// The tags of the trailer that carries the new codes of a `Keys` message: published apart
+/// from the write, or atomically with it.
 const TRAILER_CODES: u8 = 1;
+const TRAILER_CODES_ATOMIC: u8 = 2;
 
 impl Invalidation {
-    /// The message of an upsert: each entry now holds its code.
-    pub fn upserted(entries: &[(EntryKey, u32)]) -> Self {
-        Invalidation::Changes(entries.iter().map(|(k, c)| (*k, Some(*c))).collect())
+    /// The message of an upsert: each entry now holds its code. `atomic` when it is
+    /// published in one transaction with the write.
+    pub fn upserted(entries: &[(EntryKey, u32)], atomic: bool) -> Self {
+        Invalidation::Changes {
+            changes: entries.iter().map(|(k, c)| (*k, Some(*c))).collect(),
+            atomic,
+        }
     }
 
-    /// The message of a delete: each entry is gone (whether it was there or not).
+    /// The message of a delete: each entry is gone (whether it was there or not). Never
+    /// atomic: the deleting script runs before the `PUBLISH`.
     pub fn removed(keys: &[EntryKey]) -> Self {
-        Invalidation::Changes(keys.iter().map(|k| (*k, None)).collect())
+        Invalidation::Changes {
+            changes: keys.iter().map(|k| (*k, None)).collect(),
+            atomic: false,
+        }
     }
 
     /// The message body: the version byte, postcard, and for `Changes` the codes trailer.
     pub fn encode(&self) -> Vec<u8> {
         let (wire, codes) = match self {
             Invalidation::Keys(keys) => (Wire::Keys(keys.clone()), None),
-            Invalidation::Changes(changes) => (
+            Invalidation::Changes { changes, atomic } => (
                 Wire::Keys(changes.iter().map(|(k, _)| *k).collect()),
-                Some(changes.iter().map(|(_, c)| *c).collect::<Vec<_>>()),
+                Some((
+                    if *atomic {
+                        TRAILER_CODES_ATOMIC
+                    } else {
+                        TRAILER_CODES
+                    },
+                    changes.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
+                )),
             ),
             Invalidation::Scopes(s) => (Wire::Scopes(s.clone()), None),
             Invalidation::Bulk => (Wire::Bulk, None),
@@ -479,8 +505,8 @@ impl Invalidation {
         };
         let mut out = vec![MESSAGE_VERSION];
         out.extend(postcard::to_stdvec(&wire).expect("encoding to a Vec cannot fail"));
-        if let Some(codes) = codes {
-            out.push(TRAILER_CODES);
+        if let Some((tag, codes)) = codes {
+            out.push(tag);
             out.extend(postcard::to_stdvec(&codes).expect("encoding to a Vec cannot fail"));
         }
         out
@@ -497,15 +523,18 @@ impl Invalidation {
         Some(match wire {
             Wire::Keys(keys) => {
                 let codes = match trailer.split_first() {
-                    Some((&TRAILER_CODES, body)) => {
-                        postcard::from_bytes::<Vec<Option<u32>>>(body).ok()
+                    Some((&tag, body)) if tag == TRAILER_CODES || tag == TRAILER_CODES_ATOMIC => {
+                        postcard::from_bytes::<Vec<Option<u32>>>(body)
+                            .ok()
+                            .map(|c| (c, tag == TRAILER_CODES_ATOMIC))
                     }
                     _ => None,
                 };
                 match codes {
-                    Some(codes) if codes.len() == keys.len() => {
-                        Invalidation::Changes(keys.into_iter().zip(codes).collect())
-                    }
+                    Some((codes, atomic)) if codes.len() == keys.len() => Invalidation::Changes {
+                        changes: keys.into_iter().zip(codes).collect(),
+                        atomic,
+                    },
                     _ => Invalidation::Keys(keys),
                 }
             }
@@ -708,9 +737,13 @@ mod tests {
         };
         for m in [
             Invalidation::Keys(vec![k(7, -3)]),
-            Invalidation::upserted(&[(k(7, -3), 5), (k(1, i64::MIN), 0)]),
+            Invalidation::upserted(&[(k(7, -3), 5), (k(1, i64::MIN), 0)], true),
+            Invalidation::upserted(&[(k(7, -3), 5)], false),
             Invalidation::removed(&[k(2, 9)]),
-            Invalidation::Changes(vec![]),
+            Invalidation::Changes {
+                changes: vec![],
+                atomic: false,
+            },
             Invalidation::Scopes(vec![("black".into(), "loan".into())]),
             Invalidation::Bulk,
             Invalidation::Definitions,
@@ -719,7 +752,7 @@ mod tests {
         }
         assert_eq!(Invalidation::decode(b"\x09junk"), None);
         // A damaged or foreign trailer still says which fields changed.
-        let mut bytes = Invalidation::upserted(&[(k(7, -3), 5)]).encode();
+        let mut bytes = Invalidation::upserted(&[(k(7, -3), 5)], true).encode();
         bytes.truncate(bytes.len() - 1);
         assert_eq!(
             Invalidation::decode(&bytes),
@@ -754,7 +787,7 @@ mod tests {
                 field: -42,
             },
         ];
-        let upsert = Invalidation::upserted(&[(keys[0], 123_456_789), (keys[1], 0)]);
+        let upsert = Invalidation::upserted(&[(keys[0], 123_456_789), (keys[1], 0)], true);
         assert_eq!(
             old_decode(&upsert.encode()),
             Some(OldInvalidation::Keys(keys.clone()))

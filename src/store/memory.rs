@@ -511,7 +511,8 @@ impl Store for MemoryStore {
     }
 
     async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
-        let changes = Invalidation::upserted(&batch.entries);
+        // Sent after the lock is released: not atomic with the write.
+        let changes = Invalidation::upserted(&batch.entries, false);
         let mut scopes = Vec::new();
         {
             let mut st = self.lock();

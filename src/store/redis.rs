@@ -898,7 +898,8 @@ impl Store for RedisStore {
             scopes.dedup();
             last.push(self.publish_cmd(&Invalidation::Scopes(scopes)));
         }
-        last.push(self.publish_cmd(&Invalidation::upserted(&batch.entries)));
+        let atomic = !self.conn.is_cluster(); // one MULTI with the write on one node
+        last.push(self.publish_cmd(&Invalidation::upserted(&batch.entries, atomic)));
         let (r, w) = (self.write_replicas, self.replica_wait);
         if self.conn.is_cluster() {
             // No transaction across slots: the same order, step by step.

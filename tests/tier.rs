@@ -1,0 +1,285 @@
+//! The local tier on real Redis: what instances hold of the keyspace, how they keep it in sync
+//! and what they answer when they cannot.
+//!
+//! * A lost invalidation (a write that published nothing) is seen within `cache_ttl_ms`.
+//! * A write from an older build (a `Keys` message without the codes trailer) is seen at once.
+//! * A keyspace larger than the budget: answers exact, memory within the budget, a bucket
+//!   checked again and again ends up held.
+//! * `Store::get_buckets` reads what `HGET` reads: listpacks by `DUMP`, a bucket past the
+//!   listpack limit and a server refusing `DUMP` by `HGETALL`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use namelist::cache::Mode;
+use namelist::domain::{Dimension, ListName, Sandbox, Value};
+use namelist::store::redis::{RedisOptions, RedisStore};
+use namelist::store::{EntryKey, Invalidation, Layout, Store};
+use serde_json::json;
+
+async fn listed(app: &TestApp, device: &str) -> bool {
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"device": device}}))
+        .await;
+    !body["hits"].as_array().unwrap().is_empty()
+}
+
+/// Where the device entry (black, default sandbox) of `app`'s keyspace lives.
+fn device_key(app: &TestApp, device: &str) -> (String, i64) {
+    let layout = app.lists.store().layout();
+    let k = layout.entry_key(
+        &"black".parse::<ListName>().unwrap(),
+        &Dimension::Device,
+        &Sandbox::default(),
+        &Value::Text(device.into()),
+    );
+    (layout.bucket_key(k.bucket), k.field)
+}
+
+async fn metric(app: &TestApp, name: &str) -> f64 {
+    app.metric(name).await.unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_invalidation_is_seen_within_the_ttl() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.cache_ttl_ms = 1_000;
+    settings.expected_entries = Some(2_000); // 10 buckets
+    let app = spawn_app(settings).await;
+    assert!(app.lists.cache().is_complete());
+    assert!(!listed(&app, "d-lost").await);
+
+    // A write that reaches Redis but whose message is lost: nothing is published.
+    let (bucket, field) = device_key(&app, "d-lost");
+    let _: () = redis::cmd("HSET")
+        .arg(&bucket)
+        .arg(field)
+        .arg(0)
+        .query(&mut redis.conn())
+        .unwrap();
+    let written = Instant::now();
+    while !listed(&app, "d-lost").await {
+        assert!(
+            written.elapsed() < Duration::from_millis(1_000 + 300),
+            "still not listed {:?} after the write (cache_ttl_ms 1000)",
+            written.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("lost invalidation seen after {:?}", written.elapsed());
+    assert!(
+        metric(&app, "namelist_tier_oldest_copy_seconds").await < 1.0,
+        "copies are refreshed before the TTL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_from_an_older_build_is_read_again_at_once() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.cache_ttl_ms = 600_000; // only the message can explain a change
+    let app = spawn_app(settings).await;
+    assert!(!listed(&app, "d-old").await);
+
+    // What an older instance does: HSET and PUBLISH of the fields, without their codes.
+    let (bucket, field) = device_key(&app, "d-old");
+    let layout = app.lists.store().layout();
+    let bucket_no: u32 = bucket.rsplit(':').next().unwrap().parse().unwrap();
+    let message = Invalidation::Keys(vec![EntryKey {
+        bucket: bucket_no,
+        field,
+    }])
+    .encode();
+    let mut conn = redis.conn();
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("HSET")
+        .arg(&bucket)
+        .arg(field)
+        .arg(0)
+        .ignore()
+        .cmd("PUBLISH")
+        .arg(layout.channel())
+        .arg(message)
+        .ignore()
+        .query(&mut conn)
+        .unwrap();
+    let written = Instant::now();
+    while !listed(&app, "d-old").await {
+        assert!(
+            written.elapsed() < Duration::from_millis(100),
+            "not seen within 100 ms"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    eprintln!("older build's write seen after {:?}", written.elapsed());
+    // And the bucket is held again, in sync: answered locally.
+    assert!(app.lists.cache().wait_idle(Duration::from_secs(5)).await);
+    let sent = metric(&app, "namelist_cache_misses_total").await;
+    assert!(listed(&app, "d-old").await);
+    assert_eq!(metric(&app, "namelist_cache_misses_total").await, sent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.expected_entries = Some(100_000); // 500 buckets
+    // 20,000 entries: ~40 per bucket, ~700 B a copy, ~350 KB in all; room for ~1/7.
+    settings.local_memory_mb = 0.05;
+    let app = spawn_app(settings).await;
+    for chunk in 0..2 {
+        let entries: Vec<_> = (chunk * 10_000..(chunk + 1) * 10_000)
+            .map(|i| json!({"dimension": "device", "value": format!("in-{i}")}))
+            .collect();
+        let res = app
+            .post("/v1/lists/black/entries", &json!({"entries": entries}))
+            .await;
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(app.lists.cache().mode(), Mode::Partial);
+    // Let the preload fill the budget.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    for i in (0..20_000).step_by(37) {
+        let devices = [format!("in-{i}"), format!("out-{i}")];
+        let body = app
+            .check(&json!({"lists": ["black"], "subjects": {"device": devices}}))
+            .await;
+        let hits: Vec<&str> = body["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["value"].as_str().unwrap())
+            .collect();
+        assert_eq!(hits, vec![devices[0].as_str()], "exact answers");
+        assert_eq!(body["degraded"], false);
+    }
+    let (held, bytes) = app.lists.cache().held_stats();
+    let budget = metric(&app, "namelist_tier_budget_bytes").await as u64;
+    assert_eq!(budget, (0.05 * 1024.0 * 1024.0) as u64);
+    assert!(
+        bytes <= budget && held > 10 && held < 500,
+        "{held} buckets, {bytes} bytes held for a budget of {budget}"
+    );
+    assert!(metric(&app, "namelist_cache_hits_total").await > 0.0);
+
+    // A subject checked again and again: its bucket ends up held and answers locally.
+    let hot = "in-12345";
+    let mut local_from = None;
+    for n in 0..400 {
+        let before = metric(&app, "namelist_cache_hits_total").await;
+        assert!(listed(&app, hot).await);
+        if metric(&app, "namelist_cache_hits_total").await > before {
+            local_from = Some(n);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(local_from.is_some(), "a hot bucket is admitted");
+    eprintln!("hot bucket answered locally from check {local_from:?}");
+}
+
+async fn open(redis: &RedisServer, url: String, prefix: &str) -> RedisStore {
+    let _ = redis;
+    RedisStore::open(RedisOptions {
+        url,
+        cluster_nodes: Vec::new(),
+        prefix: prefix.into(),
+        expected_entries: Some(64 * 200),
+        default_expected_entries: 1_000_000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        audit_max_len: 100,
+        write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
+    })
+    .await
+    .unwrap()
+    .0
+}
+
+/// Every bucket of `store` through `get_buckets`, against `get_many` of the same fields.
+async fn read_back(store: &RedisStore, written: &[(EntryKey, u32)]) {
+    let buckets: Vec<u32> = (0..store.layout().buckets()).collect();
+    let read = store.get_buckets(&buckets).await.unwrap();
+    let mut all: Vec<(EntryKey, u32)> = buckets
+        .iter()
+        .zip(&read)
+        .flat_map(|(b, pairs)| {
+            pairs.iter().map(|(f, c)| {
+                (
+                    EntryKey {
+                        bucket: *b,
+                        field: *f,
+                    },
+                    *c,
+                )
+            })
+        })
+        .collect();
+    all.sort();
+    let mut expected = written.to_vec();
+    expected.sort();
+    assert_eq!(all, expected);
+    let keys: Vec<EntryKey> = written.iter().map(|(k, _)| *k).collect();
+    let codes = store.get_many(&keys).await.unwrap();
+    assert!(codes.iter().zip(written).all(|(c, (_, w))| *c == Some(*w)));
+}
+
+fn entries(layout: &Layout, n: usize) -> Vec<(EntryKey, u32)> {
+    (0..n)
+        .map(|i| {
+            (
+                layout.key_of(format!("black\ndevice\ndefault\nd{i}").as_bytes()),
+                (i % 3) as u32 * 200_000_000,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_are_read_whole_as_listpacks_hashtables_or_without_dump() {
+    // A listpack limit of 8: the fuller buckets become hashtables, which DUMP as type 4.
+    let redis = RedisServer::start_with(&["--hash-max-listpack-entries", "8"]);
+    let store = open(&redis, redis.url(), "gb:").await;
+    let written = entries(store.layout(), 1_000); // ~16 a bucket
+    store
+        .write(namelist::store::WriteBatch {
+            entries: written.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut conn = redis.conn();
+    let encodings: Vec<String> = (0..store.layout().buckets())
+        .map(|b| {
+            redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(store.layout().bucket_key(b))
+                .query(&mut conn)
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(encodings.iter().any(|e| e == "listpack"));
+    assert!(encodings.iter().any(|e| e == "hashtable"));
+    read_back(&store, &written).await;
+
+    // A user who may not DUMP: every bucket by HGETALL.
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "nodump", "on", ">pw", "~*", "&*", "+@all", "-dump",
+            ][..],
+        )
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://nodump:pw@127.0.0.1:{}", redis.port);
+    let limited = open(&redis, url, "gb:").await;
+    read_back(&limited, &written).await;
+    read_back(&limited, &written).await;
+}
