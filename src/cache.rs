@@ -205,7 +205,8 @@ pub struct LocalTier {
     busy: AtomicBool,
     wake: tokio::sync::Notify,
     sketch: sketch::Sketch,
-    recent: Mutex<HashMap<EntryKey, Instant>>,
+    /// Field → when a change of it was last heard; and when old ones were last forgotten.
+    recent: Mutex<(HashMap<EntryKey, Instant>, Instant)>,
     sweep: Mutex<Sweep>,
     /// Background reads done and failed, by reason, for the metrics.
     pub fetched: AtomicU64,
@@ -255,7 +256,7 @@ impl LocalTier {
             busy: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             sketch: sketch::Sketch::new(buckets),
-            recent: Mutex::new(HashMap::new()),
+            recent: Mutex::new((HashMap::new(), Instant::now())),
             sweep: Mutex::new(Sweep {
                 cursor: 0,
                 due: Vec::new(),
@@ -417,9 +418,13 @@ impl LocalTier {
         let mut conflicts = HashSet::new();
         {
             let window = self.settings.conflict_window;
-            let mut recent = self.recent.lock().expect("recent lock");
-            if recent.len() >= RECENT_CAP / 2 {
+            let mut guard = self.recent.lock().expect("recent lock");
+            let (recent, pruned) = &mut *guard;
+            // Forget changes older than the window, at most once per window: the map holds
+            // about two windows' worth of changed fields.
+            if recent.len() > 1024 && now.saturating_duration_since(*pruned) >= window {
                 recent.retain(|_, t| now.saturating_duration_since(*t) < window);
+                *pruned = now;
             }
             for (k, _) in changes {
                 let full = recent.len() >= RECENT_CAP;
