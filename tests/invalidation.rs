@@ -34,6 +34,17 @@ async fn until(app: &TestApp, device: &str, want: bool, limit: Duration) -> Dura
     }
 }
 
+/// Lists `device` in `black` through `app`.
+async fn list(app: &TestApp, device: &str) {
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": device}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+}
+
 async fn counter(app: &TestApp, name: &str) -> u64 {
     app.metric(name).await.unwrap_or(0.0) as u64
 }
@@ -66,13 +77,7 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
         "B answers the miss from its local copy"
     );
 
-    let res = a
-        .post(
-            "/v1/lists/black/entries",
-            &json!({"entries": [{"dimension": "device", "value": "d-inv"}]}),
-        )
-        .await;
-    assert_eq!(res.status(), 200);
+    list(&a, "d-inv").await;
     let seen = until(&b, "d-inv", true, Duration::from_millis(100)).await;
     eprintln!("upsert on A seen on B after {seen:?}");
 
@@ -89,13 +94,7 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
     eprintln!("delete on A seen on B after {seen:?}");
 
     // And listed again: hit, miss, hit.
-    let res = a
-        .post(
-            "/v1/lists/black/entries",
-            &json!({"entries": [{"dimension": "device", "value": "d-inv"}]}),
-        )
-        .await;
-    assert_eq!(res.status(), 200);
+    list(&a, "d-inv").await;
     let seen = until(&b, "d-inv", true, Duration::from_millis(100)).await;
     eprintln!("second upsert on A seen on B after {seen:?}");
     assert_eq!(
@@ -128,13 +127,7 @@ async fn a_broken_subscription_is_restored_and_loses_nothing() {
         killed, 4,
         "both instances had their two subscriptions (cache invalidation, definitions)"
     );
-    let res = a
-        .post(
-            "/v1/lists/black/entries",
-            &json!({"entries": [{"dimension": "device", "value": "d-gap"}]}),
-        )
-        .await;
-    assert_eq!(res.status(), 200);
+    list(&a, "d-gap").await;
     let seen = until(&b, "d-gap", true, Duration::from_millis(1500)).await;
     eprintln!("write during the gap seen on B after {seen:?}");
 
@@ -145,10 +138,6 @@ async fn a_broken_subscription_is_restored_and_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(!listed(&b, "d-after").await);
-    a.post(
-        "/v1/lists/black/entries",
-        &json!({"entries": [{"dimension": "device", "value": "d-after"}]}),
-    )
-    .await;
+    list(&a, "d-after").await;
     until(&b, "d-after", true, Duration::from_millis(100)).await;
 }

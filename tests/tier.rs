@@ -183,8 +183,7 @@ async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
     eprintln!("hot bucket answered locally from check {local_from:?}");
 }
 
-async fn open(redis: &RedisServer, url: String, prefix: &str) -> RedisStore {
-    let _ = redis;
+async fn open(url: String, prefix: &str) -> RedisStore {
     RedisStore::open(RedisOptions {
         url,
         cluster_nodes: Vec::new(),
@@ -246,7 +245,7 @@ fn entries(layout: &Layout, n: usize) -> Vec<(EntryKey, u32)> {
 async fn buckets_are_read_whole_as_listpacks_hashtables_or_without_dump() {
     // A listpack limit of 8: the fuller buckets become hashtables, which DUMP as type 4.
     let redis = RedisServer::start_with(&["--hash-max-listpack-entries", "8"]);
-    let store = open(&redis, redis.url(), "gb:").await;
+    let store = open(redis.url(), "gb:").await;
     let written = entries(store.layout(), 1_000); // ~16 a bucket
     store
         .write(namelist::store::WriteBatch {
@@ -279,7 +278,7 @@ async fn buckets_are_read_whole_as_listpacks_hashtables_or_without_dump() {
         .query(&mut conn)
         .unwrap();
     let url = format!("redis://nodump:pw@127.0.0.1:{}", redis.port);
-    let limited = open(&redis, url, "gb:").await;
+    let limited = open(url, "gb:").await;
     read_back(&limited, &written).await;
     read_back(&limited, &written).await;
 }

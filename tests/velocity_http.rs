@@ -1529,7 +1529,10 @@ async fn redis_killed(mode: FailMode) {
             let mut body: Value = res.json().await.unwrap();
             // The list part came from the local tier alone: how long since it was in sync.
             let stale = body.as_object_mut().unwrap().remove("stale_ms");
-            assert!(stale.as_ref().is_some_and(Value::is_u64), "stale_ms: {stale:?}");
+            assert!(
+                stale.as_ref().is_some_and(Value::is_u64),
+                "stale_ms: {stale:?}"
+            );
             assert_eq!(
                 body,
                 json!({"hits": [], "features": {"logins_1h": null},

@@ -702,18 +702,22 @@ impl RedisStore {
             .collect()
     }
 
-    /// Whole buckets by `HGETALL`.
-    async fn hgetall_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
-        let cmds = buckets
+    /// `command <bucket key>` for each bucket.
+    fn on_buckets(&self, command: &str, buckets: &[u32]) -> Vec<Keyed> {
+        buckets
             .iter()
             .map(|b| {
                 Self::keyed(self.layout.bucket_key(*b), |c, key| {
-                    c.arg("HGETALL").arg(key);
+                    c.arg(command).arg(key);
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// Whole buckets by `HGETALL`.
+    async fn hgetall_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
         self.conn
-            .run_all(cmds)
+            .run_all(self.on_buckets("HGETALL", buckets))
             .await
             .map_err(unavailable)?
             .iter()
@@ -776,15 +780,11 @@ impl Store for RedisStore {
         if self.dump_refused.load(Ordering::Relaxed) {
             return self.hgetall_buckets(buckets).await;
         }
-        let cmds = buckets
-            .iter()
-            .map(|b| {
-                Self::keyed(self.layout.bucket_key(*b), |c, key| {
-                    c.arg("DUMP").arg(key);
-                })
-            })
-            .collect();
-        let replies = self.conn.run(cmds).await.map_err(unavailable)?;
+        let replies = self
+            .conn
+            .run(self.on_buckets("DUMP", buckets))
+            .await
+            .map_err(unavailable)?;
         let mut out: Vec<Option<Vec<(i64, u32)>>> = Vec::with_capacity(buckets.len());
         let mut other = Vec::new();
         for (i, reply) in replies.into_iter().enumerate() {
