@@ -809,7 +809,7 @@ impl LocalTier {
         let mut reconsidered = Instant::now();
         loop {
             let now = Instant::now();
-            if now.duration_since(exported) >= Duration::from_secs(1) {
+            if now.duration_since(exported) >= Duration::from_millis(250) {
                 self.export(&gauges);
                 self.sketch.age();
                 exported = now;

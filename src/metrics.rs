@@ -63,7 +63,7 @@ pub struct Metrics {
 /// The `mode` labels of `namelist_tier_mode` (`cache::Mode::label`).
 pub const TIER_MODES: [&str; 4] = ["off", "sizing", "complete", "partial"];
 
-/// The local tier's state, exported every second by its worker.
+/// The local tier's state, exported every 250 ms by its worker.
 pub struct TierGauges {
     /// 1 for the current mode, 0 for the others.
     pub mode: IntGaugeVec,
