@@ -11,8 +11,8 @@
 //!   the background (pipelined, paced at `fetch_rate` buckets/s, resumed where it stopped
 //!   after a store error) and then answers every lookup locally. Otherwise it is *partial*: it
 //!   preloads buckets until the budget is 90 % full, then fetches a bucket only when the
-//!   sketch (`sketch`) says it is touched far more than the average bucket, and moka's
-//!   TinyLFU keeps the hottest. Every other lookup goes to the store per key (`HGET`), on
+//!   sketch (`sketch`) says it is touched far more than the average bucket (at most once per
+//!   `ttl / 2` each), and moka's TinyLFU keeps the hottest. Every other lookup goes to the store per key (`HGET`), on
 //!   the caller's path as before; a whole bucket is never fetched on a caller's path. Why: a
 //!   bucket read costs Redis ~9 `HGET`s (`dump`), and with uniform traffic a bucket fetched
 //!   into a tier holding a fraction c of the keyspace serves c/(1-c) lookups before it is
@@ -188,6 +188,13 @@ struct Sweep {
     /// Oldest copy seen in the last full pass, for the gauge.
     oldest: Duration,
     pass_oldest: Duration,
+    /// This pass (complete mode): whether anything was due, and when the first copy not yet
+    /// due will be.
+    pass_found: bool,
+    pass_due: Option<Instant>,
+    /// After a pass with nothing due: no scanning until then, in this generation.
+    idle_until: Option<Instant>,
+    idle_generation: u64,
 }
 
 /// The local tier of one instance.
@@ -205,6 +212,8 @@ pub struct LocalTier {
     busy: AtomicBool,
     wake: tokio::sync::Notify,
     sketch: sketch::Sketch,
+    /// Hot buckets read lately, and when (see `heat_due`).
+    hot_reads: Mutex<HashMap<u32, Instant>>,
     /// Field → when a change of it was last heard; and when old ones were last forgotten.
     recent: Mutex<(HashMap<EntryKey, Instant>, Instant)>,
     sweep: Mutex<Sweep>,
@@ -256,6 +265,7 @@ impl LocalTier {
             busy: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             sketch: sketch::Sketch::new(buckets),
+            hot_reads: Mutex::new(HashMap::new()),
             recent: Mutex::new((HashMap::new(), Instant::now())),
             sweep: Mutex::new(Sweep {
                 cursor: 0,
@@ -264,6 +274,10 @@ impl LocalTier {
                 gathered_gen: 0,
                 oldest: Duration::ZERO,
                 pass_oldest: Duration::ZERO,
+                pass_found: false,
+                pass_due: None,
+                idle_until: None,
+                idle_generation: 0,
             }),
             settings,
             fetched: AtomicU64::new(0),
@@ -351,13 +365,32 @@ impl LocalTier {
             None => {
                 let wanted = match self.mode() {
                     Mode::Complete => self.is_trusted(),
-                    Mode::Partial => self.sketch.touch(key.bucket),
+                    Mode::Partial => {
+                        self.sketch.touch(key.bucket) && self.heat_due(key.bucket, now)
+                    }
                     Mode::Off | Mode::Sizing => false,
                 };
                 if wanted {
                     self.enqueue(key.bucket);
                 }
                 Lookup::Remote
+            }
+        }
+    }
+
+    /// Whether a hot bucket may be read now: at most once per `ttl / 2` each, so that one
+    /// the cache declines to admit (the budget full of hotter ones) is not read over and over.
+    fn heat_due(&self, bucket: u32, now: Instant) -> bool {
+        let cooldown = self.settings.ttl / 2;
+        let mut hot = self.hot_reads.lock().expect("hot lock");
+        if hot.len() >= 4096 {
+            hot.retain(|_, at| now.saturating_duration_since(*at) < cooldown);
+        }
+        match hot.get(&bucket) {
+            Some(at) if now.saturating_duration_since(*at) < cooldown => false,
+            _ => {
+                hot.insert(bucket, now);
+                true
             }
         }
     }
@@ -631,9 +664,20 @@ impl LocalTier {
         let mut sweep = self.sweep.lock().expect("sweep lock");
         match self.mode() {
             Mode::Complete => {
+                // A pass that found nothing due sleeps until the first copy falls due (a new
+                // generation, a dirty copy or a missing bucket wakes it through the queue).
+                let generation = self.generation();
+                if sweep
+                    .idle_until
+                    .is_some_and(|t| now < t && sweep.idle_generation == generation)
+                {
+                    return batch;
+                }
+                sweep.idle_until = None;
                 if sweep.cursor >= self.buckets {
                     sweep.cursor = 0;
                 }
+                let refresh_at = self.settings.ttl / 2;
                 let mut looked = 0;
                 while batch.len() < BATCH && looked < SCAN_STEP && self.buckets > 0 {
                     let b = sweep.cursor;
@@ -642,13 +686,24 @@ impl LocalTier {
                         let age = now.saturating_duration_since(c.fetched_at);
                         sweep.pass_oldest = sweep.pass_oldest.max(age);
                     }
-                    if self.due(copy.as_deref(), now) && !batch.contains(&b) {
-                        batch.push(b);
+                    if self.due(copy.as_deref(), now) {
+                        sweep.pass_found = true;
+                        if !batch.contains(&b) {
+                            batch.push(b);
+                        }
+                    } else if let Some(c) = &copy {
+                        let at = c.fetched_at + refresh_at;
+                        sweep.pass_due = Some(sweep.pass_due.map_or(at, |d| d.min(at)));
                     }
                     looked += 1;
                     sweep.cursor = (b + 1) % self.buckets;
                     if sweep.cursor == 0 {
                         sweep.oldest = std::mem::take(&mut sweep.pass_oldest);
+                        if !std::mem::take(&mut sweep.pass_found) {
+                            sweep.idle_until = Some(sweep.pass_due.unwrap_or(now + refresh_at));
+                            sweep.idle_generation = generation;
+                        }
+                        sweep.pass_due = None;
                     }
                 }
             }
