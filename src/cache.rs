@@ -358,8 +358,8 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::{
-        AuditRecord, DefinitionKind, Invalidation, InvalidationStream, Layout, MetricAnswer,
-        MetricOp, StoreResult, StoredDefinition, WriteBatch,
+        AuditRecord, Deadline, DefinitionKind, Invalidation, InvalidationStream, Layout,
+        MetricAnswer, MetricOp, StoreResult, StoredDefinition, WriteBatch,
     };
 
     /// A real (embedded) store whose reads are slow and counted.
@@ -388,19 +388,25 @@ mod tests {
         async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
             self.inner.prefix_lengths(scopes).await
         }
-        async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
-            self.inner.write(batch).await
+        async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()> {
+            self.inner.write(batch, deadline).await
         }
         async fn remove(
             &self,
             keys: &[EntryKey],
             now_ms: i64,
             audit: Vec<AuditRecord>,
+            deadline: Deadline,
         ) -> StoreResult<Vec<bool>> {
-            self.inner.remove(keys, now_ms, audit).await
+            self.inner.remove(keys, now_ms, audit, deadline).await
         }
-        async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
-            self.inner.remove_if_unchanged(key, code).await
+        async fn remove_if_unchanged(
+            &self,
+            key: EntryKey,
+            code: u32,
+            deadline: Deadline,
+        ) -> StoreResult<bool> {
+            self.inner.remove_if_unchanged(key, code, deadline).await
         }
         async fn subscribe(&self) -> StoreResult<InvalidationStream> {
             self.inner.subscribe().await
@@ -411,8 +417,12 @@ mod tests {
         async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
             self.inner.audit_tail(count).await
         }
-        async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
-            self.inner.metric_ops(ops).await
+        async fn metric_ops(
+            &self,
+            ops: &[MetricOp],
+            deadline: Deadline,
+        ) -> StoreResult<Vec<MetricAnswer>> {
+            self.inner.metric_ops(ops, deadline).await
         }
         async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
             self.inner.definitions(kind).await
@@ -423,11 +433,19 @@ mod tests {
             id: &str,
             fingerprint: &str,
             body: &str,
+            deadline: Deadline,
         ) -> StoreResult<u64> {
-            self.inner.put_definition(kind, id, fingerprint, body).await
+            self.inner
+                .put_definition(kind, id, fingerprint, body, deadline)
+                .await
         }
-        async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
-            self.inner.delete_definition(kind, id).await
+        async fn delete_definition(
+            &self,
+            kind: DefinitionKind,
+            id: &str,
+            deadline: Deadline,
+        ) -> StoreResult<bool> {
+            self.inner.delete_definition(kind, id, deadline).await
         }
     }
 

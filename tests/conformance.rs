@@ -14,7 +14,7 @@ use namelist::lists::{
 use namelist::metrics::Metrics;
 use namelist::store::memory::MemoryStore;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Layout, Store};
+use namelist::store::{Deadline, Layout, Store};
 
 use common::{RedisCluster, RedisServer, unique_prefix};
 
@@ -640,7 +640,10 @@ async fn lazy_delete_removes_the_field(h: &Harness) {
         .await
         .unwrap();
     assert!(
-        !h.store.remove_if_unchanged(key, e.code()).await.unwrap(),
+        !h.store
+            .remove_if_unchanged(key, e.code(), Deadline::after(Duration::from_secs(10)))
+            .await
+            .unwrap(),
         "a refresh survives"
     );
     assert_eq!(
@@ -649,7 +652,7 @@ async fn lazy_delete_removes_the_field(h: &Harness) {
     );
     assert!(
         h.store
-            .remove_if_unchanged(key, fresh.code())
+            .remove_if_unchanged(key, fresh.code(), Deadline::after(Duration::from_secs(10)))
             .await
             .unwrap()
     );

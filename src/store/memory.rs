@@ -26,9 +26,9 @@ use tokio::sync::broadcast;
 
 use super::layout::FORMAT_VERSION;
 use super::{
-    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult,
-    StoredDefinition, WriteBatch, code_is_live,
+    AuditRecord, Deadline, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
+    MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
+    StoreResult, StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -418,7 +418,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
+    async fn write(&self, batch: WriteBatch, _deadline: Deadline) -> StoreResult<()> {
         let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
         let mut scopes = Vec::new();
         {
@@ -444,6 +444,7 @@ impl Store for MemoryStore {
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
+        _deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
         let removed = {
             let mut st = self.lock();
@@ -463,7 +464,12 @@ impl Store for MemoryStore {
         Ok(removed)
     }
 
-    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
+    async fn remove_if_unchanged(
+        &self,
+        key: EntryKey,
+        code: u32,
+        _deadline: Deadline,
+    ) -> StoreResult<bool> {
         let mut st = self.lock();
         if st.entries.get(&key) == Some(&code) {
             st.entries.remove(&key);
@@ -494,7 +500,11 @@ impl Store for MemoryStore {
         Ok(st.audit.iter().skip(skip).cloned().collect())
     }
 
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        _deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>> {
         let now = now_ms();
         let mut st = self.lock();
         st.ops_since_purge += ops.len() as u64;
@@ -541,6 +551,7 @@ impl Store for MemoryStore {
         id: &str,
         fingerprint: &str,
         body: &str,
+        _deadline: Deadline,
     ) -> StoreResult<u64> {
         let version = {
             let mut st = self.lock();
@@ -560,7 +571,12 @@ impl Store for MemoryStore {
         Ok(version)
     }
 
-    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        _deadline: Deadline,
+    ) -> StoreResult<bool> {
         let existed = {
             let mut st = self.lock();
             match st.definitions.get_mut(&(kind.as_str(), id.to_owned())) {

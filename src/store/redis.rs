@@ -26,9 +26,9 @@ use super::conn::{ConnectOptions, Keyed, RedisConn};
 
 use super::layout::{FORMAT_VERSION, MAX_MEAN_FILL};
 use super::{
-    AuditRecord, AuditSummary, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
-    MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
-    StoreResult, StoredDefinition, WriteBatch,
+    AuditRecord, AuditSummary, Deadline, DefinitionKind, EntryKey, Invalidation,
+    InvalidationStream, Layout, MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen,
+    Scope, Store, StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
@@ -719,7 +719,7 @@ impl Store for RedisStore {
             .collect()
     }
 
-    async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
+    async fn write(&self, batch: WriteBatch, _deadline: Deadline) -> StoreResult<()> {
         let mut registries = Vec::new();
         let mut scopes = Vec::new();
         for ((list, sandbox), len) in &batch.prefixes {
@@ -781,6 +781,7 @@ impl Store for RedisStore {
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
+        _deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
         let calls = self.removal_calls(keys);
         let now_rel = now_ms - EPOCH_2020_MS;
@@ -837,7 +838,12 @@ impl Store for RedisStore {
         Ok(removed)
     }
 
-    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
+    async fn remove_if_unchanged(
+        &self,
+        key: EntryKey,
+        code: u32,
+        _deadline: Deadline,
+    ) -> StoreResult<bool> {
         let mut conn = self.conn.clone();
         let n: i64 = self
             .remove_if_unchanged
@@ -933,7 +939,11 @@ impl Store for RedisStore {
         Ok(AuditSummary::from_fields(&fields))
     }
 
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        _deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>> {
         let mut out: Vec<Option<MetricAnswer>> = vec![None; ops.len()];
         let mut pending: Vec<usize> = (0..ops.len()).collect();
         for attempt in 0..2 {
@@ -1007,6 +1017,7 @@ impl Store for RedisStore {
         id: &str,
         fingerprint: &str,
         body: &str,
+        _deadline: Deadline,
     ) -> StoreResult<u64> {
         let mut conn = self.conn.clone();
         self.put_definition
@@ -1021,7 +1032,12 @@ impl Store for RedisStore {
             .map_err(unavailable)
     }
 
-    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        _deadline: Deadline,
+    ) -> StoreResult<bool> {
         let mut conn = self.conn.clone();
         let n: i64 = self
             .delete_definition
