@@ -11,6 +11,7 @@ pub mod dump;
 pub mod layout;
 pub mod memory;
 pub mod redis;
+pub mod replicas;
 
 use std::time::Duration;
 
