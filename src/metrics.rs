@@ -22,7 +22,7 @@ pub const STORE_OPS: &[&str] = &[
 ];
 
 /// The `reason` labels of `namelist_write_refusals_total` (`Refusal::label`).
-pub const REFUSAL_REASONS: &[&str] = &["replicas", "unreachable", "deadline"];
+pub const REFUSAL_REASONS: &[&str] = &["replicas", "unreachable", "deadline", "busy"];
 
 /// The `state` labels of `namelist_audit_buckets`, in [`Metrics::set_audit`]'s order.
 const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"];
@@ -59,7 +59,7 @@ pub struct Metrics {
     /// `/v1` requests being handled now.
     pub in_flight: IntGauge,
     /// Writes refused before anything was sent, by reason (`replicas`, `unreachable`,
-    /// `deadline`).
+    /// `deadline`, `busy`).
     pub write_refusals: IntCounterVec,
     /// The last audit (`namelist-tools audit`), as it left its summary in the store.
     pub audit: AuditGauges,
@@ -169,7 +169,8 @@ impl Metrics {
                 Opts::new(
                     "namelist_write_refusals_total",
                     "Writes refused before anything was sent: a primary with too few online \
-                     replicas, an unreachable primary, or too little deadline left",
+                     replicas, an unreachable primary, too little deadline left, or every \
+                     write connection busy",
                 ),
                 &["reason"],
             )

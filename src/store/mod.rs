@@ -60,6 +60,9 @@ pub enum Refusal {
     /// Too little of the caller's deadline is left to send the write and wait for replicas.
     #[error("only {left:?} of the deadline left")]
     NoTime { left: Duration },
+    /// Every write connection stayed busy (waiting for replicas) until the deadline.
+    #[error("all {connections} write connections stayed busy until the deadline")]
+    Busy { connections: usize },
 }
 
 impl Refusal {
@@ -69,6 +72,7 @@ impl Refusal {
             Refusal::Replicas { .. } => "replicas",
             Refusal::Unreachable { .. } => "unreachable",
             Refusal::NoTime { .. } => "deadline",
+            Refusal::Busy { .. } => "busy",
         }
     }
 
@@ -89,6 +93,9 @@ impl Refusal {
             ),
             Refusal::NoTime { .. } => {
                 "too little of the write deadline was left to write and wait for replicas; nothing was written, retry later".to_owned()
+            }
+            Refusal::Busy { .. } => {
+                "every write connection was busy waiting for replicas until the deadline; nothing was written, retry later".to_owned()
             }
         }
     }

@@ -329,7 +329,7 @@ impl Topology {
 #[derive(Debug, Clone)]
 pub enum Watched {
     /// One node: it serves every slot.
-    Node(ConnectionInfo),
+    Node(Box<ConnectionInfo>),
     /// A cluster, found through these seeds (their TLS and credentials are used for every
     /// node).
     Cluster(Vec<ConnectionInfo>),
@@ -383,7 +383,7 @@ impl Prober {
     /// The connection info for `addr` (`host:port`): the template's TLS and credentials.
     fn info_for(&self, addr: &str) -> Option<ConnectionInfo> {
         let template = match &self.watched {
-            Watched::Node(info) => return Some(info.clone()),
+            Watched::Node(info) => return Some((**info).clone()),
             Watched::Cluster(seeds) => seeds.first()?.clone(),
         };
         let (host, port) = addr.rsplit_once(':')?;
@@ -408,21 +408,14 @@ impl Prober {
     /// Runs `cmd` on the node at `addr`, connecting first if needed; a connection that
     /// failed is dropped (reconnected next time).
     async fn query(&mut self, addr: &str, cmd: &redis::Cmd) -> Result<Value, PrimaryState> {
-        let conn = match self.conns.get(addr) {
-            Some(c) => c.clone(),
-            None => {
-                let info = self
-                    .info_for(addr)
-                    .ok_or_else(|| PrimaryState::Unknown(format!("bad address {addr}")))?;
-                let c = connect(info).await?;
-                self.conns.insert(addr.to_owned(), c.clone());
-                c
-            }
+        let info = self
+            .info_for(addr)
+            .ok_or_else(|| PrimaryState::Unknown(format!("bad address {addr}")))?;
+        let (conn, r) = probe_node(self.conns.get(addr).cloned(), info, cmd).await;
+        match conn {
+            Some(c) => self.conns.insert(addr.to_owned(), c),
+            None => self.conns.remove(addr),
         };
-        let r = run_probe(conn, cmd).await;
-        if matches!(r, Err(PrimaryState::Unreachable(_))) {
-            self.conns.remove(addr);
-        }
         r
     }
 
@@ -447,28 +440,25 @@ impl Prober {
         info.arg("replication");
         let mut probes = Vec::with_capacity(addrs.len());
         for a in &addrs {
-            let conn = match self.conns.get(a) {
-                Some(c) => Some(c.clone()),
-                None => None,
-            };
+            let conn = self.conns.get(a).cloned();
             let target = self.info_for(a);
             let info = info.clone();
             probes.push(async move {
-                let conn = match (conn, target) {
-                    (Some(c), _) => c,
-                    (None, Some(t)) => connect(t).await?,
-                    (None, None) => return Err(PrimaryState::Unknown("bad address".into())),
-                };
-                let v = run_probe(conn.clone(), &info).await?;
-                Ok((conn, v))
+                match target {
+                    Some(t) => probe_node(conn, t, &info).await,
+                    None => (None, Err(PrimaryState::Unknown("bad address".into()))),
+                }
             });
         }
         let replies = join_all(probes).await;
         let mut states = HashMap::new();
-        for (a, r) in addrs.into_iter().zip(replies) {
+        for (a, (conn, r)) in addrs.into_iter().zip(replies) {
+            match conn {
+                Some(c) => self.conns.insert(a.clone(), c),
+                None => self.conns.remove(&a),
+            };
             let state = match r {
-                Ok((conn, v)) => {
-                    self.conns.insert(a.clone(), conn);
+                Ok(v) => {
                     match redis::from_redis_value::<String>(v)
                         .map_err(|e| e.to_string())
                         .and_then(|t| parse_replication_info(&t))
@@ -480,12 +470,7 @@ impl Prober {
                         Err(e) => PrimaryState::Unknown(e),
                     }
                 }
-                Err(s) => {
-                    if matches!(s, PrimaryState::Unreachable(_)) {
-                        self.conns.remove(&a);
-                    }
-                    s
-                }
+                Err(s) => s,
             };
             states.insert(a, state);
         }
@@ -567,6 +552,31 @@ async fn connect(info: ConnectionInfo) -> Result<MultiplexedConnection, PrimaryS
         Err(_) => Err(PrimaryState::Unreachable(format!(
             "no connection within {PROBE_TIMEOUT:?}"
         ))),
+    }
+}
+
+/// Runs `cmd` on a node: on `conn` if there is one, else on a new connection. A connection
+/// that fails as if the node were gone is replaced and the command tried once more on a new
+/// one, so a connection dropped on its own (`CLIENT KILL`, an idle timeout) is not taken for
+/// a dead node. Returns the connection to keep (if any) and the outcome.
+async fn probe_node(
+    conn: Option<MultiplexedConnection>,
+    info: ConnectionInfo,
+    cmd: &redis::Cmd,
+) -> (Option<MultiplexedConnection>, Result<Value, PrimaryState>) {
+    if let Some(c) = conn {
+        match run_probe(c.clone(), cmd).await {
+            Err(PrimaryState::Unreachable(_)) => {}
+            r => return (Some(c), r),
+        }
+    }
+    let c = match connect(info).await {
+        Ok(c) => c,
+        Err(s) => return (None, Err(s)),
+    };
+    match run_probe(c.clone(), cmd).await {
+        Err(s @ PrimaryState::Unreachable(_)) => (None, Err(s)),
+        r => (Some(c), r),
     }
 }
 
