@@ -32,9 +32,9 @@
 //! (`scan_targets`, found with `CLUSTER NODES`), each by its address.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -42,9 +42,10 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
 
 use super::layout::key_slot;
+use super::replicas::Topology;
 use super::{Deadline, Refusal, StoreError, StoreResult};
 
 /// Installs rustls's crypto provider once per process (for `rediss://`).
@@ -140,10 +141,15 @@ impl RedisConn {
     /// or drops them).
     async fn open(opts: &ConnectOptions, clients: &[Client], resp3: bool) -> RedisResult<Self> {
         if opts.cluster {
+            // The client's default wait before a retry is 1.28 s or more: a request that meets
+            // a `CLUSTERDOWN` or a dead node during a failover would sit out most of a write's
+            // deadline and all of a check's. Retry sooner; the caller's deadline bounds it all.
             let mut builder = ClusterClient::builder(opts.urls.clone())
                 .connection_timeout(opts.connect_timeout)
                 .response_timeout(opts.response_timeout)
-                .retries(2);
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(100);
             if resp3 {
                 builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
             }
@@ -559,6 +565,7 @@ impl WritePool {
             replicas,
             deadline,
             written: Vec::new(),
+            watch: None,
         })
     }
 }
@@ -571,6 +578,8 @@ pub struct WriteSession<'a> {
     deadline: Deadline,
     /// Every connection written on so far, with a slot that routes to it.
     written: Vec<(ConnToken, u16)>,
+    /// New pictures of the replica monitor, and the slots this write touches.
+    watch: Option<(watch::Receiver<Arc<Topology>>, Vec<u16>)>,
 }
 
 /// Why waiting for replicas failed after something was written.
@@ -581,6 +590,38 @@ fn not_replicated(acked: u32, replicas: u32, waited: Duration) -> StoreError {
 }
 
 impl WriteSession<'_> {
+    /// Gives up on anything in flight as soon as a new picture says a primary of `slots` can
+    /// no longer give the guarantee (gone, or too few replicas for the `WAIT`): a write sent
+    /// to a primary that then died would otherwise wait for the client's reconnects, or for
+    /// a `WAIT` that cannot succeed, until its deadline.
+    pub fn watching(&mut self, pictures: watch::Receiver<Arc<Topology>>, slots: Vec<u16>) {
+        self.watch = Some((pictures, slots));
+    }
+
+    /// Runs `fut` unless the monitor sees the write's guarantee go first.
+    async fn guarded<T>(&self, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        let Some((pictures, slots)) = &self.watch else {
+            return fut.await;
+        };
+        let mut pictures = pictures.clone();
+        let replicas = self.replicas;
+        let gone = async move {
+            while pictures.changed().await.is_ok() {
+                let t = pictures.borrow_and_update().clone();
+                if let Err(r) = t.check(slots.iter().copied(), replicas, Instant::now()) {
+                    return r;
+                }
+            }
+            std::future::pending().await
+        };
+        tokio::select! {
+            r = fut => r,
+            r = gone => Err(StoreError::Unavailable(format!(
+                "{r}; given up in flight: the write may have landed"
+            ))),
+        }
+    }
+
     /// Sends one step and does not wait: one result per command, in order.
     pub async fn step(
         &mut self,
@@ -667,16 +708,18 @@ impl WriteSession<'_> {
                 let n = cmds.len();
                 let pipe =
                     self.pipeline(cmds.into_iter().map(|(_, c)| c).collect(), atomic, budget);
-                let mut replies = c.clone().req_packed_commands(&pipe, 0, pipe.len()).await;
-                if replies
-                    .as_ref()
-                    .is_err_and(RedisError::is_connection_refusal)
-                {
-                    // A refused connection sent nothing: the member's last reconnect failed
-                    // (Redis was down) and this call started another; try once more on it.
-                    replies = c.clone().req_packed_commands(&pipe, 0, pipe.len()).await;
-                }
-                let replies = replies.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                let replies = self
+                    .guarded(async {
+                        let mut r = c.clone().req_packed_commands(&pipe, 0, pipe.len()).await;
+                        if r.as_ref().is_err_and(RedisError::is_connection_refusal) {
+                            // A refused connection sent nothing: the member's last reconnect
+                            // failed (Redis was down) and this call started another; try once
+                            // more on it.
+                            r = c.clone().req_packed_commands(&pipe, 0, pipe.len()).await;
+                        }
+                        r.map_err(|e| StoreError::Unavailable(e.to_string()))
+                    })
+                    .await?;
                 let split = split_replies(replies, n, atomic, wait)?;
                 if let Some((t, _)) = self.written.iter().find(|(t, _)| *t != split.token) {
                     return Err(changed(t, &split.token));
@@ -698,23 +741,28 @@ impl WriteSession<'_> {
             g.0.push(i);
             g.1.push(cmd);
         }
-        let sent = join_all(groups.into_iter().map(|(slot, (idx, cmds))| {
-            let mut conn = cluster.clone();
-            let len = cmds.len();
-            let pipe = self.pipeline(cmds, atomic, None);
-            // Routed by slot explicitly: a `PUBLISH` riding along names a channel, not a key
-            // of the slot, and the client would otherwise refuse the pipeline.
-            let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-            async move {
-                let replies = conn
-                    .route_pipeline(pipe.clone(), 0, pipe.len(), route)
-                    .await
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-                let split = split_replies(replies, len, atomic, false)?;
-                Ok::<_, StoreError>((slot, idx, split))
-            }
-        }))
-        .await;
+        let sent = self
+            .guarded(async {
+                Ok(join_all(groups.into_iter().map(|(slot, (idx, cmds))| {
+                    let mut conn = cluster.clone();
+                    let len = cmds.len();
+                    let pipe = self.pipeline(cmds, atomic, None);
+                    // Routed by slot explicitly: a `PUBLISH` riding along names a channel, not a key
+                    // of the slot, and the client would otherwise refuse the pipeline.
+                    let route =
+                        SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                    async move {
+                        let replies = conn
+                            .route_pipeline(pipe.clone(), 0, pipe.len(), route)
+                            .await
+                            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                        let split = split_replies(replies, len, atomic, false)?;
+                        Ok::<_, StoreError>((slot, idx, split))
+                    }
+                }))
+                .await)
+            })
+            .await?;
         let mut out: Vec<RedisResult<Value>> = (0..n).map(|_| missing()).collect();
         for r in sent {
             let (slot, idx, split) = r?;
@@ -745,25 +793,30 @@ impl WriteSession<'_> {
             }
         }
         let budget = self.wait_budget().ok_or_else(no_time_to_wait)?;
-        let waits = join_all(self.written.iter().map(|(token, slot)| {
-            let mut conn = cluster.clone();
-            let mut pipe = redis::pipe();
-            pipe.cmd("CLIENT").arg("INFO");
-            pipe.add_command(self.wait_cmd(budget));
-            let route = SingleNodeRoutingInfo::SpecificNode(Route::new(*slot, SlotAddr::Master));
-            async move {
-                let replies = conn
-                    .route_pipeline(pipe, 0, 2, route)
-                    .await
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-                let split = split_replies(replies, 0, false, true)?;
-                if split.token != *token {
-                    return Err(changed(token, &split.token));
-                }
-                Ok::<_, StoreError>(split.acked.unwrap_or(0))
-            }
-        }))
-        .await;
+        let waits = self
+            .guarded(async {
+                Ok(join_all(self.written.iter().map(|(token, slot)| {
+                    let mut conn = cluster.clone();
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("CLIENT").arg("INFO");
+                    pipe.add_command(self.wait_cmd(budget));
+                    let route =
+                        SingleNodeRoutingInfo::SpecificNode(Route::new(*slot, SlotAddr::Master));
+                    async move {
+                        let replies = conn
+                            .route_pipeline(pipe, 0, 2, route)
+                            .await
+                            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                        let split = split_replies(replies, 0, false, true)?;
+                        if split.token != *token {
+                            return Err(changed(token, &split.token));
+                        }
+                        Ok::<_, StoreError>(split.acked.unwrap_or(0))
+                    }
+                }))
+                .await)
+            })
+            .await?;
         for acked in waits {
             let acked = acked?;
             if acked < self.replicas {

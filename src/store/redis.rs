@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
-use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool};
+use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 
 use super::layout::{AUDIT_PARTS, FORMAT_VERSION, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
@@ -589,16 +589,34 @@ impl RedisStore {
     }
 
     /// Refuses, before anything is sent, a write to `keys` when a primary they live on
-    /// cannot give the guarantee (`replicas` online replicas, or answering at all).
+    /// cannot give the guarantee (`replicas` online replicas, or answering at all); else the
+    /// slots they are in.
     fn admit<'k>(
         &self,
         topology: &Topology,
         keys: impl IntoIterator<Item = &'k [u8]>,
         replicas: u32,
-    ) -> StoreResult<()> {
+    ) -> StoreResult<Vec<u16>> {
+        let mut slots: Vec<u16> = keys.into_iter().map(key_slot).collect();
+        slots.sort_unstable();
+        slots.dedup();
         topology
-            .check(keys.into_iter().map(key_slot), replicas, Instant::now())
-            .map_err(StoreError::Refused)
+            .check(slots.iter().copied(), replicas, Instant::now())
+            .map_err(StoreError::Refused)?;
+        Ok(slots)
+    }
+
+    /// A write session on `slots` (from `admit`) that gives up in flight when the monitor
+    /// sees one of their primaries go.
+    async fn session(
+        &self,
+        replicas: u32,
+        deadline: Deadline,
+        slots: Vec<u16>,
+    ) -> StoreResult<WriteSession<'_>> {
+        let mut session = self.writes.session(replicas, deadline).await?;
+        session.watching(self.monitor.subscribe(), slots);
+        Ok(session)
     }
 
     /// Notes a failed write: the monitor looks again at once, so the next writes to a
@@ -627,9 +645,9 @@ impl RedisStore {
             })
             .unwrap_or(0);
         let cmd = self.xadd(self.layout.audit_part_key(part), record);
-        self.admit(&topology, [cmd.0.as_slice()], self.write_replicas)?;
+        let slots = self.admit(&topology, [cmd.0.as_slice()], self.write_replicas)?;
         let deadline = Deadline::after(Duration::from_secs(10));
-        let mut session = self.writes.session(self.write_replicas, deadline).await?;
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
         let r = session.commit(vec![cmd], false).await;
         all_ok(self.noted(r)?).map(drop)
     }
@@ -724,8 +742,8 @@ impl RedisStore {
         let topology = self.monitor.topology();
         // Every key of an op shares the entity's hash tag: its slot is the op's key's.
         let keys = idx.iter().map(|&i| ops[i].key.as_bytes());
-        self.admit(&topology, keys, self.write_replicas)?;
-        let mut session = self.writes.session(self.write_replicas, deadline).await?;
+        let slots = self.admit(&topology, keys, self.write_replicas)?;
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
         let r = async {
             let mut out = Vec::with_capacity(idx.len());
             let mut pending = idx;
@@ -794,7 +812,7 @@ impl RedisStore {
     ) -> StoreResult<redis::Value> {
         let key = self.layout.definitions_key(kind.as_str());
         let topology = self.monitor.topology();
-        self.admit(&topology, [key.as_bytes()], self.write_replicas)?;
+        let slots = self.admit(&topology, [key.as_bytes()], self.write_replicas)?;
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(script).arg(1).arg(&key);
         for a in args {
@@ -802,7 +820,7 @@ impl RedisStore {
         }
         cmd.arg(self.layout.channel())
             .arg(Invalidation::Definitions.encode());
-        let mut session = self.writes.session(self.write_replicas, deadline).await?;
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
         let r = async {
             first(session.commit(vec![(key.into_bytes(), cmd)], false).await?)?.map_err(unavailable)
         }
@@ -1011,13 +1029,13 @@ impl Store for RedisStore {
         let keys = batch.entries.iter().map(|(k, _)| *k).collect();
         last.push(self.publish_cmd(&Invalidation::Keys(keys), route.as_deref()));
         let touched = registries.iter().chain(&buckets).chain(&last);
-        self.admit(
+        let slots = self.admit(
             &topology,
             touched.map(|(k, _)| k.as_slice()),
             self.write_replicas,
         )?;
 
-        let mut session = self.writes.session(self.write_replicas, deadline).await?;
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
         let r = async {
             if self.conn.is_cluster() {
                 // No transaction across slots: the same order, step by step, then the WAITs.
@@ -1049,13 +1067,13 @@ impl Store for RedisStore {
         let route = last.first().or(scripts.first()).map(|(k, _)| k.clone());
         last.push(self.publish_cmd(&Invalidation::Keys(keys.to_vec()), route.as_deref()));
         let touched = scripts.iter().chain(&last);
-        self.admit(
+        let slots = self.admit(
             &topology,
             touched.map(|(k, _)| k.as_slice()),
             self.write_replicas,
         )?;
 
-        let mut session = self.writes.session(self.write_replicas, deadline).await?;
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
         let r = async {
             let mut results = session.step(scripts, false).await?;
             if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
@@ -1121,7 +1139,7 @@ impl Store for RedisStore {
         // failover is harmless), but an unreachable primary is not tried.
         let bucket = self.layout.bucket_key(key.bucket);
         let topology = self.monitor.topology();
-        self.admit(&topology, [bucket.as_bytes()], 0)?;
+        let slots = self.admit(&topology, [bucket.as_bytes()], 0)?;
         let cmd = || {
             let mut c = redis::cmd("EVALSHA");
             c.arg(self.remove_if_unchanged.get_hash())
@@ -1131,7 +1149,7 @@ impl Store for RedisStore {
                 .arg(code);
             vec![(bucket.clone().into_bytes(), c)]
         };
-        let mut session = self.writes.session(0, deadline).await?;
+        let mut session = self.session(0, deadline, slots).await?;
         let r = async {
             let mut reply = first(session.commit(cmd(), false).await?)?;
             if reply.as_ref().is_err_and(is_noscript) {
@@ -1151,11 +1169,10 @@ impl Store for RedisStore {
         // a node that is down (or was failed over) is skipped next time.
         let n = self.pubsub_clients.len().max(1);
         let i = self.pubsub_next.fetch_add(1, Ordering::Relaxed) % n;
-        let client = self
-            .pubsub_clients
-            .get(i)
-            .cloned()
-            .ok_or_else(|| StoreError::Unavailable("no Redis URL to subscribe through".into()))?;
+        let client =
+            self.pubsub_clients.get(i).cloned().ok_or_else(|| {
+                StoreError::Unavailable("no Redis URL to subscribe through".into())
+            })?;
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(self.layout.channel()).await?;

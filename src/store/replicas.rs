@@ -22,13 +22,13 @@
 //! write is sent and its `WAIT` is bounded by the caller's deadline, as without a monitor.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisError, Value};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use super::Refusal;
@@ -595,7 +595,7 @@ async fn run_probe(
 }
 
 struct Shared {
-    topology: RwLock<Arc<Topology>>,
+    topology: watch::Sender<Arc<Topology>>,
     wake: Notify,
 }
 
@@ -629,7 +629,7 @@ impl ReplicaMonitor {
             }
         }
         let shared = Arc::new(Shared {
-            topology: RwLock::new(first),
+            topology: watch::Sender::new(first),
             wake: Notify::new(),
         });
         let task = tokio::spawn(run(prober, shared.clone(), needed));
@@ -638,11 +638,14 @@ impl ReplicaMonitor {
 
     /// The latest picture.
     pub fn topology(&self) -> Arc<Topology> {
-        self.shared
-            .topology
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.topology.borrow().clone()
+    }
+
+    /// Every new picture from now on (a write in flight gives up when its primary goes).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Topology>> {
+        let mut rx = self.shared.topology.subscribe();
+        rx.mark_unchanged();
+        rx
     }
 
     /// Asks for a new picture now (a write just failed).
@@ -668,7 +671,7 @@ async fn run(mut prober: Prober, shared: Arc<Shared>, needed: u32) {
             log_changes(last, &t, needed);
         }
         prober.last = Some(t.clone());
-        *shared.topology.write().unwrap_or_else(|e| e.into_inner()) = t;
+        shared.topology.send_replace(t);
     }
 }
 
