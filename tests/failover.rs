@@ -432,12 +432,21 @@ async fn failover(write_replicas: u32) {
     );
 
     // ---- every acknowledged write is there, with its audit record ----
-    let audit: HashSet<String> = app
-        .lists
-        .store()
-        .audit_tail(100_000)
-        .await
-        .unwrap()
+    // The checks below read the store; on a loaded CI machine a cluster node can stall for a
+    // moment (it fsyncs nodes.conf on every configuration change), so a read that fails is
+    // tried again, for up to 10 s: this is about what is stored, not about latency.
+    let verify_until = Instant::now() + Duration::from_secs(10);
+    let tail = loop {
+        match app.lists.store().audit_tail(100_000).await {
+            Ok(t) => break t,
+            Err(e) if Instant::now() < verify_until => {
+                eprintln!("reading the audit trail: {e}; again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("reading the audit trail: {e}"),
+        }
+    };
+    let audit: HashSet<String> = tail
         .iter()
         .filter_map(|r| r.get("fingerprint").map(str::to_owned))
         .collect();
@@ -449,12 +458,15 @@ async fn failover(write_replicas: u32) {
             && w.victim
             && w.at + w.took > killed_at - Duration::from_millis(100)
             && w.at < promoted_at;
-        let body: Value = app
-            .get(&format!("/v1/lists/black/entries/uid/{}", w.uid))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let body: Value = loop {
+            let res = app
+                .get(&format!("/v1/lists/black/entries/uid/{}", w.uid))
+                .await;
+            if res.status() == 200 || Instant::now() > verify_until {
+                break res.json().await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         let fingerprint = key(&layout, &w.uid).fingerprint();
         if body["listed"] != true || !audit.contains(&fingerprint) {
             if may_be_lost {
