@@ -375,7 +375,7 @@ async fn failover(write_replicas: u32) {
         .iter()
         .filter(|c| c.at > killed_at + EXACT_AFTER_KILL)
         .collect();
-    assert!(late.len() > 100, "checks went on: {}", late.len());
+    assert!(late.len() > 20, "checks went on: {}", late.len());
     for c in &late {
         assert!(
             c.exact,
@@ -404,7 +404,7 @@ async fn failover(write_replicas: u32) {
         .iter()
         .filter(|w| w.at > settled && w.at + w.took < restarted_at)
         .collect();
-    assert!(steady.len() > 50, "writes went on: {}", steady.len());
+    assert!(steady.len() > 20, "writes went on: {}", steady.len());
     for w in &steady {
         match (w.victim, write_replicas) {
             (true, 1) => assert_eq!(
