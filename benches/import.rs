@@ -47,6 +47,8 @@ fn import(redis: &RedisServer, file: &Path, expected: u64) -> Value {
     let stdout = run(Command::new(TOOLS).args([
         "--redis-url",
         &redis.url(),
+        "--fingerprint-key-file",
+        common::key_file().to_str().unwrap(),
         "--prefix",
         "imp:",
         "--expected-entries",

@@ -398,7 +398,8 @@ impl Service {
             .env("NAMELIST_LOG_FORMAT", "json")
             .env("RUST_LOG", "warn")
             .env("NAMELIST_WORKERS", workers.to_string())
-            .env("NAMELIST_CHECK_DEADLINE_MS", "20");
+            .env("NAMELIST_CHECK_DEADLINE_MS", "20")
+            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file());
         for (k, v) in extra {
             cmd.env(k, v);
         }
@@ -952,7 +953,8 @@ async fn baseline_checks(url: &str, subjects: &[Subject]) -> Res<Vec<Vec<(String
         .arg("buckets")
         .query_async(&mut conn)
         .await?;
-    let layout = Layout::new(PREFIX, buckets);
+    // The service's key: the baseline reads exactly the fields a check reads.
+    let layout = Layout::new(PREFIX, buckets, common::keyed());
     let mut registries = Vec::new();
     for list in LISTS {
         let members: Vec<String> = redis::cmd("SMEMBERS")
@@ -1120,6 +1122,8 @@ async fn bench(knobs: Knobs) {
         run(Command::new(TOOLS).args([
             "--redis-url",
             &redis_url,
+            "--fingerprint-key-file",
+            common::key_file().to_str().expect("UTF-8 path"),
             "--prefix",
             PREFIX,
             "--expected-entries",

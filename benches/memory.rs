@@ -160,6 +160,8 @@ fn main() -> Res<()> {
         response_timeout: Duration::from_secs(30),
         audit_max_len: 1,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     }));
     let (store, report) = store?;
     for w in &report.warnings {

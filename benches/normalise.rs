@@ -2,13 +2,27 @@
 //! touches the cache or the store. `Value::parse_check` then `Layout::entry_key` for each of
 //! the seven built-in dimensions, on a 1,000,000-entry layout (5,000 buckets).
 //!
+//! * `normalise/subject_7_dimensions`: the default, a keyed (format 2) layout: SipHash-2-4-128
+//!   under the fingerprint key.
+//! * `normalise/subject_7_dimensions_unkeyed`: format 1 (xxh3-64 field, crc32 bucket), what
+//!   keyspaces made before keyed fingerprints use.
+//! * `normalise/subject_7_dimensions_blake3`: the same work with keyed BLAKE3 as the PRF, the
+//!   candidate not chosen (measured, not used: see `store::fingerprint`).
+//! * `fingerprint/*`: the three hash functions alone over the subject's 7 canonical byte
+//!   strings, so their difference is not lost in the normalisation's noise.
+//! * `normalise/dimension/*`: each dimension alone (keyed).
+//!
 //! `cargo bench --bench normalise`
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
-use namelist::store::{EntryKey, Layout};
+use namelist::store::layout::{canonical, write_canonical};
+use namelist::store::{EntryKey, Hashing, Layout};
 
 /// A 7-dimension subject as a risk engine sends it (raw, un-normalised).
 const SUBJECT: [(Dimension, &str); 7] = [
@@ -21,6 +35,8 @@ const SUBJECT: [(Dimension, &str); 7] = [
     (Dimension::Ip, "10.1.2.3"),
 ];
 
+const BUCKETS: u32 = 5000;
+
 fn key_of(
     layout: &Layout,
     list: &ListName,
@@ -32,28 +48,90 @@ fn key_of(
     layout.entry_key(list, dim, sandbox, &value)
 }
 
+/// The subject through `layout`, as a check computes it.
+fn subject(layout: &Layout, list: &ListName, sandbox: &Sandbox) -> [EntryKey; 7] {
+    let mut keys = [EntryKey {
+        bucket: 0,
+        field: 0,
+    }; 7];
+    for (slot, (dim, raw)) in keys.iter_mut().zip(SUBJECT.iter()) {
+        *slot = key_of(layout, list, sandbox, dim, black_box(raw));
+    }
+    keys
+}
+
+/// Keyed BLAKE3 in place of SipHash: the same split of its first 128 bits.
+fn blake3_key(key: &[u8; 32], canonical: &[u8]) -> EntryKey {
+    let h = blake3::keyed_hash(key, canonical);
+    let b = h.as_bytes();
+    let lo = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    let hi = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    EntryKey {
+        bucket: (hi % u64::from(BUCKETS)) as u32,
+        field: lo as i64,
+    }
+}
+
 fn normalise(c: &mut Criterion) {
-    let layout = Layout::new("nl:", 5000);
+    let keyed = Layout::new("nl:", BUCKETS, common::keyed());
+    let unkeyed = Layout::new("nl:", BUCKETS, Hashing::Unkeyed);
     let list: ListName = "black".parse().expect("list name");
     let sandbox: Sandbox = "loan".parse().expect("sandbox");
+    let blake_key = [0x5a_u8; 32];
 
     c.bench_function("normalise/subject_7_dimensions", |b| {
+        b.iter(|| black_box(subject(&keyed, &list, &sandbox)))
+    });
+    c.bench_function("normalise/subject_7_dimensions_unkeyed", |b| {
+        b.iter(|| black_box(subject(&unkeyed, &list, &sandbox)))
+    });
+    c.bench_function("normalise/subject_7_dimensions_blake3", |b| {
+        let mut buf = Vec::with_capacity(128);
         b.iter(|| {
             let mut keys = [EntryKey {
                 bucket: 0,
                 field: 0,
             }; 7];
             for (slot, (dim, raw)) in keys.iter_mut().zip(SUBJECT.iter()) {
-                *slot = key_of(&layout, &list, &sandbox, dim, black_box(raw));
+                let value = Value::parse_check(dim, black_box(raw)).expect("valid subject value");
+                write_canonical(&mut buf, &list, dim, &sandbox, &value);
+                *slot = blake3_key(&blake_key, &buf);
             }
             black_box(keys)
         })
     });
 
+    // The hash functions alone, over the subject's canonical bytes.
+    let canon: Vec<Vec<u8>> = SUBJECT
+        .iter()
+        .map(|(dim, raw)| {
+            let value = Value::parse_check(dim, raw).expect("valid subject value");
+            canonical(&list, dim, &sandbox, &value)
+        })
+        .collect();
+    let mut group = c.benchmark_group("fingerprint");
+    for (name, layout) in [("siphash24_128", &keyed), ("xxh3_crc32", &unkeyed)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                for bytes in &canon {
+                    black_box(layout.key_of(black_box(bytes)));
+                }
+            })
+        });
+    }
+    group.bench_function("blake3_keyed", |b| {
+        b.iter(|| {
+            for bytes in &canon {
+                black_box(blake3_key(&blake_key, black_box(bytes)));
+            }
+        })
+    });
+    group.finish();
+
     let mut group = c.benchmark_group("normalise/dimension");
     for (dim, raw) in SUBJECT.iter() {
         group.bench_function(dim.as_str(), |b| {
-            b.iter(|| black_box(key_of(&layout, &list, &sandbox, dim, black_box(raw))))
+            b.iter(|| black_box(key_of(&keyed, &list, &sandbox, dim, black_box(raw))))
         });
     }
     group.finish();

@@ -14,6 +14,9 @@ manifests to:
     dropped, the RuntimeDefault seccomp profile; no service-account token, no service links;
     memory and CPU requests and a memory limit; no `:latest` image, and outside a --base
     (whose image is a placeholder an overlay replaces) no image without a tag or digest;
+  * every container that opens a keyspace (its environment comes from the Redis Secret) names
+    a fingerprint key file (NAMELIST_FINGERPRINT_KEY_FILE) inside one of its volume mounts,
+    from a Secret volume that no other user may read (no world bits in its mode);
   * a Deployment has startup, liveness and readiness probes, `maxUnavailable: 0`, a grace
     period of at least 30 s, and no `replicas` when an HPA scales it;
   * within one rendering, everything referenced exists: the ConfigMaps, Secrets and PVCs a pod
@@ -154,6 +157,33 @@ class Checker:
                 self.fail(cw, "image %s: pin a tag or digest, not latest" % image)
             elif not in_base and ":" not in last and "@" not in image:
                 self.fail(cw, "image %s has no tag or digest" % image)
+            self.fingerprint_key(cw, c, spec)
+
+    def fingerprint_key(self, cw, c, spec):
+        """A container that opens a keyspace has the key, from a Secret no other user may read."""
+        redis = any(
+            (src.get("secretRef") or {}).get("name", "").startswith("namelist-redis")
+            for src in c.get("envFrom") or []
+        )
+        if not redis:
+            return
+        path = next(
+            (e.get("value") for e in c.get("env") or [] if e.get("name") == "NAMELIST_FINGERPRINT_KEY_FILE"),
+            None,
+        )
+        if not path:
+            self.fail(cw, "opens a keyspace but sets no NAMELIST_FINGERPRINT_KEY_FILE")
+            return
+        mount = next(
+            (m for m in c.get("volumeMounts") or [] if path.startswith(m.get("mountPath", "").rstrip("/") + "/")),
+            None,
+        )
+        vol = mount and next((v for v in spec.get("volumes") or [] if v.get("name") == mount.get("name")), None)
+        source = vol and (vol.get("secret") or vol.get("projected"))
+        if not source:
+            self.fail(cw, "NAMELIST_FINGERPRINT_KEY_FILE %s is not in a Secret volume it mounts" % path)
+        elif source.get("defaultMode", 0o644) & 0o004:
+            self.fail(cw, "the fingerprint key volume %s is world-readable (defaultMode)" % vol.get("name"))
 
     def pod_refs(self, where, spec, have):
         def need(kind, name):
@@ -180,6 +210,11 @@ class Checker:
                 need("ConfigMap", vol["configMap"].get("name"))
             if "secret" in vol and not vol["secret"].get("optional"):
                 need("Secret", vol["secret"].get("secretName"))
+            for src in dig(vol, "projected", "sources", default=None) or []:
+                if "secret" in src and not src["secret"].get("optional"):
+                    need("Secret", src["secret"].get("name"))
+                if "configMap" in src and not src["configMap"].get("optional"):
+                    need("ConfigMap", src["configMap"].get("name"))
             if "persistentVolumeClaim" in vol:
                 need("PersistentVolumeClaim", vol["persistentVolumeClaim"].get("claimName"))
         # The rendered objects already carry their final (hash-suffixed) names.

@@ -49,7 +49,8 @@ export PYTHONDONTWRITEBYTECODE=1
 CHECK=("$PY" k8s/check_manifests.py)
 for v in "${K8S_VERSIONS[@]}"; do CHECK+=(--k8s-version "$v"); done
 # Created out of band, or by an overlay: a base only refers to them.
-BASE_EXTERNAL=(--external Secret/namelist-redis --external Secret/namelist-tokens)
+BASE_EXTERNAL=(--external Secret/namelist-redis --external Secret/namelist-tokens
+  --external Secret/namelist-fingerprint-key)
 
 # --- render and validate ------------------------------------------------------------------------
 rm -rf "$OUT"

@@ -451,7 +451,18 @@ mod tests {
 
     fn slow(delay_ms: u64) -> Arc<SlowStore> {
         Arc::new(SlowStore {
-            inner: MemoryStore::open(Layout::new("c:", 8), 10, None).unwrap(),
+            inner: MemoryStore::open(
+                Layout::new(
+                    "c:",
+                    8,
+                    crate::store::Hashing::Keyed(
+                        crate::store::FingerprintKey::generate("test").unwrap(),
+                    ),
+                ),
+                10,
+                None,
+            )
+            .unwrap(),
             reads: AtomicUsize::new(0),
             delay: Duration::from_millis(delay_ms),
         })

@@ -5,7 +5,9 @@
 //! because Kubernetes injects `<SERVICE>_PORT`-style variables for a Service named
 //! `namelist`, and are reported at start-up.
 //!
-//! Secrets (the Redis URL may carry a password) are kept in `SecretString` and never printed.
+//! Secrets (the Redis URL may carry a password) are kept in `SecretString` and never printed;
+//! the fingerprint key is read from its own file (`fingerprint_key_file`), never from the
+//! configuration itself.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,6 +18,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::lists::{FailMode, ListSettings};
+use crate::store::{FingerprintKey, KeyError};
 
 /// Every setting of the service and the tools.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -31,6 +34,14 @@ pub struct Settings {
     pub redis_cluster_nodes: Vec<String>,
     /// Prefix of every key the service writes.
     pub key_prefix: String,
+    /// File holding the fingerprint key (at least 64 hex digits, as `namelist-tools keygen`
+    /// writes): every field, bucket, fingerprint and velocity key of a keyspace is a keyed
+    /// function of its value under it. Needed to create a keyspace on Redis and to open a
+    /// keyed one.
+    pub fingerprint_key_file: Option<PathBuf>,
+    /// Without a key, create an unkeyed (format 1) keyspace instead of refusing: development
+    /// only, said at ERROR level at every start-up.
+    pub allow_unkeyed: bool,
     /// Sizes the bucket count of a new keyspace (`ceil(n / 200)`). Unset: an existing
     /// keyspace's recorded count is adopted and a new one is sized for 1,000,000 entries.
     pub expected_entries: Option<u64>,
@@ -101,6 +112,8 @@ impl Default for Settings {
             redis_url: None,
             redis_cluster_nodes: Vec::new(),
             key_prefix: "nl:".into(),
+            fingerprint_key_file: None,
+            allow_unkeyed: false,
             expected_entries: None,
             cache_ttl_ms: 30_000,
             cache_capacity: 1_000_000,
@@ -165,6 +178,8 @@ const KEYS: &[&str] = &[
     "redis_url",
     "redis_cluster_nodes",
     "key_prefix",
+    "fingerprint_key_file",
+    "allow_unkeyed",
     "expected_entries",
     "cache_ttl_ms",
     "cache_capacity",
@@ -257,6 +272,15 @@ impl Settings {
             }
         }
         Ok(())
+    }
+
+    /// The fingerprint key named by `fingerprint_key_file`, read and checked; `None` when no
+    /// file is configured.
+    pub fn fingerprint_key(&self) -> Result<Option<FingerprintKey>, KeyError> {
+        self.fingerprint_key_file
+            .as_deref()
+            .map(FingerprintKey::from_file)
+            .transpose()
     }
 
     /// The velocity service's tuning.

@@ -247,6 +247,10 @@ impl NameLists {
         result?;
         self.metrics.entries_written.inc_by(entries.len() as u64);
         tracing::info!(%list, count = entries.len(), actor, "entries upserted");
+        // Each entry by its (keyed) fingerprint, the audit trail's join key; never the value.
+        for (e, key) in entries.iter().zip(&keys) {
+            tracing::debug!(%list, dimension = %e.dimension, fingerprint = %key.fingerprint(), "entry upserted");
+        }
         Ok(entries.len())
     }
 
@@ -293,9 +297,13 @@ impl NameLists {
             )
             .await;
         self.cache.invalidate(&unique).await;
-        let removed = result?.into_iter().filter(|r| *r).count();
+        let flags = result?;
+        let removed = flags.iter().filter(|r| **r).count();
         self.metrics.entries_removed.inc_by(removed as u64);
         tracing::info!(%list, requested = entries.len(), removed, actor, "entries deleted");
+        for (key, removed) in unique.iter().zip(&flags) {
+            tracing::debug!(%list, fingerprint = %key.fingerprint(), removed, "entry deleted");
+        }
         Ok(removed)
     }
 

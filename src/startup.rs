@@ -16,9 +16,10 @@ use crate::metrics::Metrics;
 use crate::routes;
 use crate::routes::json::BodyLimit;
 use crate::routes::limits::{Limits, limit_in_flight};
+use crate::store::fingerprint::{self, FingerprintKey, KeyError};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::{Layout, Store, StoreError};
+use crate::store::{Hashing, Layout, Store, StoreError};
 use crate::velocity::Velocity;
 
 /// Why the service could not start.
@@ -30,6 +31,8 @@ pub enum StartupError {
     Tokens(#[from] crate::auth::TokensError),
     #[error("opening the store: {0}")]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: String,
@@ -51,6 +54,14 @@ pub struct OpenedStore {
     pub memory: Option<Arc<MemoryStore>>,
 }
 
+/// Logs the loud line of an unkeyed keyspace (at ERROR, every start-up, like missing auth).
+fn unkeyed_loudly(settings: &Settings, line: Option<&str>) {
+    if let Some(line) = line {
+        tracing::error!("{line}");
+        shout(settings, line);
+    }
+}
+
 /// Opens the configured store: Redis when a URL is set, else the embedded one.
 pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError> {
     let cluster = !settings.redis_cluster_nodes.is_empty();
@@ -70,6 +81,8 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 response_timeout: Duration::from_millis(settings.write_deadline_ms),
                 audit_max_len: settings.audit_max_len,
                 write_replicas: settings.write_replicas,
+                fingerprint_key: settings.fingerprint_key()?,
+                allow_unkeyed: settings.allow_unkeyed,
             })
             .await?;
             tracing::info!(
@@ -77,8 +90,11 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 prefix = settings.key_prefix,
                 buckets = report.buckets,
                 created = report.created,
+                format = report.format,
+                key_id = report.key_id,
                 "keyspace open"
             );
+            unkeyed_loudly(settings, report.unkeyed.as_deref());
             for w in &report.warnings {
                 tracing::warn!("{w}");
                 shout(settings, w);
@@ -89,17 +105,31 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
             })
         }
         (None, false) => {
-            let recorded = match &settings.snapshot_path {
-                Some(p) => MemoryStore::snapshot_buckets(p)?,
+            let snapshot = match &settings.snapshot_path {
+                Some(p) => MemoryStore::snapshot_meta(p)?,
                 None => None,
             };
-            let buckets = match (settings.expected_entries, recorded) {
+            let key = embedded_key(settings, snapshot.as_ref())?;
+            let (hashing, loud) = match &snapshot {
+                Some(meta) => fingerprint::open_recorded(
+                    &meta.hashing,
+                    key.as_ref(),
+                    &format!("snapshot {}", snapshot_display(settings)),
+                )
+                .map_err(StoreError::Keyspace)?,
+                None => (
+                    Hashing::Keyed(key.expect("a key for every new embedded store")),
+                    None,
+                ),
+            };
+            let buckets = match (settings.expected_entries, &snapshot) {
                 (Some(e), _) => Layout::buckets_for(e),
-                (None, Some(b)) => b,
+                (None, Some(meta)) => meta.buckets,
                 (None, None) => Layout::buckets_for(DEFAULT_EXPECTED_ENTRIES),
             };
+            let key_id = hashing.key_id().map(str::to_owned);
             let store = Arc::new(MemoryStore::open(
-                Layout::new(settings.key_prefix.clone(), buckets),
+                Layout::new(settings.key_prefix.clone(), buckets, hashing),
                 settings.audit_max_len,
                 settings.snapshot_path.clone(),
             )?);
@@ -107,13 +137,66 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 store = "memory",
                 buckets,
                 snapshot = ?settings.snapshot_path,
+                key_id,
                 "embedded store open (no NAMELIST_REDIS_URL): for development and tests"
             );
+            unkeyed_loudly(settings, loud.as_deref());
             Ok(OpenedStore {
                 store: store.clone(),
                 memory: Some(store),
             })
         }
+    }
+}
+
+fn snapshot_display(settings: &Settings) -> String {
+    settings
+        .snapshot_path
+        .as_ref()
+        .map_or_else(String::new, |p| p.display().to_string())
+}
+
+/// The embedded store's fingerprint key, so that `cargo run` needs no set-up: the configured
+/// key file if there is one; else, with a snapshot, the file `<snapshot>.key` beside it (made,
+/// mode 0600, with a new snapshot; a keyed snapshot without it is refused); else a new key for
+/// this process (its store dies with it). `None` only for an unkeyed (format 1) snapshot.
+fn embedded_key(
+    settings: &Settings,
+    snapshot: Option<&crate::store::memory::SnapshotMeta>,
+) -> Result<Option<FingerprintKey>, StartupError> {
+    if let Some(key) = settings.fingerprint_key()? {
+        return Ok(Some(key));
+    }
+    let Some(path) = &settings.snapshot_path else {
+        return Ok(Some(FingerprintKey::generate(
+            "generated for this process",
+        )?));
+    };
+    let mut key_path = path.clone().into_os_string();
+    key_path.push(".key");
+    let key_path = std::path::PathBuf::from(key_path);
+    if key_path.exists() {
+        return Ok(Some(FingerprintKey::from_file(&key_path)?));
+    }
+    match snapshot.map(|m| (m.hashing.format, m.hashing.key_id.as_deref())) {
+        None => {
+            let key = FingerprintKey::create_file(&key_path)?;
+            tracing::info!(
+                key_file = %key_path.display(),
+                key_id = key.id(),
+                "new fingerprint key for the embedded store, kept beside its snapshot"
+            );
+            Ok(Some(key))
+        }
+        Some((fingerprint::FORMAT_UNKEYED, _)) => Ok(None),
+        Some((_, id)) => Err(StoreError::Keyspace(format!(
+            "snapshot {} is keyed (key id {}) but its key file {} is missing: restore that file, \
+             or set NAMELIST_FINGERPRINT_KEY_FILE to the key the snapshot was made with, or move the snapshot away",
+            path.display(),
+            id.unwrap_or("?"),
+            key_path.display()
+        ))
+        .into()),
     }
 }
 

@@ -29,6 +29,8 @@ async fn open(server: &RedisServer, prefix: &str) -> RedisStore {
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .expect("store opens");
@@ -307,6 +309,7 @@ fn the_binary_prints_json_and_writes_html() {
     let dir = tempfile::tempdir().unwrap();
     let html = dir.path().join("report.html");
     let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &server.url(), "--prefix", "au4:", "audit"])
         .args(["--json", "--compare-sample", "500", "--html"])
         .arg(&html)
@@ -355,6 +358,7 @@ fn the_binary_prints_json_and_writes_html() {
 
     // And the table, by default.
     let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &server.url(), "--prefix", "au4:", "audit"])
         .args(["--compare-sample", "0"])
         .env_remove("NAMELIST_CONFIG")
@@ -377,6 +381,8 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .expect("store opens on the cluster");

@@ -1,6 +1,7 @@
 //! The conformance suite: one set of behaviours that every `Store` backend must show through
-//! the name-list service (cache included). Each case runs on the embedded store and on a
-//! real `redis-server` of its own.
+//! the name-list service (cache included). Each case runs on the embedded store, on a real
+//! `redis-server` of its own (keyed, and once more on an unkeyed format-1 keyspace) and on a
+//! local cluster.
 
 mod common;
 
@@ -14,7 +15,7 @@ use namelist::lists::{
 use namelist::metrics::Metrics;
 use namelist::store::memory::MemoryStore;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, Layout, Store};
+use namelist::store::{Deadline, FingerprintKey, Hashing, Layout, Store};
 
 use common::{RedisCluster, RedisServer, unique_prefix};
 
@@ -54,7 +55,12 @@ async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>) -> Harness {
 }
 
 async fn memory() -> Harness {
-    let store = MemoryStore::open(Layout::new(unique_prefix(), 64), 1000, None).unwrap();
+    let store = MemoryStore::open(
+        Layout::new(unique_prefix(), 64, common::keyed()),
+        1000,
+        None,
+    )
+    .unwrap();
     ready(Arc::new(store), None).await
 }
 
@@ -70,6 +76,8 @@ async fn on_cluster(cluster: &RedisCluster) -> Harness {
         response_timeout: Duration::from_secs(2),
         audit_max_len: 1000,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .unwrap();
@@ -77,8 +85,18 @@ async fn on_cluster(cluster: &RedisCluster) -> Harness {
 }
 
 async fn redis() -> Harness {
+    on_node(Some(common::test_key())).await
+}
+
+/// A format-1 (unkeyed) keyspace, as builds before keyed fingerprints made them: existing
+/// keyspaces must keep working.
+async fn redis_unkeyed() -> Harness {
+    on_node(None).await
+}
+
+async fn on_node(key: Option<FingerprintKey>) -> Harness {
     let server = RedisServer::start();
-    let (store, _) = RedisStore::open(RedisOptions {
+    let (store, report) = RedisStore::open(RedisOptions {
         url: server.url(),
         cluster_nodes: Vec::new(),
         prefix: unique_prefix(),
@@ -88,9 +106,12 @@ async fn redis() -> Harness {
         response_timeout: Duration::from_secs(2),
         audit_max_len: 1000,
         write_replicas: 0,
+        allow_unkeyed: key.is_none(),
+        fingerprint_key: key,
     })
     .await
     .unwrap();
+    assert_eq!(report.unkeyed.is_some(), report.format == 1);
     ready(Arc::new(store), Some(server)).await
 }
 
@@ -694,7 +715,37 @@ async fn audit_trail_masks_values(h: &Harness) {
             rec.fields.iter().all(|(_, v)| !v.contains("13800000000")),
             "no raw value in {rec:?}"
         );
+        // The masked value and the fingerprint: nothing else derived from the value.
+        let mut names: Vec<&str> = rec.fields.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        let mut expected = vec![
+            "at",
+            "dimension",
+            "expires_at",
+            "fingerprint",
+            "list",
+            "op",
+            "sandbox",
+            "value",
+            "who",
+        ];
+        if op == "upsert" {
+            expected.push("reason");
+            expected.sort_unstable();
+        }
+        assert_eq!(names, expected);
     }
+    // Keyed, the fingerprint is not the unkeyed hash anyone could recompute.
+    let unkeyed = format!(
+        "{:016x}",
+        xxhash_rust::xxh3::xxh3_64(b"black\nphone\nloan\n13800000000")
+    );
+    assert_eq!(
+        up.get("fingerprint") == Some(unkeyed.as_str()),
+        *h.store.layout().hashing() == Hashing::Unkeyed,
+        "format {}",
+        h.store.layout().format()
+    );
     assert_eq!(up.get("reason"), Some("chargeback 2026-11"));
     assert!(up.get("expires_at").unwrap().parse::<i64>().is_ok());
 }
@@ -765,6 +816,15 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case(&super::redis().await).await;
+                }
+            )*
+        }
+        /// Every case on an unkeyed (format 1) keyspace.
+        mod redis_unkeyed_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::redis_unkeyed().await).await;
                 }
             )*
         }

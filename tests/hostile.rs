@@ -290,6 +290,7 @@ impl Server {
             let log = std::fs::File::create(self.log_path()).expect("log file");
             let child = Command::new(env!("CARGO_BIN_EXE_namelist"))
                 .env_clear()
+                .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
                 .env("NAMELIST_LISTEN", format!("127.0.0.1:{}", self.port))
                 .env("NAMELIST_REDIS_URL", &self.redis_url)
                 .env("NAMELIST_KEY_PREFIX", &self.prefix)

@@ -651,7 +651,8 @@ async fn buckets_are_listpacks_with_integer_fields() {
         .arg(format!("{prefix}meta"))
         .query(&mut conn)
         .unwrap();
-    assert_eq!(meta["format"], "1");
+    assert_eq!(meta["format"], "2", "a new keyspace is keyed");
+    assert_eq!(meta["key_id"], common::test_key().id());
     assert_eq!(
         meta["buckets"], "5000",
         "1,000,000 entries by default, 200 per bucket"

@@ -38,6 +38,8 @@ async fn open(
             response_timeout: Duration::from_secs(30),
             audit_max_len: 1000,
             write_replicas: 0,
+            fingerprint_key: Some(common::test_key()),
+            allow_unkeyed: false,
         })
         .await
         .unwrap();
@@ -441,6 +443,7 @@ async fn json_lines_gzip_and_stdin() {
 
     // The binary, reading CSV from stdin.
     let mut child = Command::new(TOOLS)
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args([
             "--redis-url",
             &redis.url(),
@@ -490,6 +493,7 @@ async fn kill_9_then_resume_equals_a_clean_run() {
     write_csv_absolute(&file, &rows);
     let tools = |prefix: &str, extra: &[&str]| {
         let mut c = Command::new(TOOLS);
+        c.env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file());
         c.args([
             "--redis-url",
             &redis.url(),

@@ -22,6 +22,8 @@ fn options(redis: &RedisServer, prefix: &str, expected: Option<u64>) -> RedisOpt
         response_timeout: Duration::from_secs(1),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     }
 }
 
@@ -88,9 +90,19 @@ async fn an_unknown_format_stops_the_service() {
         .unwrap();
     let msg = keyspace_error(RedisStore::open(options(&redis, "f:", None)).await);
     assert!(
-        msg.contains("format 99") && msg.contains("format 1"),
+        msg.contains("format 99") && msg.contains("formats 1 and 2"),
         "{msg}"
     );
+
+    // A meta hash without a format is not taken for a missing keyspace.
+    let _: () = redis::cmd("HSET")
+        .arg("g:meta")
+        .arg("buckets")
+        .arg(2500)
+        .query(&mut redis.conn())
+        .unwrap();
+    let msg = keyspace_error(RedisStore::open(options(&redis, "g:", None)).await);
+    assert!(msg.contains("g:meta has no readable format field"), "{msg}");
 
     let mut settings = redis_settings(&redis);
     settings.key_prefix = "f:".into();

@@ -3,10 +3,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, free_port, redis_settings, spawn_app, test_settings};
+use common::{Logged, RedisServer, redis_settings, spawn_app, test_settings};
 use serde_json::{Value, json};
 
 const PHONE: &str = "13812345678";
@@ -57,57 +57,24 @@ async fn every_answer_carries_a_request_id() {
 }
 
 /// The binary on a Redis, logging JSON at debug into a file; killed when dropped.
-struct Logged {
-    child: Child,
-    port: u16,
-    log: tempfile::NamedTempFile,
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn start_logged(redis: &RedisServer) -> Logged {
-    let client = reqwest::Client::new();
-    for _ in 0..5 {
-        let port = free_port();
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_namelist"))
-            .env_clear()
-            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
-            .env("NAMELIST_REDIS_URL", redis.url())
-            .env("NAMELIST_KEY_PREFIX", "obs:")
-            .env("NAMELIST_WORKERS", "1")
-            .env("NAMELIST_LOG_FORMAT", "json")
+    let url = redis.url();
+    let key = common::key_file().to_str().expect("UTF-8 path");
+    common::start_logged(
+        env!("CARGO_BIN_EXE_namelist"),
+        &[
+            ("NAMELIST_FINGERPRINT_KEY_FILE", key),
+            ("NAMELIST_REDIS_URL", &url),
+            ("NAMELIST_KEY_PREFIX", "obs:"),
+            ("NAMELIST_WORKERS", "1"),
+            ("NAMELIST_LOG_FORMAT", "json"),
             // A check deadline a loaded CI machine meets; debug shows every request line.
-            .env("NAMELIST_CHECK_DEADLINE_MS", "1000")
-            .env("NAMELIST_WRITE_DEADLINE_MS", "300")
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .expect("spawning the namelist binary");
-        let mut s = Logged { child, port, log };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if s.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            let ready = client
-                .get(format!("http://127.0.0.1:{port}/readyz"))
-                .send()
-                .await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        drop(s);
-    }
-    panic!("the namelist binary did not start");
+            ("NAMELIST_CHECK_DEADLINE_MS", "1000"),
+            ("NAMELIST_WRITE_DEADLINE_MS", "300"),
+            ("RUST_LOG", "debug"),
+        ],
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,6 +207,7 @@ async fn the_last_audit_is_exported_as_gauges() {
 
     let before = namelist::domain::now_ms() as f64 / 1000.0;
     let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &redis.url(), "--prefix", &prefix, "audit"])
         .args(["--compare-sample", "0", "--project", "0"])
         .env_remove("NAMELIST_CONFIG")

@@ -1,5 +1,6 @@
 //! Property tests of the name-list domain rules (API.md, "Name-lists") and of the storage
-//! layout (`store::layout`): value normalisation, the Redis field and bucket of an entry, the
+//! layout (`store::layout`): value normalisation, the Redis field and bucket of an entry in both
+//! layout formats (held to independent implementations of their documented hashing), the
 //! expiry encoding and IP ranges. No store, no network: these run in a second or two.
 //!
 //! Failures are not persisted to `proptest-regressions/`: a failing case is printed, shrunk,
@@ -11,6 +12,7 @@ use namelist::domain::{
     Dimension, EPOCH_2020_MS, Expiry, IpValue, ListName, Sandbox, ValidationError, Value,
 };
 use namelist::store::layout::{Layout, canonical};
+use namelist::store::{FingerprintKey, Hashing};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -756,9 +758,58 @@ proptest! {
 
 // ---------------------------------------------------------------------------------------------
 // 2. The field: a signed decimal i64
-// 3. The bucket: crc32 % N, and N = ceil(entries / 200)
+// 3. The bucket: in 0..N, and N = ceil(entries / 200)
 //    (the layout's mean fill; the issue allows at most 400)
+// Both as the layout formats document them: format 2 (keyed, `store::fingerprint`) and
+// format 1 (unkeyed xxh3_64 field, crc32 bucket).
 // ---------------------------------------------------------------------------------------------
+
+/// Key material of the keyed layout (as hex in a key file).
+const KEY: &str = "00112233445566778899aabbccddeeff0123456789abcdeffedcba9876543210";
+
+/// Format 2's (bucket, field), from the documented derivation alone: subkey = the first 16
+/// bytes of SHA-256("namelist fingerprint v1" 0 "entry" 0 key); SipHash-2-4-128 of the
+/// canonical bytes; field = the low 64 bits, bucket = the high 64 bits mod N.
+fn keyed_oracle(bytes: &[u8], buckets: u32) -> (u32, i64) {
+    use sha2::Digest;
+    let material: Vec<u8> = (0..KEY.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&KEY[i..i + 2], 16).unwrap())
+        .collect();
+    let mut h = sha2::Sha256::new();
+    h.update(b"namelist fingerprint v1\0entry\0");
+    h.update(&material);
+    let digest = h.finalize();
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&digest[..16]);
+    let out = siphasher::sip128::SipHasher24::new_with_key(&k).hash(bytes);
+    ((out.h2 % u64::from(buckets)) as u32, out.h1 as i64)
+}
+
+/// Format 1's (bucket, field): crc32 % N, xxh3_64.
+fn unkeyed_oracle(bytes: &[u8], buckets: u32) -> (u32, i64) {
+    (
+        crc32fast::hash(bytes) % buckets,
+        xxhash_rust::xxh3::xxh3_64(bytes) as i64,
+    )
+}
+
+type Oracle = fn(&[u8], u32) -> (u32, i64);
+
+/// Both layouts of `buckets` buckets, each with its oracle.
+fn layouts(prefix: &str, buckets: u32) -> [(Layout, Oracle); 2] {
+    let key = FingerprintKey::from_hex(KEY, "props").unwrap();
+    [
+        (
+            Layout::new(prefix, buckets, Hashing::Keyed(key)),
+            keyed_oracle as Oracle,
+        ),
+        (
+            Layout::new(prefix, buckets, Hashing::Unkeyed),
+            unkeyed_oracle as Oracle,
+        ),
+    ]
+}
 
 /// The mean bucket fill the bucket count is sized for.
 const FILL: u64 = 200;
@@ -778,7 +829,7 @@ proptest! {
     #![proptest_config(config(512))]
 
     #[test]
-    fn field_is_xxh3_as_a_signed_decimal_i64(
+    fn field_is_the_format_hash_as_a_signed_decimal_i64(
         (list, dim, sandbox, value) in random_entry(),
         buckets in bucket_count(),
     ) {
@@ -789,9 +840,10 @@ proptest! {
             expected.as_bytes(),
             "canonical bytes are <list> \\n <dimension> \\n <sandbox> \\n <value>"
         );
-        let key = Layout::new("nl:", buckets).entry_key(&list, &dim, &sandbox, &value);
-        let hash = xxhash_rust::xxh3::xxh3_64(&bytes);
-        prop_assert_eq!(key.field, hash as i64, "field of {:?} is xxh3_64 reinterpreted as i64", expected);
+        for (layout, oracle) in layouts("nl:", buckets) {
+        let key = layout.entry_key(&list, &dim, &sandbox, &value);
+        let hash = oracle(&bytes, buckets).1 as u64;
+        prop_assert_eq!(key.field, hash as i64, "field of {:?} in format {} is the format's 64-bit hash as i64", expected, layout.format());
 
         let args = redis::ToRedisArgs::to_redis_args(&key.field);
         prop_assert_eq!(args.len(), 1, "field {} should be one Redis argument, got {:?}", key.field, args);
@@ -819,32 +871,35 @@ proptest! {
             Some(hash),
             "fingerprint {:?} is the unsigned hash in hex", fingerprint
         );
+        }
     }
 
     #[test]
-    fn bucket_is_crc32_mod_n_and_in_range(
+    fn bucket_is_the_format_hash_mod_n_and_in_range(
         (list, dim, sandbox, value) in random_entry(),
         buckets in bucket_count(),
     ) {
-        let layout = Layout::new("nl:", buckets);
-        let key = layout.entry_key(&list, &dim, &sandbox, &value);
         let bytes = canonical(&list, &dim, &sandbox, &value);
-        prop_assert!(key.bucket < buckets, "bucket {} out of range for N = {}", key.bucket, buckets);
-        prop_assert_eq!(
-            key.bucket,
-            crc32fast::hash(&bytes) % buckets,
-            "bucket of {:?} with N = {} is crc32 % N", String::from_utf8_lossy(&bytes), buckets
-        );
-        prop_assert_eq!(layout.key_of(&bytes), key, "key_of(canonical) == entry_key");
-        prop_assert_eq!(layout.bucket_key(key.bucket), format!("nl:b:{}", key.bucket), "bucket key name");
+        for (layout, oracle) in layouts("nl:", buckets) {
+            let key = layout.entry_key(&list, &dim, &sandbox, &value);
+            prop_assert!(key.bucket < buckets, "bucket {} out of range for N = {}", key.bucket, buckets);
+            prop_assert_eq!(
+                key.bucket,
+                oracle(&bytes, buckets).0,
+                "bucket of {:?} with N = {} in format {}", String::from_utf8_lossy(&bytes), buckets, layout.format()
+            );
+            prop_assert_eq!(layout.key_of(&bytes), key, "key_of(canonical) == entry_key");
+            prop_assert_eq!(layout.bucket_key(key.bucket), format!("nl:b:{}", key.bucket), "bucket key name");
+        }
     }
 
     #[test]
     fn key_of_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300), buckets in bucket_count()) {
-        let key = Layout::new("p:", buckets).key_of(&bytes);
-        prop_assert!(key.bucket < buckets, "bucket {} out of range for N = {}", key.bucket, buckets);
-        prop_assert_eq!(key.bucket, crc32fast::hash(&bytes) % buckets, "bucket is crc32 % N");
-        prop_assert_eq!(key.field, xxhash_rust::xxh3::xxh3_64(&bytes) as i64, "field is xxh3_64 as i64");
+        for (layout, oracle) in layouts("p:", buckets) {
+            let key = layout.key_of(&bytes);
+            prop_assert!(key.bucket < buckets, "bucket {} out of range for N = {}", key.bucket, buckets);
+            prop_assert_eq!((key.bucket, key.field), oracle(&bytes, buckets), "format {}", layout.format());
+        }
     }
 
     #[test]

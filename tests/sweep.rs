@@ -35,6 +35,8 @@ async fn open(redis: &RedisServer, prefix: &str, expected: u64) -> RedisStore {
         response_timeout: Duration::from_secs(30),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .expect("opening the keyspace");
@@ -569,13 +571,9 @@ async fn a_bucket_too_big_for_a_listpack_is_swept_in_several_calls() {
 }
 
 fn tools() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_namelist-tools"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("NAMELIST_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RUST_LOG", "warn");
+    let mut cmd = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"));
+    cmd.env("RUST_LOG", "warn")
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file());
     cmd
 }
 
@@ -707,6 +705,8 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str, expected: u64) -> Re
         response_timeout: Duration::from_secs(30),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .expect("opening the keyspace on the cluster");

@@ -248,6 +248,8 @@ fn options(url: String, prefix: &str) -> RedisOptions {
         response_timeout: Duration::from_secs(2),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     }
 }
 

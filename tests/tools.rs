@@ -18,6 +18,7 @@ const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
 
 fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
     let out = Command::new(TOOLS)
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &redis.url(), "--prefix", prefix])
         .args(args)
         .output()
@@ -189,13 +190,11 @@ async fn gen_import_check_no_false_negatives_or_positives() {
 
 /// Runs `namelist-tools` with `args` (global flags first); its stdout.
 fn tools_with(args: &[&str]) -> String {
-    let mut cmd = Command::new(TOOLS);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("NAMELIST_") {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd.args(args).output().unwrap();
+    let out = common::without_namelist_env(TOOLS)
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",

@@ -38,7 +38,9 @@ fn settings() -> VelocitySettings {
 }
 
 async fn memory_store() -> Arc<dyn Store> {
-    Arc::new(MemoryStore::open(Layout::new(unique_prefix(), 16), 100, None).unwrap())
+    Arc::new(
+        MemoryStore::open(Layout::new(unique_prefix(), 16, common::keyed()), 100, None).unwrap(),
+    )
 }
 
 async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
@@ -52,6 +54,8 @@ async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
         response_timeout: Duration::from_secs(5),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .unwrap();
@@ -69,6 +73,8 @@ async fn cluster_store(cluster: &RedisCluster) -> Arc<dyn Store> {
         response_timeout: Duration::from_secs(5),
         audit_max_len: 100,
         write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
     })
     .await
     .unwrap();

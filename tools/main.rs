@@ -8,7 +8,7 @@ use namelist::tools::{self, Global};
 #[derive(Parser)]
 #[command(
     version,
-    about = "Operator tools for namelist: import, gen, audit, sweep"
+    about = "Operator tools for namelist: import, gen, audit, sweep, keygen"
 )]
 struct Cli {
     #[command(flatten)]
@@ -23,6 +23,7 @@ enum Command {
     Gen(tools::gen_data::Args),
     Audit(tools::audit::Args),
     Sweep(tools::sweep::Args),
+    Keygen(tools::keygen::Args),
 }
 
 #[tokio::main]
@@ -34,5 +35,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Gen(args) => tools::gen_data::run(args),
         Command::Audit(args) => tools::audit::run(&cli.global, args).await,
         Command::Sweep(args) => tools::sweep::run(&cli.global, args).await,
+        Command::Keygen(args) => tools::keygen::run(&args),
     }
 }

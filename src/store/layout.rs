@@ -1,5 +1,17 @@
-//! Storage layout, format version 1: exactly what goes into Redis, and why. Both stores, the
+//! Storage layout, formats 1 and 2: exactly what goes into Redis, and why. Both stores, the
 //! service and the operator tools derive every key, field and message from this module.
+//!
+//! The two formats differ only in how values are hashed (`fingerprint`): format 2, what every
+//! new keyspace gets, uses pseudo-random functions under the secret fingerprint key; format 1,
+//! still read, used unkeyed xxh3 and crc32. Below, `PRF` is the format's function:
+//!
+//! | use | format 2 (keyed) | format 1 (unkeyed) |
+//! |---|---|---|
+//! | field | low 64 bits of SipHash-2-4-128(k_entry, canonical) | xxh3_64(canonical) |
+//! | bucket | high 64 bits of the same, mod N | crc32(canonical) mod N |
+//! | velocity entity | 96 bits of SipHash-2-4-128(k_metric, …) | 96 bits of xxh3_128(…) |
+//! | distinct member | SipHash-2-4(k_member, value) | xxh3_64(value) |
+//! | event hash | SipHash-2-4(k_event, type, id) | xxh3_64(type, id) |
 //!
 //! # Entries
 //! An entry (list, dimension, value, sandbox) is reduced to its *canonical bytes*
@@ -13,9 +25,12 @@
 //!
 //! | what   | Redis                                  | why |
 //! |--------|----------------------------------------|-----|
-//! | key    | `<prefix>b:<crc32(canonical) % N>`     | ~200 entries per hash so Redis keeps it a listpack |
-//! | field  | `xxh3_64(canonical)` as a **signed** decimal i64 | an integer listpack element: 10 B, where the unsigned text would be a 22 B string |
+//! | key    | `<prefix>b:<bucket PRF(canonical) % N>` | ~200 entries per hash so Redis keeps it a listpack |
+//! | field  | 64 bits of `PRF(canonical)` as a **signed** decimal i64 | an integer listpack element: 10 B, where the unsigned text would be a 22 B string |
 //! | value  | expiry in whole seconds since 2020-01-01T00:00:00Z, rounded up; `0` = never | a 32-bit integer element: 6 B until 2088 (ms would be 10 B) |
+//!
+//! The bucket number is keyed too in format 2: `crc32(phone) % N` is ~log2(N) bits of an
+//! unkeyed hash of the phone, enough with the audit trail's mask to single it out.
 //!
 //! So an entry costs 16 B of listpack, plus the bucket's share of allocator rounding and of
 //! the key itself. With a mean of 200 entries a bucket is ~3.2 KB; jemalloc rounds it to the
@@ -28,16 +43,18 @@
 //! 200 it is 1.7–2.6 ms (run-to-run noise: 3 processes on 2 cores), for +0.1 B per entry
 //! (README, *Load*). Fewer per bucket costs more memory: 100 gives ~17.9 B (more key
 //! overhead, finer but proportionally larger rounding).
-//! Two different entries share a slot only if both their crc32 bucket and 64-bit field
-//! collide: about n²/2⁶⁵ over n entries in one bucket, i.e. never in practice.
+//! Two different entries share a slot only if both their bucket and 64-bit field collide:
+//! about n²/2⁶⁵ over n entries in one bucket, i.e. never in practice.
 //!
-//! # The bucket count N
+//! # The bucket count N and the key
 //! `N = ceil(expected_entries / 200)`, fixed when the keyspace is created and recorded in
-//! `<prefix>meta` (a hash: `format`, `buckets`, `created_ms`). With a mean of 200 fields, a
+//! `<prefix>meta` (a hash: `format`, `buckets`, `created_ms`, and in format 2 `key_id`, the
+//! fingerprint key's public id). With a mean of 200 fields, a
 //! bucket reaching Redis's default `hash-max-listpack-entries` of 512 is a 22σ event: it
 //! takes 2.5 times the expected entries before the mean reaches the limit. A
 //! service whose configured N disagrees with the recorded one refuses to start: the same
-//! entry would hash to a different bucket and silently vanish.
+//! entry would hash to a different bucket and silently vanish. So does one whose key has
+//! another id than the recorded one, or none (see `fingerprint` for every start-up outcome).
 //!
 //! # IP ranges
 //! A CIDR entry is an entry whose value is the masked network (`10.1.2.0/24`); a single
@@ -48,8 +65,9 @@
 //!
 //! # Velocity metrics
 //! One entity of one metric version is one key, `<prefix>v{<h>}`, where `h` is 96 bits of
-//! `xxh3_128(metric id, version, group-by values)` in URL-safe base64 (16 characters): short
-//! whatever the values (seed 002: hash non-ASCII values, keep keys short), and a hash tag, so
+//! the format's entity hash of (metric id, version, group-by values) in URL-safe base64 (16
+//! characters): short whatever the values (seed 002: hash non-ASCII values, keep keys short),
+//! keyed (a group-by value is often a phone or a device), and a hash tag, so
 //! every key of the entity lives in one cluster slot and one script can touch them all. A new
 //! version is a new key: old counts are never read again and expire on their own.
 //!
@@ -58,15 +76,15 @@
 //! | COUNT, SUM | hash | sub-window index → count or sum (amounts × 10,000) |
 //! | AVG | hash | `2i` → sum, `2i+1` → count |
 //! | MIN, MAX | hash | sub-window index → min or max |
-//! | COUNT_DISTINCT | sorted set | member `xxh3_64(value)` → score = last sub-window seen; capped |
-//! | APPROX_COUNT_DISTINCT | one HyperLogLog per sub-window, `<key>:<i>` | counted with one multi-key `PFCOUNT` |
+//! | COUNT_DISTINCT | sorted set | member: the format's distinct-member hash of the value → score = last sub-window seen; capped |
+//! | APPROX_COUNT_DISTINCT | one HyperLogLog per sub-window, `<key>:<i>` (elements: the same member hash) | counted with one multi-key `PFCOUNT` |
 //!
 //! Integer fields and values keep the hashes as compact listpacks; sub-windows that left the
 //! window are trimmed on update, and every key expires when its newest data can no longer be
 //! read (`PEXPIREAT (i + W/r)·r`).
 //!
-//! Idempotent ingestion: next to each entity key, `<key>:e` is a sorted set of the events (64
-//! bits of the hash of type and id) already applied to it, scored by sub-window, trimmed and
+//! Idempotent ingestion: next to each entity key, `<key>:e` is a sorted set of the events (the
+//! format's 64-bit event hash of type and id) already applied to it, scored by sub-window, trimmed and
 //! expiring like the entity. The update script checks and records the event in the same
 //! atomic call as the update, so a replay (or a retry after a timeout whose update did land)
 //! is never applied twice, and a retry after a failure always is. Definitions live in the hashes
@@ -77,7 +95,8 @@
 //! # Audit trail and invalidation
 //! Every upsert and delete appends one record per entry to the audit trail (`XADD MAXLEN ~`):
 //! when, who, op, list, dimension, sandbox, expiry, reason, the
-//! fingerprint (the field, as 16 hex digits) and the masked value; never the raw value.
+//! fingerprint (the field, as 16 hex digits: keyed in format 2) and the masked value; never the
+//! raw value, nor anything else derived from it.
 //!
 //! The trail is split in [`AUDIT_PARTS`] (64) capped streams `<prefix>audit:{<tag>}`, each
 //! capped at `ceil(audit_max_len / 64)`, so no write depends on one shard: part `i`'s hash tag
@@ -102,12 +121,13 @@
 //! exports it as gauges (buckets near and over the listpack limit, bytes per entry).
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
 
+pub use super::fingerprint::{FORMAT_KEYED, FORMAT_UNKEYED, Hashing};
 use crate::domain::{Dimension, IpFamily, ListName, Sandbox, Value};
 
-/// The layout version recorded in `<prefix>meta`. A service that finds another one stops.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version byte of an [`Invalidation`] message: the message encoding, not the layout
+/// format, so instances of either format (and of older builds) still understand each other.
+const MESSAGE_VERSION: u8 = 1;
 
 /// Mean fields per bucket the bucket count is sized for.
 pub const MAX_MEAN_FILL: u64 = 200;
@@ -161,8 +181,9 @@ pub struct EntryKey {
 
 impl EntryKey {
     /// The fingerprint shown in logs and the audit trail instead of the value: the field as 16
-    /// hex digits. (An unkeyed hash of a low-entropy value such as a phone number can be
-    /// reversed by brute force; it keeps values out of logs, it is not encryption.)
+    /// hex digits. In format 2 it is keyed, so it cannot be turned back into the value without
+    /// the fingerprint key; in format 1 it is an unkeyed hash, which brute force reverses for
+    /// low-entropy values such as phone numbers.
     pub fn fingerprint(&self) -> String {
         format!("{:016x}", self.field as u64)
     }
@@ -197,20 +218,32 @@ impl PrefixLen {
     }
 }
 
-/// Key names and the bucket function of one keyspace.
+/// Key names and the hashing of one keyspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     prefix: String,
     buckets: u32,
+    hashing: Hashing,
 }
 
 impl Layout {
-    pub fn new(prefix: impl Into<String>, buckets: u32) -> Self {
+    pub fn new(prefix: impl Into<String>, buckets: u32, hashing: Hashing) -> Self {
         assert!(buckets > 0, "a keyspace needs at least one bucket");
         Self {
             prefix: prefix.into(),
             buckets,
+            hashing,
         }
+    }
+
+    /// How values are hashed: the layout format.
+    pub fn hashing(&self) -> &Hashing {
+        &self.hashing
+    }
+
+    /// The layout format (1 unkeyed, 2 keyed).
+    pub fn format(&self) -> u32 {
+        self.hashing.format()
     }
 
     /// The bucket count for a new keyspace expected to hold `expected_entries`.
@@ -240,10 +273,8 @@ impl Layout {
 
     /// Where the entry with these canonical bytes lives.
     pub fn key_of(&self, canonical: &[u8]) -> EntryKey {
-        EntryKey {
-            bucket: crc32fast::hash(canonical) % self.buckets,
-            field: xxh3_64(canonical) as i64,
-        }
+        let (bucket, field) = self.hashing.entry(canonical, self.buckets);
+        EntryKey { bucket, field }
     }
 
     pub fn bucket_key(&self, bucket: u32) -> String {
@@ -256,7 +287,13 @@ impl Layout {
     }
 
     pub fn meta_key(&self) -> String {
-        format!("{}meta", self.prefix)
+        Self::meta_key_of(&self.prefix)
+    }
+
+    /// The meta hash of the keyspace at `prefix`: read before its hashing, hence its layout,
+    /// is known.
+    pub fn meta_key_of(prefix: &str) -> String {
+        format!("{prefix}meta")
     }
 
     pub fn registry_key(&self, list: &ListName, sandbox: &Sandbox) -> String {
@@ -313,7 +350,25 @@ impl Layout {
             h.push(b':');
             h.extend_from_slice(v.as_bytes());
         }
-        format!("{}v{{{}}}", self.prefix, short_hash(&h))
+        format!(
+            "{}v{{{}}}",
+            self.prefix,
+            base64_96(self.hashing.metric_entity(&h))
+        )
+    }
+
+    /// The COUNT_DISTINCT (and APPROX_COUNT_DISTINCT) member standing for a counted value.
+    pub fn distinct_member(&self, value: &str) -> i64 {
+        self.hashing.distinct_member(value.as_bytes())
+    }
+
+    /// What a metric entity remembers of an applied event (type and id).
+    pub fn event_hash(&self, event_type: &str, id: &str) -> i64 {
+        let mut h = Vec::with_capacity(event_type.len() + id.len() + 1);
+        h.extend_from_slice(event_type.as_bytes());
+        h.push(b'\n');
+        h.extend_from_slice(id.as_bytes());
+        self.hashing.event(&h)
     }
 
     /// The key of one sub-window of an APPROX_COUNT_DISTINCT entity.
@@ -399,11 +454,9 @@ impl AuditSummary {
     }
 }
 
-/// 96 bits of xxh3-128 in URL-safe base64: 16 characters.
-fn short_hash(bytes: &[u8]) -> String {
+/// The low 96 bits of `bits` in URL-safe base64: 16 characters.
+fn base64_96(bits: u128) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let h = xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes();
-    let bits = u128::from_le_bytes(h) >> 32;
     (0..16)
         .map(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize] as char)
         .collect()
@@ -454,7 +507,7 @@ pub enum Invalidation {
 impl Invalidation {
     /// The message body: postcard, after a version byte.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![FORMAT_VERSION as u8];
+        let mut out = vec![MESSAGE_VERSION];
         out.extend(postcard::to_stdvec(self).expect("encoding to a Vec cannot fail"));
         out
     }
@@ -462,7 +515,7 @@ impl Invalidation {
     /// Decodes a message body; `None` for a message this version cannot read.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         match bytes.split_first() {
-            Some((&v, rest)) if u32::from(v) == FORMAT_VERSION => postcard::from_bytes(rest).ok(),
+            Some((&v, rest)) if v == MESSAGE_VERSION => postcard::from_bytes(rest).ok(),
             _ => None,
         }
     }
@@ -520,6 +573,17 @@ impl AuditRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::FingerprintKey;
+
+    fn keyed() -> Hashing {
+        Hashing::Keyed(
+            FingerprintKey::from_hex(
+                "7f3a9c2e5b7d4f10aa55e0c1d2b3a49586f7e8d9cabbccddeeff001122334455",
+                "test",
+            )
+            .unwrap(),
+        )
+    }
 
     fn key(layout: &Layout, list: &str, dim: &str, sandbox: &str, value: &str) -> EntryKey {
         let dim: Dimension = dim.parse().unwrap();
@@ -534,7 +598,7 @@ mod tests {
 
     #[test]
     fn same_identity_same_key_however_typed() {
-        let l = Layout::new("nl:", 2500);
+        let l = Layout::new("nl:", 2500, keyed());
         assert_eq!(
             key(&l, "black", "phone", "loan", "+86 138-0000-0000"),
             key(&l, "black", "phone", "loan", "+8613800000000")
@@ -586,7 +650,7 @@ mod tests {
 
     #[test]
     fn metric_keys_are_short_tagged_and_distinct() {
-        let l = Layout::new("nl:", 1);
+        let l = Layout::new("nl:", 1, keyed());
         let k = l.metric_key("dev_tx_7d", 1, &["d000001"]);
         assert_eq!(k.len(), "nl:v{".len() + 16 + 1, "{k}");
         assert!(k.starts_with("nl:v{") && k.ends_with('}'));
@@ -602,6 +666,43 @@ mod tests {
         );
         assert_eq!(Layout::metric_sub_key(&k, 17_737), format!("{k}:17737"));
         assert_eq!(Layout::metric_seen_key(&k), format!("{k}:e"));
+        let unkeyed = Layout::new("nl:", 1, Hashing::Unkeyed);
+        assert_ne!(
+            unkeyed.metric_key("dev_tx_7d", 1, &["d000001"]),
+            k,
+            "the key changes the entity key"
+        );
+    }
+
+    #[test]
+    fn format_1_keys_are_what_they_always_were() {
+        // Existing unkeyed keyspaces keep working only if format 1 hashes exactly as before.
+        let l = Layout::new("nl:", 5000, Hashing::Unkeyed);
+        let bytes = b"m\n1\n1:a";
+        let bits = xxhash_rust::xxh3::xxh3_128(bytes) >> 32;
+        let expected: String = (0..16)
+            .map(|i| {
+                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+                    [((bits >> (6 * i)) & 63) as usize] as char
+            })
+            .collect();
+        assert_eq!(l.metric_key("m", 1, &["a"]), format!("nl:v{{{expected}}}"));
+        assert_eq!(
+            l.distinct_member("13812345678"),
+            xxhash_rust::xxh3::xxh3_64(b"13812345678") as i64
+        );
+        assert_eq!(
+            l.event_hash("login", "e1"),
+            xxhash_rust::xxh3::xxh3_64(b"login\ne1") as i64
+        );
+        let canonical = b"black\nphone\nloan\n13812345678";
+        assert_eq!(
+            l.key_of(canonical),
+            EntryKey {
+                bucket: crc32fast::hash(canonical) % 5000,
+                field: xxhash_rust::xxh3::xxh3_64(canonical) as i64,
+            }
+        );
     }
 
     #[test]
@@ -622,7 +723,7 @@ mod tests {
 
     #[test]
     fn audit_tags_are_stable() {
-        let l = Layout::new("nl:", 10);
+        let l = Layout::new("nl:", 10, Hashing::Unkeyed);
         // Pinned: these are key names in existing keyspaces.
         assert_eq!(l.audit_part_key(0), "nl:audit:{10}");
         assert_eq!(l.audit_part_key(3), "nl:audit:{342}");

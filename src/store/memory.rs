@@ -6,7 +6,9 @@
 //! Optionally it is snapshotted to a file (postcard, written to a temporary file and renamed,
 //! so a crash leaves the previous snapshot) every `snapshot_interval` when something changed
 //! and when the service stops. Expired entries are left out of snapshots; metric and rule
-//! definitions are kept, velocity counts are not (they are short-lived by nature).
+//! definitions are kept, velocity counts are not (they are short-lived by nature). A snapshot
+//! records its layout format and key id as Redis's meta does, and is refused with another key;
+//! the key itself is never in it (`startup` keeps it in a file of its own beside it).
 //!
 //! Velocity metrics follow the Lua scripts of `store::redis` step for step (the conformance
 //! suite holds both to the same oracle); APPROX_COUNT_DISTINCT is counted exactly here.
@@ -24,7 +26,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use super::layout::FORMAT_VERSION;
+use super::fingerprint::{self, RecordedHashing};
 use super::{
     AuditRecord, Deadline, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
     MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
@@ -227,15 +229,41 @@ impl MetricState {
     }
 }
 
+/// The version of the snapshot file's encoding (its first field).
+const SNAPSHOT_VERSION: u32 = 2;
+
 /// The snapshot file's content.
 #[derive(Serialize, Deserialize)]
 struct Snapshot {
+    /// [`SNAPSHOT_VERSION`].
+    version: u32,
+    /// The layout format (`fingerprint`).
     format: u32,
+    /// The key id in format 2, else empty.
+    key_id: String,
     buckets: u32,
     entries: Vec<(EntryKey, u32)>,
     registries: Vec<(Scope, Vec<PrefixLen>)>,
     /// (kind, id, version, fingerprint, body) of metric and rule definitions.
     definitions: Vec<(String, String, u64, String, String)>,
+}
+
+/// A snapshot as builds before keyed fingerprints wrote it: its first field, 1, was the
+/// (unkeyed) layout format.
+#[derive(Deserialize)]
+struct SnapshotV1 {
+    _format: u32,
+    buckets: u32,
+    entries: Vec<(EntryKey, u32)>,
+    registries: Vec<(Scope, Vec<PrefixLen>)>,
+    definitions: Vec<(String, String, u64, String, String)>,
+}
+
+/// What a snapshot file records about its keyspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    pub buckets: u32,
+    pub hashing: RecordedHashing,
 }
 
 /// The embedded store.
@@ -250,7 +278,7 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     /// An empty store, or the one saved in `snapshot_path` if that file exists. A snapshot of
-    /// another format or bucket count is refused, as Redis's meta key would be.
+    /// another format, key or bucket count is refused, as Redis's meta key would be.
     pub fn open(
         layout: Layout,
         audit_max_len: usize,
@@ -261,11 +289,22 @@ impl MemoryStore {
             && path.exists()
         {
             let snap = read_snapshot(path)?;
-            if snap.format != FORMAT_VERSION {
+            let place = format!("snapshot {}", path.display());
+            let recorded = RecordedHashing {
+                format: snap.format,
+                key_id: Some(snap.key_id.clone()).filter(|k| !k.is_empty()),
+            };
+            let key = match layout.hashing() {
+                super::Hashing::Keyed(k) => Some(k),
+                super::Hashing::Unkeyed => None,
+            };
+            let (hashing, _) =
+                fingerprint::open_recorded(&recorded, key, &place).map_err(StoreError::Keyspace)?;
+            if &hashing != layout.hashing() {
                 return Err(StoreError::Keyspace(format!(
-                    "snapshot {} has format {}, this build reads format {FORMAT_VERSION}",
-                    path.display(),
-                    snap.format
+                    "{place} is layout format {}, opened as format {}",
+                    hashing.format(),
+                    layout.format()
                 )));
             }
             if snap.buckets != layout.buckets() {
@@ -302,13 +341,20 @@ impl MemoryStore {
         })
     }
 
-    /// The bucket count recorded in a snapshot file, if there is one: lets a restart adopt it
-    /// when no bucket count was configured.
-    pub fn snapshot_buckets(path: &Path) -> StoreResult<Option<u32>> {
+    /// What a snapshot file records (bucket count, format, key id), if there is one: lets a
+    /// restart adopt its bucket count and find its key before opening it.
+    pub fn snapshot_meta(path: &Path) -> StoreResult<Option<SnapshotMeta>> {
         if !path.exists() {
             return Ok(None);
         }
-        Ok(Some(read_snapshot(path)?.buckets))
+        let snap = read_snapshot(path)?;
+        Ok(Some(SnapshotMeta {
+            buckets: snap.buckets,
+            hashing: RecordedHashing {
+                format: snap.format,
+                key_id: Some(snap.key_id).filter(|k| !k.is_empty()),
+            },
+        }))
     }
 
     /// Writes the snapshot if anything changed since the last one. Returns whether it wrote.
@@ -323,7 +369,9 @@ impl MemoryStore {
         let snap = {
             let st = self.state.lock().expect("memory store lock");
             Snapshot {
-                format: FORMAT_VERSION,
+                version: SNAPSHOT_VERSION,
+                format: self.layout.format(),
+                key_id: self.layout.hashing().key_id().unwrap_or("").to_owned(),
                 buckets: self.layout.buckets(),
                 entries: st
                     .entries
@@ -382,8 +430,27 @@ fn read_snapshot(path: &Path) -> StoreResult<Snapshot> {
     let bytes = std::fs::read(path).map_err(|e| {
         StoreError::Unavailable(format!("reading snapshot {}: {e}", path.display()))
     })?;
-    postcard::from_bytes(&bytes)
-        .map_err(|e| StoreError::Corrupt(format!("snapshot {}: {e}", path.display())))
+    let corrupt =
+        |e: postcard::Error| StoreError::Corrupt(format!("snapshot {}: {e}", path.display()));
+    match postcard::take_from_bytes::<u32>(&bytes).map_err(corrupt)?.0 {
+        1 => {
+            let v1: SnapshotV1 = postcard::from_bytes(&bytes).map_err(corrupt)?;
+            Ok(Snapshot {
+                version: SNAPSHOT_VERSION,
+                format: fingerprint::FORMAT_UNKEYED,
+                key_id: String::new(),
+                buckets: v1.buckets,
+                entries: v1.entries,
+                registries: v1.registries,
+                definitions: v1.definitions,
+            })
+        }
+        SNAPSHOT_VERSION => postcard::from_bytes(&bytes).map_err(corrupt),
+        other => Err(StoreError::Keyspace(format!(
+            "snapshot {} is of version {other}; this build reads versions 1 and {SNAPSHOT_VERSION}: use a matching build or move it away",
+            path.display()
+        ))),
+    }
 }
 
 #[async_trait]

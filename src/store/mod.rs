@@ -8,6 +8,7 @@
 
 pub mod conn;
 pub mod dump;
+pub mod fingerprint;
 pub mod layout;
 pub mod memory;
 pub mod redis;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+pub use fingerprint::{FingerprintKey, Hashing, KeyError};
 pub use layout::{AuditRecord, AuditSummary, EntryKey, Invalidation, Layout, PrefixLen, Scope};
 
 /// Why a store call failed. Every variant is the service's (or its store's) problem, never

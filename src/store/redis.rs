@@ -34,7 +34,8 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 
-use super::layout::{AUDIT_PARTS, FORMAT_VERSION, MAX_MEAN_FILL, key_slot};
+use super::fingerprint::{self, FingerprintKey, RecordedHashing};
+use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
     AuditRecord, AuditSummary, Deadline, DefinitionKind, EntryKey, Invalidation,
@@ -43,14 +44,18 @@ use super::{
 };
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
-/// Creates the meta hash if it is missing; returns (format, buckets, created?).
+/// Creates the meta hash if it is missing and ARGV[1] (the format to create) is not empty;
+/// ARGV[4] is the key id ('' in format 1). Returns (format, buckets, created, key id), created
+/// being 1 (created now), 0 (found) or -1 (missing, and not created).
 const OPEN_KEYSPACE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  if ARGV[1] == '' then return {false, false, -1, false} end
   redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3])
-  return {ARGV[1], ARGV[2], 1}
+  if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
+  return {ARGV[1], ARGV[2], 1, ARGV[4]}
 end
-local m = redis.call('HMGET', KEYS[1], 'format', 'buckets')
-return {m[1], m[2], 0}
+local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id')
+return {m[1], m[2], 0, m[3]}
 ";
 
 /// Deletes fields of one bucket; per field 1 if it was present and live at ARGV[1]
@@ -255,6 +260,10 @@ pub struct RedisOptions {
     /// Writes are acknowledged only once this many replicas have them (`WAIT`); 0: once the
     /// primary has them.
     pub write_replicas: u32,
+    /// The fingerprint key (`fingerprint`): needed to create a keyspace and to open a keyed one.
+    pub fingerprint_key: Option<FingerprintKey>,
+    /// Without a key, create an unkeyed (format 1) keyspace instead of refusing.
+    pub allow_unkeyed: bool,
 }
 
 /// What opening the keyspace found, for the start-up log.
@@ -262,8 +271,13 @@ pub struct RedisOptions {
 pub struct OpenReport {
     pub created: bool,
     pub buckets: u32,
+    /// The layout format (2 keyed, 1 unkeyed) and, keyed, the key's id.
+    pub format: u32,
+    pub key_id: Option<String>,
     /// Problems worth a loud warning that do not stop the service.
     pub warnings: Vec<String>,
+    /// Set for an unkeyed keyspace: the line to log at ERROR at every start-up.
+    pub unkeyed: Option<String>,
 }
 
 /// The Redis store.
@@ -464,25 +478,53 @@ impl RedisStore {
             opts.expected_entries
                 .unwrap_or(opts.default_expected_entries),
         );
-        let layout = Layout::new(opts.prefix.clone(), wanted);
-        let (format, buckets, created): (Option<String>, Option<String>, i64) =
-            Script::new(OPEN_KEYSPACE)
-                .key(layout.meta_key())
-                .arg(FORMAT_VERSION)
-                .arg(wanted)
-                .arg(now_ms())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-        let meta = layout.meta_key();
-        let format: u32 = format
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(|| StoreError::Keyspace(format!("{meta} has no readable format field")))?;
-        if format != FORMAT_VERSION {
-            return Err(StoreError::Keyspace(format!(
-                "{meta} records layout format {format}; this build knows format {FORMAT_VERSION} only: use a matching build or another key prefix"
-            )));
-        }
+        let meta = Layout::meta_key_of(&opts.prefix);
+        let place = format!("key prefix {}", opts.prefix);
+        // What a new keyspace would be; the script creates it only if it is missing.
+        let new = fingerprint::for_new_keyspace(
+            opts.fingerprint_key.as_ref(),
+            opts.allow_unkeyed,
+            &place,
+        );
+        let (create_format, create_key_id) = match &new {
+            Ok((h, _)) => (h.format().to_string(), h.key_id().unwrap_or("").to_owned()),
+            Err(_) => (String::new(), String::new()),
+        };
+        let (format, buckets, created, key_id): (
+            Option<String>,
+            Option<String>,
+            i64,
+            Option<String>,
+        ) = Script::new(OPEN_KEYSPACE)
+            .key(&meta)
+            .arg(create_format)
+            .arg(wanted)
+            .arg(now_ms())
+            .arg(create_key_id)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let (hashing, unkeyed) = match created {
+            // Missing, and not created: only when there was nothing to create it with.
+            -1 => {
+                return Err(StoreError::Keyspace(
+                    new.err()
+                        .unwrap_or_else(|| fingerprint::no_key_for_new(&place)),
+                ));
+            }
+            1 => new.map_err(StoreError::Keyspace)?,
+            _ => {
+                let format: u32 = format.and_then(|f| f.parse().ok()).ok_or_else(|| {
+                    StoreError::Keyspace(format!("{meta} has no readable format field"))
+                })?;
+                fingerprint::open_recorded(
+                    &RecordedHashing { format, key_id },
+                    opts.fingerprint_key.as_ref(),
+                    &place,
+                )
+                .map_err(StoreError::Keyspace)?
+            }
+        };
         let buckets: u32 = buckets
             .and_then(|b| b.parse().ok())
             .filter(|&b| b > 0)
@@ -496,7 +538,9 @@ impl RedisStore {
                  to adopt the recorded count, or use a new key prefix and re-import"
             )));
         }
-        let layout = Layout::new(opts.prefix, buckets);
+        let format = hashing.format();
+        let key_id = hashing.key_id().map(str::to_owned);
+        let layout = Layout::new(opts.prefix, buckets, hashing);
 
         let mut warnings = Vec::new();
         let mean = opts
@@ -552,7 +596,10 @@ impl RedisStore {
             OpenReport {
                 created: created == 1,
                 buckets,
+                format,
+                key_id,
                 warnings,
+                unkeyed,
             },
         ))
     }

@@ -1250,7 +1250,7 @@ mod tests {
 
     #[test]
     fn bucket_names() {
-        let l = Layout::new("nl:", 10);
+        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
         assert_eq!(bucket_number(&l, "nl:b:7"), Some(7));
         assert_eq!(bucket_number(&l, "nl:b:12"), Some(12));
         assert_eq!(bucket_number(&l, "nl:b:007"), None);

@@ -44,7 +44,9 @@ use crate::lists::MAX_REASON_LEN;
 use crate::store::dump::DumpFormat;
 use crate::store::layout::write_canonical;
 use crate::store::redis::RedisStore;
-use crate::store::{AuditRecord, Invalidation, Layout, PrefixLen, Scope, Store};
+use crate::store::{
+    AuditRecord, FingerprintKey, Hashing, Invalidation, Layout, PrefixLen, Scope, Store,
+};
 
 /// Bulk-load entries from CSV or JSON Lines (optionally gzip), from FILE or stdin.
 ///
@@ -802,10 +804,14 @@ struct InputId {
     path: PathBuf,
     size: u64,
     modified_ms: u128,
-    head_xxh3: u64,
+    /// The keyspace's keyed hash of the first MiB (`Hashing::import_input`): a small input is
+    /// a few rows, which an unkeyed hash would give back. A checkpoint of an older build
+    /// (`head_xxh3`) parses, and is then taken for another input.
+    #[serde(alias = "head_xxh3")]
+    head_hash: u64,
 }
 
-fn input_id(path: &Path) -> anyhow::Result<InputId> {
+fn input_id(path: &Path, hashing: &Hashing) -> anyhow::Result<InputId> {
     let meta = std::fs::metadata(path)?;
     let mut head = vec![0u8; 1 << 20];
     let mut f = File::open(path)?;
@@ -825,7 +831,7 @@ fn input_id(path: &Path) -> anyhow::Result<InputId> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0),
-        head_xxh3: xxhash_rust::xxh3::xxh3_64(&head[..n]),
+        head_hash: hashing.import_input(&head[..n]),
     })
 }
 
@@ -1045,7 +1051,10 @@ pub async fn import(
         bail!("--resume needs an input FILE (stdin cannot be read again)");
     }
     let checkpoint_path = args.checkpoint_path().filter(|_| !args.dry_run);
-    let input = args.input_path().map(input_id).transpose()?;
+    let input = args
+        .input_path()
+        .map(|p| input_id(p, layout.hashing()))
+        .transpose()?;
     let mut done_below = 0u32;
     let mut now = now_ms();
     let resumable = checkpoint_path.as_ref().filter(|p| p.exists());
@@ -1311,7 +1320,16 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
                 .expected_entries
                 .unwrap_or(crate::config::DEFAULT_EXPECTED_ENTRIES),
         );
-        (None, Layout::new(settings.key_prefix, buckets))
+        // Nothing is written: any key counts the same duplicates (the configured one is
+        // still read, so a bad key file shows before the real run).
+        let key = match settings.fingerprint_key()? {
+            Some(k) => k,
+            None => FingerprintKey::generate("generated for a dry run")?,
+        };
+        (
+            None,
+            Layout::new(settings.key_prefix, buckets, Hashing::Keyed(key)),
+        )
     } else {
         let (store, _) = global.open().await?;
         let layout = store.layout().clone();

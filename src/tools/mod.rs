@@ -5,12 +5,15 @@
 //! Unlike the service, the tools report errors with `anyhow` and context: they end in a
 //! message to an operator, not in an HTTP status.
 //!
-//! Every tool reads the Redis URL and key prefix the way the service does (defaults, then the
-//! `--config` file, then `NAMELIST_*` variables), and command-line flags override both.
+//! Every tool reads the Redis URL, key prefix and fingerprint key the way the service does
+//! (defaults, then the `--config` file, then `NAMELIST_*` variables), and command-line flags
+//! override both; so a tool refuses a keyspace exactly when the service would (no key or the
+//! wrong key for a keyed keyspace, no key for a new one).
 
 pub mod audit;
 pub mod gen_data;
 pub mod import;
+pub mod keygen;
 pub mod sweep;
 
 use std::path::PathBuf;
@@ -40,6 +43,9 @@ pub struct Global {
     /// Expected entries of a keyspace this run creates (overrides NAMELIST_EXPECTED_ENTRIES).
     #[arg(long, global = true)]
     pub expected_entries: Option<u64>,
+    /// Fingerprint key file (overrides NAMELIST_FINGERPRINT_KEY_FILE and the config file).
+    #[arg(long, global = true)]
+    pub fingerprint_key_file: Option<PathBuf>,
 }
 
 impl Global {
@@ -59,6 +65,9 @@ impl Global {
         }
         if let Some(e) = self.expected_entries {
             s.expected_entries = Some(e);
+        }
+        if let Some(k) = &self.fingerprint_key_file {
+            s.fingerprint_key_file = Some(k.clone());
         }
         Ok(s)
     }
@@ -85,9 +94,14 @@ impl Global {
             response_timeout: Duration::from_secs(60),
             audit_max_len: settings.audit_max_len,
             write_replicas: settings.write_replicas,
+            fingerprint_key: settings.fingerprint_key()?,
+            allow_unkeyed: settings.allow_unkeyed,
         })
         .await
         .context("opening the keyspace")?;
+        if let Some(line) = &report.unkeyed {
+            eprintln!("ERROR: {line}");
+        }
         for w in &report.warnings {
             eprintln!("WARNING: {w}");
         }

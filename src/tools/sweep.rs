@@ -1041,7 +1041,7 @@ mod tests {
 
     #[test]
     fn only_exact_bucket_keys_of_this_keyspace() {
-        let l = Layout::new("nl:", 10);
+        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
         assert_eq!(bucket_index(&l, b"nl:b:0"), Some(0));
         assert_eq!(bucket_index(&l, b"nl:b:9"), Some(9));
         for k in [

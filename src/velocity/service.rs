@@ -138,17 +138,6 @@ struct Planned {
 /// Where an event sits in a request, for error messages: `events[3].` or `event.`.
 type EventPath<'a> = &'a dyn Fn(usize) -> String;
 
-/// 64 bits of the hash of an event's type and id: what an entity remembers of it.
-fn event_hash(e: &EventInput) -> Option<i64> {
-    e.id.as_ref().map(|id| {
-        let mut h = Vec::with_capacity(e.event_type.as_str().len() + id.len() + 1);
-        h.extend_from_slice(e.event_type.as_str().as_bytes());
-        h.push(b'\n');
-        h.extend_from_slice(id.as_bytes());
-        xxhash_rust::xxh3::xxh3_64(&h) as i64
-    })
-}
-
 /// The velocity service of one instance.
 pub struct Velocity {
     store: Arc<dyn Store>,
@@ -178,11 +167,6 @@ fn family(a: Aggregation) -> MetricFamily {
         Aggregation::CountDistinct => MetricFamily::Distinct,
         Aggregation::ApproxCountDistinct => MetricFamily::Approx,
     }
-}
-
-/// A distinct member: 64 bits of the value's hash (the value itself is never stored).
-fn member(value: &str) -> i64 {
-    xxhash_rust::xxh3::xxh3_64(value.as_bytes()) as i64
 }
 
 async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
@@ -478,7 +462,11 @@ impl Velocity {
         let mut late = vec![false; events.len()];
         for (i, e) in events.iter().enumerate() {
             let at = |what: &str| format!("{}{what}", path(i));
-            let hash = event_hash(e);
+            let layout = self.store.layout();
+            // What an entity remembers of the event (keyed: an id may be an identifier).
+            let hash =
+                e.id.as_ref()
+                    .map(|id| layout.event_hash(e.event_type.as_str(), id));
             let ts = e.ts.unwrap_or(now);
             if ts > now + MAX_FUTURE_MS {
                 return Err(ValidationError::new(
@@ -529,7 +517,8 @@ impl Velocity {
                                 })?
                                 .0
                         }
-                        Some(v) => member(v.text()),
+                        // Distinct counts keep a keyed hash of the value, never the value.
+                        Some(v) => layout.distinct_member(v.text()),
                     },
                 };
                 applicable += 1;
@@ -539,10 +528,7 @@ impl Velocity {
                 fresh += 1;
                 planned.push(Planned {
                     event: i,
-                    key: self
-                        .store
-                        .layout()
-                        .metric_key(m.id.as_str(), m.version, &values),
+                    key: layout.metric_key(m.id.as_str(), m.version, &values),
                     sub: m.sub(ts),
                     value,
                     metric: m.clone(),

@@ -3,15 +3,58 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use namelist::config::{LogFormat, Settings};
 use namelist::lists::NameLists;
 use namelist::startup::Application;
+use namelist::store::{FingerprintKey, Hashing};
 use secrecy::SecretString;
+
+/// The fingerprint key of the tests (hex, as a key file holds it): every keyspace a test makes
+/// is keyed with it unless the test is about format 1 or other keys.
+pub const TEST_KEY_HEX: &str = "3b9f1c7e2a6d4058b1e7c3a9f0d2846e5c1a7b3f9e0d2c4a6b8f1e3d5c7a9b0d";
+
+/// The tests' fingerprint key.
+pub fn test_key() -> FingerprintKey {
+    FingerprintKey::from_hex(TEST_KEY_HEX, "the tests' key").expect("a valid test key")
+}
+
+/// The tests' hashing: keyed with [`test_key`].
+pub fn keyed() -> Hashing {
+    Hashing::Keyed(test_key())
+}
+
+/// A file holding [`TEST_KEY_HEX`], mode 0600, made once per test process (for the binaries
+/// and `Settings::fingerprint_key_file`).
+pub fn key_file() -> &'static Path {
+    static FILE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &FILE
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let path = dir.path().join("fingerprint.key");
+            write_key_file(&path, TEST_KEY_HEX);
+            (dir, path)
+        })
+        .1
+}
+
+/// Writes `hex` to a new key file, mode 0600.
+pub fn write_key_file(path: &Path, hex: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{hex}"))
+        .expect("writing a key file");
+}
 
 /// A `redis-server` of the test's own, killed when dropped.
 pub struct RedisServer {
@@ -497,8 +540,9 @@ pub fn unique_prefix() -> String {
     format!("t{}:", PREFIXES.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Test settings: quiet, one worker, port 0, embedded store, and a check deadline that a busy
-/// CI machine running debug builds meets (tests about deadlines set their own).
+/// Test settings: quiet, one worker, port 0, embedded store, the tests' fingerprint key, and a
+/// check deadline that a busy CI machine running debug builds meets (tests about deadlines set
+/// their own).
 pub fn test_settings() -> Settings {
     Settings {
         listen: "127.0.0.1:0".into(),
@@ -506,6 +550,7 @@ pub fn test_settings() -> Settings {
         log_format: LogFormat::Text,
         key_prefix: unique_prefix(),
         check_deadline_ms: 500,
+        fingerprint_key_file: Some(key_file().to_owned()),
         ..Settings::default()
     }
 }
@@ -619,4 +664,64 @@ pub async fn spawn_app(settings: Settings) -> TestApp {
         lists,
         handle,
     }
+}
+
+/// The `namelist` binary (`bin`), logging to a file; killed when dropped.
+pub struct Logged {
+    pub child: Child,
+    pub port: u16,
+    pub log: tempfile::NamedTempFile,
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the service binary `bin` with a free `NAMELIST_LISTEN` and `vars` as its whole
+/// environment, stderr into a file; returns once `/readyz` answers 200.
+pub async fn start_logged(bin: &str, vars: &[(&str, &str)]) -> Logged {
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let log = tempfile::NamedTempFile::new().expect("log file");
+        let child = Command::new(bin)
+            .env_clear()
+            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
+            .envs(vars.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log.reopen().expect("log file"))
+            .spawn()
+            .expect("spawning the namelist binary");
+        let mut s = Logged { child, port, log };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if s.child.try_wait().expect("child status").is_some() {
+                break;
+            }
+            let ready = client
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .send()
+                .await;
+            if ready.is_ok_and(|r| r.status() == 200) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(s);
+    }
+    panic!("the namelist binary did not start");
+}
+
+/// A command for the binary `bin` without the test's own `NAMELIST_*` variables.
+pub fn without_namelist_env(bin: &str) -> Command {
+    let mut cmd = Command::new(bin);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("NAMELIST_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
 }
