@@ -21,7 +21,7 @@ use namelist::store::Layout;
 use namelist::store::layout::key_slot;
 use serde_json::{Value, json};
 
-const CHECK_DEADLINE_MS: u64 = 150;
+const CHECK_DEADLINE_MS: u64 = 400;
 const WRITE_DEADLINE_MS: u64 = 3_000;
 
 fn slot(layout: &Layout, uid: &str) -> u16 {
