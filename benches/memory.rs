@@ -20,7 +20,7 @@ use common::RedisServer;
 
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Layout, Store, WriteBatch};
+use namelist::store::{Deadline, Layout, Store, WriteBatch};
 use namelist::tools::audit;
 use serde_json::json;
 
@@ -196,11 +196,14 @@ fn main() -> Res<()> {
             let code = Expiry::at_ms(expires, now)?.code();
             entries.push((layout.entry_key(list, dim, sandbox, &value), code));
         }
-        rt.block_on(store.write(WriteBatch {
-            entries,
-            prefixes: vec![],
-            audit: vec![],
-        }))?;
+        rt.block_on(store.write(
+            WriteBatch {
+                entries,
+                prefixes: vec![],
+                audit: vec![],
+            },
+            Deadline::after(Duration::from_secs(60)),
+        ))?;
         written += size as u64;
     }
     let write_secs = started.elapsed().as_secs_f64();

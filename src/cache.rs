@@ -1071,7 +1071,7 @@ mod tests {
 
     use super::*;
     use crate::store::memory::MemoryStore;
-    use crate::store::{FingerprintKey, Hashing, Layout, WriteBatch};
+    use crate::store::{Deadline, FingerprintKey, Hashing, Layout, WriteBatch};
 
     /// Codes far in the future (2088 is u32::MAX seconds after 2020).
     const LATER: u32 = 4_000_000_000;
@@ -1370,10 +1370,13 @@ mod tests {
             })
             .collect();
         store
-            .write(WriteBatch {
-                entries,
-                ..WriteBatch::default()
-            })
+            .write(
+                WriteBatch {
+                    entries,
+                    ..WriteBatch::default()
+                },
+                Deadline::after(Duration::from_secs(5)),
+            )
             .await
             .unwrap();
     }

@@ -15,11 +15,15 @@
 //! | no or invalid bearer token     | 401    | `unauthorized` (+ `WWW-Authenticate: Bearer`) |
 //! | a token whose role is too low  | 403    | `forbidden`               |
 //! | store unreachable or too slow  | 503    | `store_unavailable` (+ `Retry-After: 1`) |
+//! | a write refused unsent: a primary it needs has fewer online replicas than `write_replicas` | 503 | `replicas_unavailable` (+ `Retry-After: 1`) |
 //! | a concurrency or memory limit reached | 503 | `overloaded` (+ `Retry-After: 1`) |
 //! | anything else                  | 500    | `internal`                |
 //!
-//! 5xx bodies stay opaque; the cause goes to the log. 4xx messages are returned to the caller
-//! but never logged (they may quote a value).
+//! 5xx bodies stay opaque; the cause goes to the log. The exception is a write refused before
+//! anything was sent (`StoreError::Refused`, whatever its code): its message names the
+//! guarantee that could not be given, by slot range (never a node address or a value), and
+//! says that nothing was written. 4xx messages are returned to the caller but never logged
+//! (they may quote a value).
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
@@ -27,7 +31,7 @@ use serde_json::json;
 
 use crate::domain::ValidationError;
 use crate::lists::ListsError;
-use crate::store::StoreError;
+use crate::store::{Refusal, StoreError};
 
 /// An error answered to an HTTP caller.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +104,9 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
+            ApiError::Unavailable(StoreError::Refused(Refusal::Replicas { .. })) => {
+                "replicas_unavailable"
+            }
             ApiError::Unavailable(_) => "store_unavailable",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal",
@@ -128,6 +135,10 @@ impl ResponseError for ApiError {
     fn error_response(&self) -> HttpResponse {
         let status = self.status_code();
         let message = match self {
+            ApiError::Unavailable(StoreError::Refused(r)) => {
+                tracing::warn!(error = %r, "write refused, answering 503");
+                r.public_message()
+            }
             ApiError::Unavailable(e) => {
                 tracing::warn!(error = %e, "answering 503");
                 "the store did not answer in time; retry later".to_owned()

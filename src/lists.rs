@@ -32,7 +32,7 @@ use crate::domain::{
 };
 use crate::metrics::Metrics;
 use crate::store::{
-    AuditRecord, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch, code_is_live,
+    AuditRecord, Deadline, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch, code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -223,30 +223,6 @@ impl NameLists {
         &self.settings
     }
 
-    /// Runs one store call under a deadline, recording its latency and failure.
-    async fn call<T>(
-        &self,
-        op: &'static str,
-        deadline: Duration,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let span = tracing::info_span!("store", op);
-        let r = match tokio::time::timeout(deadline, fut.instrument(span.clone())).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(deadline)),
-        };
-        self.metrics
-            .store_calls
-            .with_label_values(&[op])
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = &r {
-            self.metrics.store_errors.with_label_values(&[op]).inc();
-            span.in_scope(|| tracing::warn!(error = %e, "store call failed"));
-        }
-        r
-    }
-
     /// Queues an expired field for compare-and-delete, off the request path. If the queue is
     /// full the field stays; the next read that finds it queues it again.
     fn reclaim(&self, key: EntryKey, code: u32) {
@@ -295,12 +271,10 @@ impl NameLists {
             ));
         }
         let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
+        let deadline = Deadline::after(self.settings.write_deadline);
         let result = self
-            .call(
-                "write",
-                self.settings.write_deadline,
-                self.store.write(batch),
-            )
+            .metrics
+            .store_call("write", deadline, self.store.write(batch, deadline))
             .await;
         self.cache.wrote(&keys);
         if !scopes.is_empty() {
@@ -351,11 +325,13 @@ impl NameLists {
         // The same entry twice in one request is removed once.
         let mut seen = HashSet::new();
         let unique: Vec<EntryKey> = keys.iter().copied().filter(|k| seen.insert(*k)).collect();
+        let deadline = Deadline::after(self.settings.write_deadline);
         let result = self
-            .call(
+            .metrics
+            .store_call(
                 "remove",
-                self.settings.write_deadline,
-                self.store.remove(&unique, now, audit),
+                deadline,
+                self.store.remove(&unique, now, audit, deadline),
             )
             .await;
         self.cache.wrote(&unique);
@@ -381,9 +357,10 @@ impl NameLists {
                 .layout()
                 .entry_key(list, &entry.dimension, &entry.sandbox, &entry.value);
         let codes = self
-            .call(
+            .metrics
+            .store_call(
                 "get",
-                self.settings.check_deadline,
+                Deadline::after(self.settings.check_deadline),
                 self.store.get_many(&[key]),
             )
             .await?;
@@ -609,7 +586,10 @@ async fn reclaim_expired(
     metrics: Arc<Metrics>,
 ) {
     while let Some((key, code)) = rx.recv().await {
-        match tokio::time::timeout(deadline, store.remove_if_unchanged(key, code)).await {
+        let until = Deadline::after(deadline);
+        match tokio::time::timeout_at(until.instant(), store.remove_if_unchanged(key, code, until))
+            .await
+        {
             Ok(Ok(true)) => {
                 tier.forget_expired(&key, code);
                 metrics.expired_reclaimed.inc();

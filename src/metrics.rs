@@ -7,8 +7,11 @@ use prometheus::{
 };
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::store::AuditSummary;
+use tracing::Instrument;
+
+use crate::store::{AuditSummary, Deadline, StoreError, StoreResult};
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -18,6 +21,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub const STORE_OPS: &[&str] = &[
     "check", "get", "write", "remove", "events", "features", "evaluate", "define",
 ];
+
+/// The `reason` labels of `namelist_write_refusals_total` (`Refusal::label`).
+pub const REFUSAL_REASONS: &[&str] = &["replicas", "unreachable", "deadline", "busy"];
 
 /// The `state` labels of `namelist_audit_buckets`, in [`Metrics::set_audit`]'s order.
 const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"];
@@ -54,6 +60,9 @@ pub struct Metrics {
     pub overloaded: IntCounterVec,
     /// `/v1` requests being handled now.
     pub in_flight: IntGauge,
+    /// Writes refused before anything was sent, by reason (`replicas`, `unreachable`,
+    /// `deadline`, `busy`).
+    pub write_refusals: IntCounterVec,
     /// The last audit (`namelist-tools audit`), as it left its summary in the store.
     pub audit: AuditGauges,
     /// The local tier of whole buckets (`cache`), as its worker last exported it.
@@ -254,6 +263,16 @@ impl Metrics {
             .expect("valid metric"),
             in_flight: IntGauge::new("namelist_in_flight_requests", "/v1 requests being handled")
                 .expect("valid metric"),
+            write_refusals: IntCounterVec::new(
+                Opts::new(
+                    "namelist_write_refusals_total",
+                    "Writes refused before anything was sent: a primary with too few online \
+                     replicas, an unreachable primary, too little deadline left, or every \
+                     write connection busy",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             audit: AuditGauges {
                 timestamp: Gauge::new(
                     "namelist_audit_last_run_timestamp_seconds",
@@ -302,10 +321,43 @@ impl Metrics {
         for limit in ["in_flight", "body_bytes"] {
             m.overloaded.with_label_values(&[limit]);
         }
+        for reason in REFUSAL_REASONS {
+            m.write_refusals.with_label_values(&[reason]);
+        }
         for state in AUDIT_STATES {
             m.audit.buckets.with_label_values(&[state]);
         }
         m
+    }
+
+    /// Runs one store call until `deadline` in a `store` span, recording its latency, its
+    /// failure (a missed deadline is one) and, for a write refused before it was sent, why.
+    pub async fn store_call<T>(
+        &self,
+        op: &'static str,
+        deadline: Deadline,
+        fut: impl Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let started = Instant::now();
+        let span = tracing::info_span!("store", op);
+        let r =
+            match tokio::time::timeout_at(deadline.instant(), fut.instrument(span.clone())).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(deadline.budget())),
+            };
+        self.store_calls
+            .with_label_values(&[op])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &r {
+            self.store_errors.with_label_values(&[op]).inc();
+            if let StoreError::Refused(refusal) = e {
+                self.write_refusals
+                    .with_label_values(&[refusal.label()])
+                    .inc();
+            }
+            span.in_scope(|| tracing::warn!(error = %e, "store call failed"));
+        }
+        r
     }
 
     /// Exports an audit summary read from the store.
@@ -346,6 +398,7 @@ impl Metrics {
             Box::new(self.auth_failures.clone()),
             Box::new(self.overloaded.clone()),
             Box::new(self.in_flight.clone()),
+            Box::new(self.write_refusals.clone()),
             Box::new(self.audit.timestamp.clone()),
             Box::new(self.audit.buckets.clone()),
             Box::new(self.audit.entries.clone()),

@@ -78,7 +78,7 @@ fn flatten(v: &redis::Value, out: &mut String) {
     out.push(' ');
 }
 
-/// Every key of the server and everything in it, as text (the audit stream apart).
+/// Every key of the server and everything in it, as text (the audit trail apart).
 fn dump(redis: &RedisServer) -> (String, String) {
     let mut conn = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
@@ -105,7 +105,8 @@ fn dump(redis: &RedisServer) -> (String, String) {
             cmd.arg(&key);
         }
         let value: redis::Value = cmd.query(&mut conn).unwrap();
-        let out = if key == format!("{PREFIX}audit") {
+        // The audit trail: its parts (`<prefix>audit:{<tag>}`) and the older single stream.
+        let out = if kind == "stream" && key.starts_with(&format!("{PREFIX}audit")) {
             &mut audit
         } else {
             &mut dump

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{RedisCluster, RedisServer};
 use namelist::domain::{Expiry, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Store, WriteBatch};
+use namelist::store::{Deadline, Store, WriteBatch};
 use namelist::tools::audit::{self, Args, AuditReport};
 
 const ENTRIES: u64 = 3000;
@@ -58,10 +58,13 @@ async fn fill(store: &RedisStore) {
     }
     for chunk in entries.chunks(1000) {
         store
-            .write(WriteBatch {
-                entries: chunk.to_vec(),
-                ..WriteBatch::default()
-            })
+            .write(
+                WriteBatch {
+                    entries: chunk.to_vec(),
+                    ..WriteBatch::default()
+                },
+                Deadline::after(Duration::from_secs(10)),
+            )
             .await
             .expect("write");
     }

@@ -19,7 +19,7 @@ use namelist::lists::{
 use namelist::metrics::Metrics;
 use namelist::store::memory::MemoryStore;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{FingerprintKey, Hashing, Layout, Store};
+use namelist::store::{Deadline, FingerprintKey, Hashing, Layout, Store};
 
 use common::{RedisCluster, RedisServer, unique_prefix};
 
@@ -718,7 +718,10 @@ async fn lazy_delete_removes_the_field(h: &Harness) {
         .await
         .unwrap();
     assert!(
-        !h.store.remove_if_unchanged(key, e.code()).await.unwrap(),
+        !h.store
+            .remove_if_unchanged(key, e.code(), Deadline::after(Duration::from_secs(10)))
+            .await
+            .unwrap(),
         "a refresh survives"
     );
     assert_eq!(
@@ -727,7 +730,7 @@ async fn lazy_delete_removes_the_field(h: &Harness) {
     );
     assert!(
         h.store
-            .remove_if_unchanged(key, fresh.code())
+            .remove_if_unchanged(key, fresh.code(), Deadline::after(Duration::from_secs(10)))
             .await
             .unwrap()
     );

@@ -257,17 +257,15 @@ async fn restore_builds_what_hset_would() {
 
     // One audit record for the run, with its counts; the ranges' registry is untouched
     // (no CIDR rows here).
-    let tail: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg("r:audit")
-        .arg("-")
-        .arg("+")
-        .query(&mut conn)
-        .unwrap();
+    let tail = {
+        use namelist::store::Store;
+        restored.audit_tail(10).await.unwrap()
+    };
     assert_eq!(tail.len(), 1);
     let fields: HashMap<&str, &str> = tail[0]
-        .1
-        .chunks(2)
-        .map(|p| (p[0].as_str(), p[1].as_str()))
+        .fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     assert_eq!(fields["op"], "import");
     assert_eq!(fields["rows_read"], "20000");

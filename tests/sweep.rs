@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{RedisCluster, RedisServer};
 use namelist::domain::{EPOCH_2020_MS, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{EntryKey, Layout, Store, WriteBatch};
+use namelist::store::{Deadline, EntryKey, Layout, Store, WriteBatch};
 use namelist::tools::sweep::{self, Args, Position, SweepReport, compare_and_delete};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -115,11 +115,14 @@ fn bucket_memory(redis: &RedisServer, layout: &Layout) -> BTreeMap<u32, u64> {
 async fn write(store: &RedisStore, entries: &[(EntryKey, u32)]) {
     for chunk in entries.chunks(10_000) {
         store
-            .write(WriteBatch {
-                entries: chunk.to_vec(),
-                prefixes: vec![],
-                audit: vec![],
-            })
+            .write(
+                WriteBatch {
+                    entries: chunk.to_vec(),
+                    prefixes: vec![],
+                    audit: vec![],
+                },
+                Deadline::after(Duration::from_secs(10)),
+            )
             .await
             .expect("write");
     }

@@ -248,10 +248,13 @@ async fn buckets_are_read_whole_as_listpacks_hashtables_or_without_dump() {
     let store = open(redis.url(), "gb:").await;
     let written = entries(store.layout(), 1_000); // ~16 a bucket
     store
-        .write(namelist::store::WriteBatch {
-            entries: written.clone(),
-            ..Default::default()
-        })
+        .write(
+            namelist::store::WriteBatch {
+                entries: written.clone(),
+                ..Default::default()
+            },
+            namelist::store::Deadline::after(Duration::from_secs(5)),
+        )
         .await
         .unwrap();
     let mut conn = redis.conn();

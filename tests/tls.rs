@@ -19,7 +19,7 @@ use common::{spawn_app, test_settings};
 use namelist::config::Settings;
 use namelist::startup::{Application, StartupError};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{EntryKey, Store, StoreError, WriteBatch};
+use namelist::store::{Deadline, EntryKey, Store, StoreError, WriteBatch};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use secrecy::SecretString;
 use serde_json::json;
@@ -276,10 +276,13 @@ async fn write_and_read(url: String) {
         field: 0x0bad,
     };
     store
-        .write(WriteBatch {
-            entries: vec![(key, 0)],
-            ..WriteBatch::default()
-        })
+        .write(
+            WriteBatch {
+                entries: vec![(key, 0)],
+                ..WriteBatch::default()
+            },
+            Deadline::after(Duration::from_secs(10)),
+        )
         .await
         .expect("a write over TLS");
     let got = store

@@ -33,8 +33,8 @@ use namelist::lists::FailMode;
 use namelist::metrics::Metrics;
 use namelist::startup::open_store;
 use namelist::store::{
-    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricAnswer,
-    MetricOp, PrefixLen, Scope, Store, StoreResult, StoredDefinition, WriteBatch,
+    AuditRecord, Deadline, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
+    MetricAnswer, MetricOp, PrefixLen, Scope, Store, StoreResult, StoredDefinition, WriteBatch,
 };
 use namelist::velocity::{
     EventInput, FieldValue, Fields, Velocity, VelocityError, VelocitySettings,
@@ -1701,19 +1701,25 @@ impl Store for LateAnswers {
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
         self.inner.prefix_lengths(scopes).await
     }
-    async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
-        self.inner.write(batch).await
+    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()> {
+        self.inner.write(batch, deadline).await
     }
     async fn remove(
         &self,
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
+        deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
-        self.inner.remove(keys, now_ms, audit).await
+        self.inner.remove(keys, now_ms, audit, deadline).await
     }
-    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
-        self.inner.remove_if_unchanged(key, code).await
+    async fn remove_if_unchanged(
+        &self,
+        key: EntryKey,
+        code: u32,
+        deadline: Deadline,
+    ) -> StoreResult<bool> {
+        self.inner.remove_if_unchanged(key, code, deadline).await
     }
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
         self.inner.subscribe().await
@@ -1724,8 +1730,12 @@ impl Store for LateAnswers {
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
         self.inner.audit_tail(count).await
     }
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
-        let answer = self.inner.metric_ops(ops).await;
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>> {
+        let answer = self.inner.metric_ops(ops, deadline).await;
         if self.late.load(Ordering::Relaxed) && ops.iter().any(|op| op.update.is_some()) {
             tokio::time::sleep(self.delay).await;
         }
@@ -1740,11 +1750,19 @@ impl Store for LateAnswers {
         id: &str,
         fingerprint: &str,
         body: &str,
+        deadline: Deadline,
     ) -> StoreResult<u64> {
-        self.inner.put_definition(kind, id, fingerprint, body).await
+        self.inner
+            .put_definition(kind, id, fingerprint, body, deadline)
+            .await
     }
-    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
-        self.inner.delete_definition(kind, id).await
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        deadline: Deadline,
+    ) -> StoreResult<bool> {
+        self.inner.delete_definition(kind, id, deadline).await
     }
 }
 

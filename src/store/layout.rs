@@ -93,10 +93,27 @@
 //! metric never reuses an old version's counts).
 //!
 //! # Audit trail and invalidation
-//! Every upsert and delete appends one record per entry to the capped stream `<prefix>audit`
-//! (`XADD MAXLEN ~`): when, who, op, list, dimension, sandbox, expiry, reason, the
+//! Every upsert and delete appends one record per entry to the audit trail (`XADD MAXLEN ~`):
+//! when, who, op, list, dimension, sandbox, expiry, reason, the
 //! fingerprint (the field, as 16 hex digits: keyed in format 2) and the masked value; never the
 //! raw value, nor anything else derived from it.
+//!
+//! The trail is split in [`AUDIT_PARTS`] (64) capped streams `<prefix>audit:{<tag>}`, each
+//! capped at `ceil(audit_max_len / 64)`, so no write depends on one shard: part `i`'s hash tag
+//! is the smallest decimal number whose slot lies in the `i`-th 256 slots, so the parts spread
+//! evenly over any even split of the 16,384 slots (every primary of a 3-to-64-primary cluster
+//! holds some). A write puts each entry's record in a part on the *same primary* as the
+//! entry's bucket (`parts on that primary[bucket % their count]`, from the replica monitor's
+//! slot map), so it depends only on its own entries' shards (a primary holding no part, or an
+//! unknown map, falls back to part `bucket % 64`). Records are written after the entries and
+//! before the write is acknowledged: an acknowledged write always has its records (a write
+//! answered 503 may have landed without them). Readers merge the parts newest first by stream
+//! id (server time, then sequence), together with the single stream `<prefix>audit` of
+//! keyspaces written before the split (read, never written). Read cost of a page of the `n`
+//! newest records: 65 `XREVRANGE … COUNT n`, sent as one round trip per primary (concurrent),
+//! returning at most 65·n records to merge. The alternative, a record in the same slot and
+//! transaction as its entry, would be atomic but leave up to 16,384 streams to merge on read.
+//!
 //! Every write publishes an [`Invalidation`] on the channel `<prefix>inv` so every instance
 //! brings what it holds locally up to date. The message is a version byte (1), then the
 //! postcard encoding of the message as builds before the local tier defined it (`Keys`,
@@ -134,6 +151,46 @@ const MESSAGE_VERSION: u8 = 1;
 
 /// Mean fields per bucket the bucket count is sized for.
 pub const MAX_MEAN_FILL: u64 = 200;
+
+/// Hash slots of a Redis Cluster.
+pub const CLUSTER_SLOTS: u16 = 16_384;
+
+/// Parts of the audit trail (see the module docs).
+pub const AUDIT_PARTS: usize = 64;
+
+/// Redis Cluster's hash slot of a key: CRC16/XMODEM of its hash tag (the first non-empty
+/// `{…}`) or else of the whole key, modulo 16,384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    const CRC16: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    CRC16.checksum(tagged.unwrap_or(key)) % CLUSTER_SLOTS
+}
+
+/// The hash tags of the audit parts: for part `i`, the smallest decimal number whose slot is
+/// in `[256·i, 256·(i+1))`. Computed once; `tests::audit_tags_are_stable` pins them, since a
+/// different tag would be a different key.
+fn audit_tags() -> &'static [u32; AUDIT_PARTS] {
+    static TAGS: std::sync::OnceLock<[u32; AUDIT_PARTS]> = std::sync::OnceLock::new();
+    TAGS.get_or_init(|| {
+        let width = u32::from(CLUSTER_SLOTS) / AUDIT_PARTS as u32;
+        let mut tags = [u32::MAX; AUDIT_PARTS];
+        let mut left = AUDIT_PARTS;
+        let mut n = 0u32;
+        while left > 0 {
+            let part = (u32::from(key_slot(n.to_string().as_bytes())) / width) as usize;
+            if tags[part] == u32::MAX {
+                tags[part] = n;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags
+    })
+}
 
 /// Where one entry lives: its bucket and its field in that bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -263,8 +320,32 @@ impl Layout {
         format!("{}p:{list}:{sandbox}", self.prefix)
     }
 
+    /// The audit stream of keyspaces written before the trail was split in parts: read,
+    /// never written.
     pub fn audit_key(&self) -> String {
         format!("{}audit", self.prefix)
+    }
+
+    /// Audit part `part` (`0..AUDIT_PARTS`; taken modulo).
+    pub fn audit_part_key(&self, part: usize) -> String {
+        format!(
+            "{}audit:{{{}}}",
+            self.prefix,
+            audit_tags()[part % AUDIT_PARTS]
+        )
+    }
+
+    /// The hash slot of audit part `part` (the same for every prefix: it is the tag's).
+    pub fn audit_part_slot(part: usize) -> u16 {
+        key_slot(audit_tags()[part % AUDIT_PARTS].to_string().as_bytes())
+    }
+
+    /// Every key the audit trail may be in: the parts, then the unsplit stream.
+    pub fn audit_keys(&self) -> Vec<String> {
+        (0..AUDIT_PARTS)
+            .map(|i| self.audit_part_key(i))
+            .chain([self.audit_key()])
+            .collect()
     }
 
     /// The hash holding the last audit's [`AuditSummary`].
@@ -727,6 +808,41 @@ mod tests {
                 field: xxhash_rust::xxh3::xxh3_64(canonical) as i64,
             }
         );
+    }
+
+    #[test]
+    fn key_slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        assert_eq!(key_slot(b"foo"), 12_182);
+        assert_eq!(key_slot(b"somekey"), 11_058);
+        assert_eq!(key_slot(b"nl:b:17"), key_slot(b"x{nl:b:17}y"));
+        assert_eq!(key_slot(b"{user1000}.following"), 3_443);
+        assert_eq!(
+            key_slot(b"foo{}{bar}"),
+            8_363,
+            "an empty first tag: the whole key"
+        );
+        assert_eq!(key_slot(b"foo{{bar}}zap"), 4_015, "the tag is `{{bar`");
+        assert_eq!(key_slot(b"{bar"), 4_015, "no closing brace: the whole key");
+    }
+
+    #[test]
+    fn audit_tags_are_stable() {
+        let l = Layout::new("nl:", 10, Hashing::Unkeyed);
+        // Pinned: these are key names in existing keyspaces.
+        assert_eq!(l.audit_part_key(0), "nl:audit:{10}");
+        assert_eq!(l.audit_part_key(3), "nl:audit:{342}");
+        assert_eq!(audit_tags()[..8], [10, 18, 113, 342, 29, 21, 3, 122]);
+        assert_eq!(audit_tags().iter().max(), Some(&343));
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..AUDIT_PARTS {
+            let slot = Layout::audit_part_slot(i);
+            assert_eq!(usize::from(slot) / 256, i, "part {i} in its 256 slots");
+            assert_eq!(key_slot(l.audit_part_key(i).as_bytes()), slot);
+            assert!(seen.insert(l.audit_part_key(i)));
+        }
+        assert_eq!(l.audit_keys().len(), AUDIT_PARTS + 1);
+        assert_eq!(l.audit_keys().last().unwrap(), "nl:audit");
     }
 
     #[test]

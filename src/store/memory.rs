@@ -28,9 +28,9 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditRecord, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError, StoreResult,
-    StoredDefinition, WriteBatch, code_is_live,
+    AuditRecord, Deadline, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
+    MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
+    StoreResult, StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -510,7 +510,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
+    async fn write(&self, batch: WriteBatch, _deadline: Deadline) -> StoreResult<()> {
         // Sent after the lock is released: not atomic with the write.
         let changes = Invalidation::upserted(&batch.entries, false);
         let mut scopes = Vec::new();
@@ -537,6 +537,7 @@ impl Store for MemoryStore {
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
+        _deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
         let removed = {
             let mut st = self.lock();
@@ -556,7 +557,12 @@ impl Store for MemoryStore {
         Ok(removed)
     }
 
-    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
+    async fn remove_if_unchanged(
+        &self,
+        key: EntryKey,
+        code: u32,
+        _deadline: Deadline,
+    ) -> StoreResult<bool> {
         let mut st = self.lock();
         if st.entries.get(&key) == Some(&code) {
             st.entries.remove(&key);
@@ -587,7 +593,11 @@ impl Store for MemoryStore {
         Ok(st.audit.iter().skip(skip).cloned().collect())
     }
 
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        _deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>> {
         let now = now_ms();
         let mut st = self.lock();
         st.ops_since_purge += ops.len() as u64;
@@ -634,6 +644,7 @@ impl Store for MemoryStore {
         id: &str,
         fingerprint: &str,
         body: &str,
+        _deadline: Deadline,
     ) -> StoreResult<u64> {
         let version = {
             let mut st = self.lock();
@@ -653,7 +664,12 @@ impl Store for MemoryStore {
         Ok(version)
     }
 
-    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        _deadline: Deadline,
+    ) -> StoreResult<bool> {
         let existed = {
             let mut st = self.lock();
             match st.definitions.get_mut(&(kind.as_str(), id.to_owned())) {

@@ -12,6 +12,7 @@ pub mod fingerprint;
 pub mod layout;
 pub mod memory;
 pub mod redis;
+pub mod replicas;
 
 use std::time::Duration;
 
@@ -33,9 +34,111 @@ pub enum StoreError {
     Corrupt(String),
     #[error("keyspace: {0}")]
     Keyspace(String),
+    /// A write refused before anything was sent: nothing was written.
+    #[error("write refused, nothing written: {0}")]
+    Refused(Refusal),
+}
+
+/// Which guarantee a write could not be given, found before anything was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The primary answers but has fewer online replicas than writes must wait for.
+    #[error(
+        "primary {primary} (slots {slots}) has {online} online replica(s); writes need {needed}"
+    )]
+    Replicas {
+        primary: String,
+        slots: String,
+        needed: u32,
+        online: u32,
+    },
+    /// The primary does not answer (down, cut off, or not yet replaced by its replica).
+    #[error("primary {primary} (slots {slots}) is unreachable: {why}")]
+    Unreachable {
+        primary: String,
+        slots: String,
+        why: String,
+    },
+    /// Too little of the caller's deadline is left to send the write and wait for replicas.
+    #[error("only {left:?} of the deadline left")]
+    NoTime { left: Duration },
+    /// Every write connection stayed busy (waiting for replicas) until the deadline.
+    #[error("all {connections} write connections stayed busy until the deadline")]
+    Busy { connections: usize },
+}
+
+impl Refusal {
+    /// The `reason` label of `namelist_write_refusals_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refusal::Replicas { .. } => "replicas",
+            Refusal::Unreachable { .. } => "unreachable",
+            Refusal::NoTime { .. } => "deadline",
+            Refusal::Busy { .. } => "busy",
+        }
+    }
+
+    /// What the HTTP caller is told: the guarantee, by slot range (node addresses stay in
+    /// the log).
+    pub fn public_message(&self) -> String {
+        match self {
+            Refusal::Replicas {
+                slots,
+                needed,
+                online,
+                ..
+            } => format!(
+                "writes wait for {needed} replica(s) of every primary they touch, and the primary of slots {slots} has {online} online; nothing was written, retry later"
+            ),
+            Refusal::Unreachable { slots, .. } => format!(
+                "the primary of slots {slots} is unreachable; nothing was written, retry later"
+            ),
+            Refusal::NoTime { .. } => {
+                "too little of the write deadline was left to write and wait for replicas; nothing was written, retry later".to_owned()
+            }
+            Refusal::Busy { .. } => {
+                "every write connection was busy waiting for replicas until the deadline; nothing was written, retry later".to_owned()
+            }
+        }
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// When the caller of a store call stops waiting. Writes take it so that nothing they ask of
+/// the server outlives the request: a `WAIT` for replicas is given the time left (less a
+/// margin), never more, and a write with too little time left is not sent at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    at: tokio::time::Instant,
+    budget: Duration,
+}
+
+impl Deadline {
+    /// `budget` from now.
+    pub fn after(budget: Duration) -> Self {
+        Self {
+            at: tokio::time::Instant::now() + budget,
+            budget,
+        }
+    }
+
+    /// The instant itself, for `tokio::time::timeout_at`.
+    pub fn instant(self) -> tokio::time::Instant {
+        self.at
+    }
+
+    /// The whole budget it was made with (for messages).
+    pub fn budget(self) -> Duration {
+        self.budget
+    }
+
+    /// Time left (zero once passed).
+    pub fn remaining(self) -> Duration {
+        self.at
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+}
 
 /// The entries, registry additions and audit records of one upsert.
 #[derive(Debug, Clone, Default)]
@@ -176,8 +279,10 @@ pub trait Store: Send + Sync + 'static {
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>>;
 
     /// Upserts a batch, registers its prefix lengths, appends its audit records, then tells
-    /// every instance to drop the changed fields. `Ok` only once the store took all of it.
-    async fn write(&self, batch: WriteBatch) -> StoreResult<()>;
+    /// every instance to drop the changed fields. `Ok` only once the store took all of it
+    /// (and, where the store replicates, once the replicas it was asked to wait for have it,
+    /// within `deadline`).
+    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()>;
 
     /// Deletes `keys`, appends `audit`, publishes the invalidation; for each key, whether it
     /// was present and still live at `now_ms`.
@@ -186,11 +291,17 @@ pub trait Store: Send + Sync + 'static {
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
+        deadline: Deadline,
     ) -> StoreResult<Vec<bool>>;
 
     /// Deletes the field only if it still holds `code` (lazy expiry: a refresh that raced the
     /// deletion survives). Whether it was deleted.
-    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool>;
+    async fn remove_if_unchanged(
+        &self,
+        key: EntryKey,
+        code: u32,
+        deadline: Deadline,
+    ) -> StoreResult<bool>;
 
     /// Subscribes to the invalidations every writer publishes.
     async fn subscribe(&self) -> StoreResult<InvalidationStream>;
@@ -207,8 +318,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Runs metric updates and reads, in one round trip; one answer per op, in order.
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>>;
+    /// Runs metric updates and reads, in one round trip; one answer per op, in order. Ops
+    /// with an update are writes (bounded by `deadline` like `write`); reads only read.
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>>;
 
     /// Every live definition of a kind.
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>>;
@@ -222,10 +338,16 @@ pub trait Store: Send + Sync + 'static {
         id: &str,
         fingerprint: &str,
         body: &str,
+        deadline: Deadline,
     ) -> StoreResult<u64>;
 
     /// Deletes a definition (its version number stays reserved); whether it existed.
-    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool>;
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        deadline: Deadline,
+    ) -> StoreResult<bool>;
 }
 
 /// Expiry code comparison shared by both stores: is the entry with `code` live at `now_ms`?

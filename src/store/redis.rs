@@ -1,39 +1,50 @@
 //! The Redis store: the layout of `layout` on one Redis node or a Redis Cluster (`conn`).
 //!
-//! One multiplexed connection (per node) carries every command, and pub/sub uses its own.
+//! Reads and writes go over different connections (`conn`): reads (`HGET` batches, registry
+//! `SMEMBERS`, feature reads, the audit trail) over one multiplexed connection per node, never
+//! behind anything that blocks; writes over a pool of their own, followed by `WAIT` when
+//! `write_replicas > 0`. Pub/sub uses its own connection too, and so does the replica monitor
+//! (`replicas`), which lets a write whose primary cannot give the guarantee be refused before
+//! anything is sent (`StoreError::Refused`).
+//!
 //! Reads are batches of `HGET`s: one pipeline, one round trip (on a cluster, per-slot
 //! pipelines sent together). Whole buckets (for the local tier) are read with `DUMP` and
 //! parsed here (`dump::read_hash_dump`: a third less Redis CPU than `HGETALL`, one string to
 //! parse); a bucket that is not a listpack, or a server that refuses `DUMP` (ACLs), is read
 //! with `HGETALL` instead. An upsert on one node is one `MULTI`/`EXEC` (registry `SADD`s
 //! first, so a range is never stored before a reader would probe it; then multi-field
-//! `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`), so it is taken whole or
-//! not at all. A cluster has no transaction across slots: there the same steps run in that
-//! order as three batches (registries; buckets; audit and publish), and an error at any step
-//! fails the write (it may be partly applied; a retry is idempotent). Deletes and lazy expiry
-//! are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
-//! `NOSCRIPT`).
+//! `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`) and its `WAIT`, in one
+//! pipeline, so it is taken whole or not at all. A cluster has no transaction across slots:
+//! there the same steps run in that order as three batches (registries; buckets; audit and
+//! publish; each a `MULTI`/`EXEC` per slot), then one `WAIT` per primary written to, and an
+//! error at any step fails the write (it may be partly applied; a retry is idempotent). The
+//! audit records go to parts on the primaries of their entries (`layout`), and the `PUBLISH`
+//! rides with them, so a write depends on no shard but its own entries'. Deletes and lazy
+//! expiry are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
+//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`).
 //!
-//! No call here has its own deadline beyond the connection's response timeout: the service
-//! wraps every call in the deadline that fits it.
+//! Writes take the caller's deadline and never ask the server to wait past it; reads have no
+//! deadline of their own beyond the connection's response timeout: the service wraps every
+//! call in the deadline that fits it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
-use super::conn::{ConnectOptions, Keyed, RedisConn};
+use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
-use super::layout::MAX_MEAN_FILL;
+use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
+use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditRecord, AuditSummary, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
-    MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
-    StoreResult, StoredDefinition, WriteBatch,
+    AuditRecord, AuditSummary, Deadline, DefinitionKind, EntryKey, Invalidation,
+    InvalidationStream, Layout, MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen,
+    Scope, Store, StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::{EPOCH_2020_MS, now_ms};
 
@@ -278,18 +289,19 @@ pub struct RedisStore {
     /// One client per configured URL, for pub/sub (tried in turn).
     pubsub_clients: Vec<Client>,
     pubsub_next: AtomicUsize,
+    /// Reads, and nothing that blocks on the server.
     conn: RedisConn,
+    /// Writes and their `WAIT`s.
+    writes: WritePool,
+    monitor: ReplicaMonitor,
     layout: Layout,
-    audit_max_len: usize,
+    /// Cap of each audit part (`audit_max_len` over the parts).
+    audit_part_len: usize,
     remove: Script,
     remove_if_unchanged: Script,
     metric_scripts: MetricScripts,
-    put_definition: Script,
-    delete_definition: Script,
     pubsub_timeout: Duration,
     write_replicas: u32,
-    /// How long a `WAIT` for replicas may take.
-    replica_wait: Duration,
     /// The server refused `DUMP` once (ACLs, renamed command): buckets are read with
     /// `HGETALL` from then on.
     dump_refused: AtomicBool,
@@ -391,6 +403,54 @@ fn answer(op: &MetricOp, v: &redis::Value) -> StoreResult<MetricAnswer> {
     })
 }
 
+/// Every command's result, or the first failure.
+fn all_ok(results: Vec<RedisResult<redis::Value>>) -> StoreResult<Vec<redis::Value>> {
+    results
+        .into_iter()
+        .map(|r| r.map_err(unavailable))
+        .collect()
+}
+
+/// The one result of a one-command step.
+fn first(results: Vec<RedisResult<redis::Value>>) -> StoreResult<RedisResult<redis::Value>> {
+    results
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError::Corrupt("no reply to a write".into()))
+}
+
+/// A stream entry id, `<ms>-<seq>`, as numbers (ordered as Redis orders them).
+fn stream_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// One part's `XREVRANGE` reply: (id, record), newest first.
+fn parse_stream(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>> {
+    let raw: Vec<(String, Vec<String>)> = redis::from_redis_value_ref(v)
+        .map_err(|e| StoreError::Corrupt(format!("audit stream: {e}")))?;
+    raw.into_iter()
+        .map(|(id, kv)| {
+            let id = stream_id(&id)
+                .ok_or_else(|| StoreError::Corrupt(format!("audit stream id {id:?}")))?;
+            let fields = kv
+                .chunks(2)
+                .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
+                .collect();
+            Ok((id, AuditRecord { fields }))
+        })
+        .collect()
+}
+
+/// The `count` newest records of all parts, oldest first (by stream id: the time of the
+/// primary that holds each part, then the sequence).
+fn newest(parts: Vec<Vec<((u64, u64), AuditRecord)>>, count: usize) -> Vec<AuditRecord> {
+    let mut all: Vec<((u64, u64), AuditRecord)> = parts.into_iter().flatten().collect();
+    all.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+    all.truncate(count);
+    all.into_iter().rev().map(|(_, r)| r).collect()
+}
+
 /// The smallest `hash-max-listpack-entries` that keeps buckets of this mean fill listpacks:
 /// five standard deviations of a Poisson fill above the mean.
 pub fn min_listpack_entries(mean_fill: f64) -> u64 {
@@ -406,14 +466,15 @@ impl RedisStore {
         } else {
             vec![opts.url.clone()]
         };
-        let (mut conn, pubsub_clients) = RedisConn::connect(&ConnectOptions {
+        let connect = ConnectOptions {
             urls,
             cluster,
             connect_timeout: opts.connect_timeout,
             response_timeout: opts.response_timeout,
-        })
-        .await
-        .map_err(|e| match e.kind() {
+        };
+        let (mut conn, pubsub_clients) = RedisConn::connect(&connect).await.map_err(|e| match e
+            .kind()
+        {
             ErrorKind::InvalidClientConfig => {
                 StoreError::Unavailable(format!("invalid Redis URL: {e}"))
             }
@@ -520,20 +581,21 @@ impl RedisStore {
             ),
         }
 
+        let (writes, monitor) =
+            Self::write_path(&connect, &pubsub_clients, opts.write_replicas).await?;
         let store = Self {
             pubsub_clients,
             pubsub_next: AtomicUsize::new(0),
             conn,
+            writes,
+            monitor,
             layout,
-            audit_max_len: opts.audit_max_len,
+            audit_part_len: opts.audit_max_len.div_ceil(AUDIT_PARTS).max(1),
             remove: Script::new(REMOVE),
             remove_if_unchanged: Script::new(REMOVE_IF_UNCHANGED),
             metric_scripts: MetricScripts::new(),
-            put_definition: Script::new(PUT_DEFINITION),
-            delete_definition: Script::new(DELETE_DEFINITION),
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,
-            replica_wait: opts.response_timeout / 2,
             dump_refused: AtomicBool::new(false),
         };
         store.load_scripts().await?;
@@ -550,6 +612,26 @@ impl RedisStore {
         ))
     }
 
+    /// The write connections and the replica monitor, each on connections of its own.
+    async fn write_path(
+        connect: &ConnectOptions,
+        clients: &[Client],
+        write_replicas: u32,
+    ) -> StoreResult<(WritePool, ReplicaMonitor)> {
+        let writes = WritePool::connect(connect, WRITE_CONNECTIONS, write_replicas > 0)
+            .await
+            .map_err(unavailable)?;
+        let infos: Vec<redis::ConnectionInfo> = clients
+            .iter()
+            .map(|c| c.get_connection_info().clone())
+            .collect();
+        let watched = match (connect.cluster, infos.first()) {
+            (false, Some(info)) => Watched::Node(Box::new(info.clone())),
+            _ => Watched::Cluster(infos),
+        };
+        Ok((writes, ReplicaMonitor::start(watched, write_replicas).await))
+    }
+
     async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
         for s in [&self.remove, &self.remove_if_unchanged]
@@ -561,13 +643,68 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Appends one record to the capped audit stream (for tools that write in bulk).
+    /// Refuses, before anything is sent, a write to `keys` when a primary they live on
+    /// cannot give the guarantee (`replicas` online replicas, or answering at all); else the
+    /// slots they are in.
+    fn admit<'k>(
+        &self,
+        topology: &Topology,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        replicas: u32,
+    ) -> StoreResult<Vec<u16>> {
+        let mut slots: Vec<u16> = keys.into_iter().map(key_slot).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        topology
+            .check(slots.iter().copied(), replicas, Instant::now())
+            .map_err(StoreError::Refused)?;
+        Ok(slots)
+    }
+
+    /// A write session on `slots` (from `admit`) that gives up in flight when the monitor
+    /// sees one of their primaries go.
+    async fn session(
+        &self,
+        replicas: u32,
+        deadline: Deadline,
+        slots: Vec<u16>,
+    ) -> StoreResult<WriteSession<'_>> {
+        let mut session = self.writes.session(replicas, deadline).await?;
+        session.watching(self.monitor.subscribe(), slots);
+        Ok(session)
+    }
+
+    /// Notes a failed write: the monitor looks again at once, so the next writes to a
+    /// primary that just went away are refused early.
+    fn noted<T>(&self, r: StoreResult<T>) -> StoreResult<T> {
+        if let Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) = &r {
+            self.monitor.refresh_soon();
+        }
+        r
+    }
+
+    /// Appends one record to the audit trail (for tools that write in bulk), in a part on a
+    /// primary that can take it.
     pub async fn append_audit(&self, record: &AuditRecord) -> StoreResult<()> {
-        self.conn
-            .run_all(vec![self.xadd(record)])
-            .await
-            .map(drop)
-            .map_err(unavailable)
+        let topology = self.monitor.topology();
+        let now = Instant::now();
+        let part = (0..AUDIT_PARTS)
+            .find(|&p| {
+                topology
+                    .check(
+                        [super::layout::Layout::audit_part_slot(p)],
+                        self.write_replicas,
+                        now,
+                    )
+                    .is_ok()
+            })
+            .unwrap_or(0);
+        let cmd = self.xadd(self.layout.audit_part_key(part), record);
+        let slots = self.admit(&topology, [cmd.0.as_slice()], self.write_replicas)?;
+        let deadline = Deadline::after(Duration::from_secs(10));
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let r = session.commit(vec![cmd], false).await;
+        all_ok(self.noted(r)?).map(drop)
     }
 
     /// Replaces the last audit's summary (`<prefix>audit:last`), read by every instance.
@@ -581,25 +718,28 @@ impl RedisStore {
             hset.arg(k).arg(v);
         }
         let k = key.into_bytes();
-        self.conn
-            .run_writes(vec![(k.clone(), del), (k, hset)], true, 0, Duration::ZERO)
-            .await
-            .map(drop)
-            .map_err(unavailable)
+        let mut session = self
+            .writes
+            .session(0, Deadline::after(Duration::from_secs(10)))
+            .await?;
+        let r = session
+            .commit(vec![(k.clone(), del), (k, hset)], true)
+            .await;
+        all_ok(self.noted(r)?).map(drop)
     }
 
-    /// The command connection, for tools that run their own commands.
+    /// The read connection, for tools that run their own commands.
     pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
-    fn xadd(&self, record: &AuditRecord) -> Keyed {
-        let key = self.layout.audit_key();
+    /// One record appended to the audit part `key` (capped).
+    fn xadd(&self, key: String, record: &AuditRecord) -> Keyed {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&key)
             .arg("MAXLEN")
             .arg("~")
-            .arg(self.audit_max_len)
+            .arg(self.audit_part_len)
             .arg("*");
         for (name, value) in &record.fields {
             cmd.arg(name).arg(value);
@@ -607,12 +747,140 @@ impl RedisStore {
         (key.into_bytes(), cmd)
     }
 
-    /// `PUBLISH` (keyless: on a cluster any node broadcasts it).
-    fn publish_cmd(&self, message: &Invalidation) -> Keyed {
+    /// The `XADD`s of a write's audit records: record `i` goes to a part on the primary of
+    /// the bucket of entry `i` (the last entry's past the end: records beyond the entries,
+    /// such as a delete naming one entry twice, still land on a primary this write touches).
+    fn audit_cmds(
+        &self,
+        topology: &Topology,
+        records: &[AuditRecord],
+        buckets: &[u32],
+    ) -> Vec<Keyed> {
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let part = match buckets.get(i).or(buckets.last()) {
+                    Some(&b) => {
+                        let slot = key_slot(self.layout.bucket_key(b).as_bytes());
+                        topology.audit_part(slot, b)
+                    }
+                    None => i % AUDIT_PARTS,
+                };
+                self.xadd(self.layout.audit_part_key(part), r)
+            })
+            .collect()
+    }
+
+    /// `PUBLISH`. On a cluster any node broadcasts it to every subscriber, so it is routed
+    /// by `route` (a key the same write touches: it then depends on no other shard); `None`
+    /// routes by the channel's name.
+    fn publish_cmd(&self, message: &Invalidation, route: Option<&[u8]>) -> Keyed {
         let channel = self.layout.channel();
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&channel).arg(message.encode());
-        (channel.into_bytes(), cmd)
+        let key = route.map_or_else(|| channel.into_bytes(), <[u8]>::to_vec);
+        (key, cmd)
+    }
+
+    /// The metric ops at `idx` that update: refused early or written on the write path, then
+    /// waited for. (index, answer) each.
+    async fn metric_updates(
+        &self,
+        ops: &[MetricOp],
+        idx: Vec<usize>,
+        deadline: Deadline,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        if idx.is_empty() {
+            return Ok(Vec::new());
+        }
+        let topology = self.monitor.topology();
+        // Every key of an op shares the entity's hash tag: its slot is the op's key's.
+        let keys = idx.iter().map(|&i| ops[i].key.as_bytes());
+        let slots = self.admit(&topology, keys, self.write_replicas)?;
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let r = async {
+            let mut out = Vec::with_capacity(idx.len());
+            let mut pending = idx;
+            for attempt in 0..2 {
+                let cmds = pending.iter().map(|&i| self.metric_cmd(&ops[i])).collect();
+                let replies = session.commit(cmds, false).await?;
+                let mut again = Vec::new();
+                for (&i, reply) in pending.iter().zip(replies) {
+                    match reply {
+                        Ok(v) => out.push((i, answer(&ops[i], &v)?)),
+                        // Only ops that did not run are retried (and each records its event).
+                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
+                        Err(e) => return Err(unavailable(e)),
+                    }
+                }
+                if again.is_empty() {
+                    break;
+                }
+                self.load_scripts().await?;
+                pending = again;
+            }
+            Ok(out)
+        }
+        .await;
+        self.noted(r)
+    }
+
+    /// The metric ops at `idx` that only read, on the read path. (index, answer) each.
+    async fn metric_reads(
+        &self,
+        ops: &[MetricOp],
+        idx: Vec<usize>,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        let mut out = Vec::with_capacity(idx.len());
+        let mut pending = idx;
+        for attempt in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let cmds = pending.iter().map(|&i| self.metric_cmd(&ops[i])).collect();
+            let replies = self.conn.run(cmds).await.map_err(unavailable)?;
+            let mut again = Vec::new();
+            for (&i, reply) in pending.iter().zip(replies) {
+                match reply {
+                    Ok(v) => out.push((i, answer(&ops[i], &v)?)),
+                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+            if !again.is_empty() {
+                self.load_scripts().await?;
+            }
+            pending = again;
+        }
+        Ok(out)
+    }
+
+    /// Runs a definition script (sent whole: rare, and immune to a flushed script cache) on
+    /// the write path: `args`, then the channel and the `Definitions` message.
+    async fn definition_call(
+        &self,
+        kind: DefinitionKind,
+        script: &str,
+        args: &[&str],
+        deadline: Deadline,
+    ) -> StoreResult<redis::Value> {
+        let key = self.layout.definitions_key(kind.as_str());
+        let topology = self.monitor.topology();
+        let slots = self.admit(&topology, [key.as_bytes()], self.write_replicas)?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script).arg(1).arg(&key);
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.arg(self.layout.channel())
+            .arg(Invalidation::Definitions.encode());
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let r = async {
+            first(session.commit(vec![(key.into_bytes(), cmd)], false).await?)?.map_err(unavailable)
+        }
+        .await;
+        self.noted(r)
     }
 
     /// One metric op's `EVALSHA` (see `METRIC_PREAMBLE` for the arguments).
@@ -862,7 +1130,7 @@ impl Store for RedisStore {
             .collect()
     }
 
-    async fn write(&self, batch: WriteBatch) -> StoreResult<()> {
+    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()> {
         let mut registries = Vec::new();
         let mut scopes = Vec::new();
         for ((list, sandbox), len) in &batch.prefixes {
@@ -892,31 +1160,41 @@ impl Store for RedisStore {
                 })
             })
             .collect();
-        let mut last: Vec<Keyed> = batch.audit.iter().map(|r| self.xadd(r)).collect();
+        let topology = self.monitor.topology();
+        let entry_buckets: Vec<u32> = batch.entries.iter().map(|(k, _)| k.bucket).collect();
+        let mut last = self.audit_cmds(&topology, &batch.audit, &entry_buckets);
+        let route = last.first().or(buckets.first()).map(|(k, _)| k.clone());
         if !scopes.is_empty() {
             scopes.sort();
             scopes.dedup();
-            last.push(self.publish_cmd(&Invalidation::Scopes(scopes)));
+            last.push(self.publish_cmd(&Invalidation::Scopes(scopes), route.as_deref()));
         }
         let atomic = !self.conn.is_cluster(); // one MULTI with the write on one node
-        last.push(self.publish_cmd(&Invalidation::upserted(&batch.entries, atomic)));
-        let (r, w) = (self.write_replicas, self.replica_wait);
-        if self.conn.is_cluster() {
-            // No transaction across slots: the same order, step by step.
-            for step in [registries, buckets, last] {
-                self.conn
-                    .run_writes(step, false, r, w)
-                    .await
-                    .map_err(unavailable)?;
+        last.push(self.publish_cmd(
+            &Invalidation::upserted(&batch.entries, atomic),
+            route.as_deref(),
+        ));
+        let touched = registries.iter().chain(&buckets).chain(&last);
+        let slots = self.admit(
+            &topology,
+            touched.map(|(k, _)| k.as_slice()),
+            self.write_replicas,
+        )?;
+
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let r = async {
+            if self.conn.is_cluster() {
+                // No transaction across slots: the same order, step by step, then the WAITs.
+                for step in [registries, buckets] {
+                    all_ok(session.step(step, true).await?)?;
+                }
+                return all_ok(session.commit(last, true).await?);
             }
-            return Ok(());
+            let all = registries.into_iter().chain(buckets).chain(last).collect();
+            all_ok(session.commit(all, true).await?)
         }
-        let all = registries.into_iter().chain(buckets).chain(last).collect();
-        self.conn
-            .run_writes(all, true, r, w)
-            .await
-            .map(drop)
-            .map_err(unavailable)
+        .await;
+        self.noted(r).map(drop)
     }
 
     async fn remove(
@@ -924,80 +1202,123 @@ impl Store for RedisStore {
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
+        deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
         let calls = self.removal_calls(keys);
         let now_rel = now_ms - EPOCH_2020_MS;
-        let invalidation = Invalidation::removed(keys);
-        let mut results = self
-            .conn
-            .run(self.removals(keys, &calls, now_rel))
-            .await
-            .map_err(unavailable)?;
-        if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
-            // The script cache was flushed (a restart): load and redo what did not run.
-            self.load_scripts().await?;
-            let again: Vec<usize> = (0..results.len())
-                .filter(|&i| results[i].as_ref().is_err_and(is_noscript))
-                .collect();
-            let cmds = self.removals(keys, &calls, now_rel);
-            let redo: Vec<Keyed> = cmds
-                .into_iter()
-                .enumerate()
-                .filter(|(i, _)| again.contains(i))
-                .map(|(_, c)| c)
-                .collect();
-            for (i, r) in again
-                .into_iter()
-                .zip(self.conn.run(redo).await.map_err(unavailable)?)
-            {
-                results[i] = r;
+        let topology = self.monitor.topology();
+        let key_buckets: Vec<u32> = keys.iter().map(|k| k.bucket).collect();
+        let mut last = self.audit_cmds(&topology, &audit, &key_buckets);
+        let scripts = self.removals(keys, &calls, now_rel);
+        let route = last.first().or(scripts.first()).map(|(k, _)| k.clone());
+        last.push(self.publish_cmd(&Invalidation::removed(keys), route.as_deref()));
+        let touched = scripts.iter().chain(&last);
+        let slots = self.admit(
+            &topology,
+            touched.map(|(k, _)| k.as_slice()),
+            self.write_replicas,
+        )?;
+
+        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let r = async {
+            let mut results = session.step(scripts, false).await?;
+            if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
+                // The script cache was flushed (a restart): load and redo what did not run.
+                self.load_scripts().await?;
+                let again: Vec<usize> = (0..results.len())
+                    .filter(|&i| results[i].as_ref().is_err_and(is_noscript))
+                    .collect();
+                let redo: Vec<Keyed> = self
+                    .removals(keys, &calls, now_rel)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| again.contains(i))
+                    .map(|(_, c)| c)
+                    .collect();
+                for (i, r) in again.into_iter().zip(session.step(redo, false).await?) {
+                    if let Some(slot) = results.get_mut(i) {
+                        *slot = r;
+                    }
+                }
             }
-        }
-        let mut removed = vec![false; keys.len()];
-        for ((_, idx), result) in calls.iter().zip(results) {
-            let flags: Vec<i64> = result
-                .and_then(|v| Ok(redis::from_redis_value(v)?))
-                .map_err(unavailable)?;
-            for (&i, flag) in idx.iter().zip(flags) {
-                removed[i] |= flag == 1;
+            if results.len() != calls.len() {
+                return Err(StoreError::Corrupt(format!(
+                    "{} replies to {} deletions",
+                    results.len(),
+                    calls.len()
+                )));
             }
+            let mut removed = vec![false; keys.len()];
+            for ((_, idx), result) in calls.iter().zip(results) {
+                let flags: Vec<i64> = result
+                    .and_then(|v| Ok(redis::from_redis_value(v)?))
+                    .map_err(unavailable)?;
+                if flags.len() != idx.len() {
+                    return Err(StoreError::Corrupt(format!(
+                        "{} flags for {} deleted fields",
+                        flags.len(),
+                        idx.len()
+                    )));
+                }
+                for (&i, flag) in idx.iter().zip(flags) {
+                    if let Some(r) = removed.get_mut(i) {
+                        *r |= flag == 1;
+                    }
+                }
+            }
+            // Audit and tell every instance once the deletions are done, then wait for the
+            // replicas to have all of it.
+            all_ok(session.commit(last, true).await?)?;
+            Ok(removed)
         }
-        // Audit and tell every instance, once the deletions are done (and replicated).
-        let buckets: Vec<Vec<u8>> = calls
-            .iter()
-            .map(|(b, _)| self.layout.bucket_key(*b).into_bytes())
-            .collect();
-        self.conn
-            .wait_for(&buckets, self.write_replicas, self.replica_wait)
-            .await
-            .map_err(unavailable)?;
-        let mut last: Vec<Keyed> = audit.iter().map(|r| self.xadd(r)).collect();
-        last.push(self.publish_cmd(&invalidation));
-        self.conn
-            .run_writes(last, false, self.write_replicas, self.replica_wait)
-            .await
-            .map_err(unavailable)?;
-        Ok(removed)
+        .await;
+        self.noted(r)
     }
 
-    async fn remove_if_unchanged(&self, key: EntryKey, code: u32) -> StoreResult<bool> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .remove_if_unchanged
-            .key(self.layout.bucket_key(key.bucket))
-            .arg(key.field)
-            .arg(code)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(n == 1)
+    async fn remove_if_unchanged(
+        &self,
+        key: EntryKey,
+        code: u32,
+        deadline: Deadline,
+    ) -> StoreResult<bool> {
+        // Housekeeping: no replica is waited for (an expired entry deleted again after a
+        // failover is harmless), but an unreachable primary is not tried.
+        let bucket = self.layout.bucket_key(key.bucket);
+        let topology = self.monitor.topology();
+        let slots = self.admit(&topology, [bucket.as_bytes()], 0)?;
+        let cmd = || {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(self.remove_if_unchanged.get_hash())
+                .arg(1)
+                .arg(&bucket)
+                .arg(key.field)
+                .arg(code);
+            vec![(bucket.clone().into_bytes(), c)]
+        };
+        let mut session = self.session(0, deadline, slots).await?;
+        let r = async {
+            let mut reply = first(session.commit(cmd(), false).await?)?;
+            if reply.as_ref().is_err_and(is_noscript) {
+                self.load_scripts().await?;
+                reply = first(session.commit(cmd(), false).await?)?;
+            }
+            let n: i64 = redis::from_redis_value(reply.map_err(unavailable)?)
+                .map_err(|e| StoreError::Corrupt(format!("compare-and-delete reply: {e}")))?;
+            Ok(n == 1)
+        }
+        .await;
+        self.noted(r)
     }
 
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
         // On a cluster any node delivers every PUBLISH: subscribe to the seeds in turn, so
         // a node that is down (or was failed over) is skipped next time.
-        let i = self.pubsub_next.fetch_add(1, Ordering::Relaxed) % self.pubsub_clients.len();
-        let client = self.pubsub_clients[i].clone();
+        let n = self.pubsub_clients.len().max(1);
+        let i = self.pubsub_next.fetch_add(1, Ordering::Relaxed) % n;
+        let client =
+            self.pubsub_clients.get(i).cloned().ok_or_else(|| {
+                StoreError::Unavailable("no Redis URL to subscribe through".into())
+            })?;
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(self.layout.channel()).await?;
@@ -1037,33 +1358,37 @@ impl Store for RedisStore {
 
     async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
         self.conn
-            .run_all(vec![self.publish_cmd(message)])
+            .run_all(vec![self.publish_cmd(message, None)])
             .await
             .map(drop)
             .map_err(unavailable)
     }
 
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
-        let mut conn = self.conn.clone();
-        let raw: Vec<(String, Vec<String>)> = redis::cmd("XREVRANGE")
-            .arg(self.layout.audit_key())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(count)
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(raw
+        let cmds: Vec<Keyed> = self
+            .layout
+            .audit_keys()
             .into_iter()
-            .rev()
-            .map(|(_, kv)| AuditRecord {
-                fields: kv
-                    .chunks(2)
-                    .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
-                    .collect(),
+            .map(|key| {
+                Self::keyed(key, |c, key| {
+                    c.arg("XREVRANGE")
+                        .arg(key)
+                        .arg("+")
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(count);
+                })
             })
-            .collect())
+            .collect();
+        let parts = self
+            .conn
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(parse_stream)
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(newest(parts, count))
     }
 
     async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
@@ -1076,38 +1401,25 @@ impl Store for RedisStore {
         Ok(AuditSummary::from_fields(&fields))
     }
 
-    async fn metric_ops(&self, ops: &[MetricOp]) -> StoreResult<Vec<MetricAnswer>> {
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>> {
+        // Updates are writes (their own connections, refusal, WAIT); reads stay on the read
+        // path. Both go at once.
+        let (updates, reads): (Vec<usize>, Vec<usize>) =
+            (0..ops.len()).partition(|&i| ops[i].update.is_some());
+        let (written, read) = futures::join!(
+            self.metric_updates(ops, updates, deadline),
+            self.metric_reads(ops, reads)
+        );
         let mut out: Vec<Option<MetricAnswer>> = vec![None; ops.len()];
-        let mut pending: Vec<usize> = (0..ops.len()).collect();
-        for attempt in 0..2 {
-            if pending.is_empty() {
-                break;
+        for (i, a) in written?.into_iter().chain(read?) {
+            if let Some(o) = out.get_mut(i) {
+                *o = Some(a);
             }
-            let cmds = pending.iter().map(|&i| self.metric_cmd(&ops[i])).collect();
-            let replies = self.conn.run(cmds).await.map_err(unavailable)?;
-            let mut again = Vec::new();
-            for (&i, reply) in pending.iter().zip(replies) {
-                match reply {
-                    Ok(v) => out[i] = Some(answer(&ops[i], &v)?),
-                    // Only ops that did not run are retried (and each records its event).
-                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
-                    Err(e) => return Err(unavailable(e)),
-                }
-            }
-            if !again.is_empty() {
-                self.load_scripts().await?;
-            }
-            pending = again;
         }
-        let updated: Vec<Vec<u8>> = ops
-            .iter()
-            .filter(|op| op.update.is_some())
-            .map(|op| op.key.clone().into_bytes())
-            .collect();
-        self.conn
-            .wait_for(&updated, self.write_replicas, self.replica_wait)
-            .await
-            .map_err(unavailable)?;
         out.into_iter()
             .map(|r| r.ok_or_else(|| StoreError::Unavailable("metric scripts not loaded".into())))
             .collect()
@@ -1150,31 +1462,111 @@ impl Store for RedisStore {
         id: &str,
         fingerprint: &str,
         body: &str,
+        deadline: Deadline,
     ) -> StoreResult<u64> {
-        let mut conn = self.conn.clone();
-        self.put_definition
-            .key(self.layout.definitions_key(kind.as_str()))
-            .arg(id)
-            .arg(fingerprint)
-            .arg(body)
-            .arg(self.layout.channel())
-            .arg(Invalidation::Definitions.encode())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)
+        let v = self
+            .definition_call(kind, PUT_DEFINITION, &[id, fingerprint, body], deadline)
+            .await?;
+        redis::from_redis_value(v)
+            .map_err(|e| StoreError::Corrupt(format!("definition version: {e}")))
     }
 
-    async fn delete_definition(&self, kind: DefinitionKind, id: &str) -> StoreResult<bool> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .delete_definition
-            .key(self.layout.definitions_key(kind.as_str()))
-            .arg(id)
-            .arg(self.layout.channel())
-            .arg(Invalidation::Definitions.encode())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        deadline: Deadline,
+    ) -> StoreResult<bool> {
+        let v = self
+            .definition_call(kind, DELETE_DEFINITION, &[id], deadline)
+            .await?;
+        let n: i64 = redis::from_redis_value(v)
+            .map_err(|e| StoreError::Corrupt(format!("definition delete: {e}")))?;
         Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn entry(id: &str, at: &str) -> Value {
+        Value::Array(vec![
+            bulk(id),
+            Value::Array(vec![bulk("at"), bulk(at), bulk("op"), bulk("upsert")]),
+        ])
+    }
+
+    #[test]
+    fn audit_parts_merge_newest_first_by_stream_id() {
+        let a = parse_stream(&Value::Array(vec![entry("20-0", "a3"), entry("5-1", "a1")])).unwrap();
+        let b = parse_stream(&Value::Array(vec![
+            entry("20-1", "b4"),
+            entry("10-0", "b2"),
+            entry("5-0", "b0"),
+        ]))
+        .unwrap();
+        let legacy = parse_stream(&Value::Array(vec![])).unwrap();
+        let at = |records: Vec<AuditRecord>| -> Vec<String> {
+            records
+                .iter()
+                .map(|r| r.get("at").unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            at(newest(vec![a.clone(), b.clone(), legacy.clone()], 3)),
+            ["b2", "a3", "b4"],
+            "the 3 newest, oldest first"
+        );
+        assert_eq!(
+            at(newest(vec![a, b, legacy], 100)),
+            ["b0", "a1", "b2", "a3", "b4"],
+            "10-0 sorts before 5-1 as numbers, not text"
+        );
+    }
+
+    #[test]
+    fn odd_stream_replies_are_corrupt_not_panics() {
+        assert_eq!(stream_id("1700000000000-3"), Some((1_700_000_000_000, 3)));
+        for bad in ["", "12", "a-1", "1-b", "-"] {
+            assert_eq!(stream_id(bad), None, "{bad:?}");
+        }
+        for bad in [
+            Value::Int(3),
+            Value::Array(vec![entry("x-1", "a")]),
+            Value::Array(vec![Value::Array(vec![bulk("1-1")])]),
+        ] {
+            assert!(
+                matches!(parse_stream(&bad), Err(StoreError::Corrupt(_))),
+                "{bad:?}"
+            );
+        }
+        // An odd field count keeps the whole pairs.
+        let odd = Value::Array(vec![Value::Array(vec![
+            bulk("1-1"),
+            Value::Array(vec![bulk("at"), bulk("1"), bulk("dangling")]),
+        ])]);
+        assert_eq!(parse_stream(&odd).unwrap()[0].1.fields.len(), 1);
+    }
+
+    #[test]
+    fn one_reply_steps() {
+        assert!(matches!(first(vec![]), Err(StoreError::Corrupt(_))));
+        assert!(matches!(
+            first(vec![Ok(Value::Int(1))]),
+            Ok(Ok(Value::Int(1)))
+        ));
+        assert!(
+            all_ok(vec![
+                Ok(Value::Int(1)),
+                Err(RedisError::from((ErrorKind::Io, "x")))
+            ])
+            .is_err()
+        );
     }
 }

@@ -16,7 +16,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value as Json;
 use tokio::task::JoinHandle;
-use tracing::Instrument;
 
 use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
@@ -25,8 +24,8 @@ use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError, now
 use crate::lists::FailMode;
 use crate::metrics::Metrics;
 use crate::store::{
-    DefinitionKind, Invalidation, MetricAnswer, MetricFamily, MetricOp, MetricReading, Store,
-    StoreError,
+    Deadline, DefinitionKind, Invalidation, MetricAnswer, MetricFamily, MetricOp, MetricReading,
+    Store, StoreError,
 };
 
 /// Events further in the future than this are refused.
@@ -290,29 +289,6 @@ impl Velocity {
         }
     }
 
-    async fn within<T>(
-        &self,
-        deadline: Duration,
-        op: &'static str,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = std::time::Instant::now();
-        let span = tracing::info_span!("store", op);
-        let r = match tokio::time::timeout(deadline, fut.instrument(span.clone())).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(deadline)),
-        };
-        self.metrics
-            .store_calls
-            .with_label_values(&[op])
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = &r {
-            self.metrics.store_errors.with_label_values(&[op]).inc();
-            span.in_scope(|| tracing::warn!(error = %e, "store call failed"));
-        }
-        r
-    }
-
     // ---- definitions ----
 
     /// Defines (or redefines) a metric. The same definition keeps its version.
@@ -324,15 +300,18 @@ impl Velocity {
     ) -> Result<MetricDef, VelocityError> {
         let spec = MetricSpec::parse(expr, resolution)?;
         let body = serde_json::to_string(&spec).expect("a spec serialises");
+        let deadline = Deadline::after(self.settings.write_deadline);
         let version = self
-            .within(
-                self.settings.write_deadline,
+            .metrics
+            .store_call(
                 "define",
+                deadline,
                 self.store.put_definition(
                     DefinitionKind::Metric,
                     id.as_str(),
                     &spec.fingerprint(),
                     &body,
+                    deadline,
                 ),
             )
             .await?;
@@ -376,12 +355,14 @@ impl Velocity {
                 ),
             )));
         }
+        let deadline = Deadline::after(self.settings.write_deadline);
         let existed = self
-            .within(
-                self.settings.write_deadline,
+            .metrics
+            .store_call(
                 "define",
+                deadline,
                 self.store
-                    .delete_definition(DefinitionKind::Metric, id.as_str()),
+                    .delete_definition(DefinitionKind::Metric, id.as_str(), deadline),
             )
             .await?;
         self.reload().await;
@@ -412,12 +393,19 @@ impl Velocity {
         }
         let expr = expr.trim().to_owned();
         let body = serde_json::json!({ "expr": expr }).to_string();
+        let deadline = Deadline::after(self.settings.write_deadline);
         let version = self
-            .within(
-                self.settings.write_deadline,
+            .metrics
+            .store_call(
                 "define",
-                self.store
-                    .put_definition(DefinitionKind::Rule, id.as_str(), &expr, &body),
+                deadline,
+                self.store.put_definition(
+                    DefinitionKind::Rule,
+                    id.as_str(),
+                    &expr,
+                    &body,
+                    deadline,
+                ),
             )
             .await?;
         self.reload().await;
@@ -442,12 +430,14 @@ impl Velocity {
     }
 
     pub async fn delete_rule(&self, id: &RuleId) -> Result<(), VelocityError> {
+        let deadline = Deadline::after(self.settings.write_deadline);
         let existed = self
-            .within(
-                self.settings.write_deadline,
+            .metrics
+            .store_call(
                 "define",
+                deadline,
                 self.store
-                    .delete_definition(DefinitionKind::Rule, id.as_str()),
+                    .delete_definition(DefinitionKind::Rule, id.as_str(), deadline),
             )
             .await?;
         self.reload().await;
@@ -608,12 +598,10 @@ impl Velocity {
         let answers = if ops.is_empty() {
             Vec::new()
         } else {
-            self.within(
-                self.settings.write_deadline,
-                "events",
-                self.store.metric_ops(&ops),
-            )
-            .await?
+            let deadline = Deadline::after(self.settings.write_deadline);
+            self.metrics
+                .store_call("events", deadline, self.store.metric_ops(&ops, deadline))
+                .await?
         };
         let dup = Self::duplicates(events.len(), &planned, &answers);
         let outcome = IngestOutcome {
@@ -686,12 +674,10 @@ impl Velocity {
         let defs = self.defs();
         let reads = self.read_ops(&defs, metrics, fields, at.unwrap_or(now), now)?;
         let ops: Vec<MetricOp> = reads.iter().map(|(_, op)| op.clone()).collect();
+        let deadline = Deadline::after(self.settings.read_deadline);
         let readings: Vec<MetricReading> = self
-            .within(
-                self.settings.read_deadline,
-                "features",
-                self.store.metric_ops(&ops),
-            )
+            .metrics
+            .store_call("features", deadline, self.store.metric_ops(&ops, deadline))
             .await?
             .into_iter()
             .map(|a| a.reading.unwrap_or(MetricReading::Sum(0)))
@@ -744,7 +730,7 @@ impl Velocity {
     ) -> Result<Features, VelocityError> {
         let now = now_ms();
         let defs = self.defs();
-        let deadline = self.settings.read_deadline;
+        let deadline = Deadline::after(self.settings.read_deadline);
         let events: Vec<EventInput> = event.into_iter().cloned().collect();
         let (planned, _) = self.plan(&defs, &events, now, &|_| "event.".to_owned())?;
         if metrics.len() > 2 * MAX_NAMED {
@@ -778,7 +764,8 @@ impl Velocity {
             }
         }
         let answers = self
-            .within(deadline, "evaluate", self.store.metric_ops(&ops))
+            .metrics
+            .store_call("evaluate", deadline, self.store.metric_ops(&ops, deadline))
             .await?;
         let dup = Self::duplicates(events.len(), &planned, &answers[..planned.len()]);
         let m = &self.metrics;

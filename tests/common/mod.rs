@@ -186,10 +186,77 @@ impl RedisServer {
             .query(&mut self.conn())
             .expect("DEBUG DIGEST")
     }
+
+    /// Starts a replica of `primary` (`--replicaof`), with `extra` arguments.
+    pub fn start_replica_of(primary: &RedisServer, extra: &[&str]) -> Self {
+        let port = primary.port.to_string();
+        let mut args = vec!["--replicaof", "127.0.0.1", port.as_str()];
+        args.extend_from_slice(extra);
+        Self::start_with(&args)
+    }
+
+    /// Replicas this (primary) node sees online (`INFO replication`): what `WAIT` counts.
+    pub fn online_replicas(&self) -> usize {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query::<String>(&mut c)
+            })
+            .map(|info| {
+                info.lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Waits until this primary sees `n` replicas online.
+    pub fn wait_online_replicas(&self, n: usize, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.online_replicas() >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Sends a signal to the process (`STOP`, `CONT`).
+    fn signal(&self, sig: &str) {
+        let child = self.child.as_ref().expect("a running server");
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("running kill")
+            .success();
+        assert!(ok, "kill -{sig} {}", child.id());
+    }
+
+    /// SIGSTOP: the process freezes with its connections open (its primary still counts it
+    /// as a connected replica; it acknowledges nothing).
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A paused server cannot die of SIGKILL until it runs again.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(c.id().to_string())
+                .status();
+        }
         self.kill();
     }
 }
@@ -355,6 +422,74 @@ impl RedisCluster {
             .map(RedisServer::digest)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Slot ranges and the port of the primary serving each (`CLUSTER SLOTS` asked of a live
+    /// node).
+    pub fn slot_map(&self) -> Vec<(u16, u16, u16)> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a live node");
+        let reply: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut node.conn())
+            .expect("CLUSTER SLOTS");
+        let redis::Value::Array(ranges) = reply else {
+            panic!("CLUSTER SLOTS: {reply:?}")
+        };
+        ranges
+            .iter()
+            .map(|r| {
+                let redis::Value::Array(r) = r else {
+                    panic!("{r:?}")
+                };
+                let int = |v: &redis::Value| match v {
+                    redis::Value::Int(i) => *i,
+                    other => panic!("{other:?}"),
+                };
+                let redis::Value::Array(primary) = &r[2] else {
+                    panic!("{r:?}")
+                };
+                (
+                    int(&r[0]) as u16,
+                    int(&r[1]) as u16,
+                    int(&primary[1]) as u16,
+                )
+            })
+            .collect()
+    }
+
+    /// The node (index) serving `slot` as primary.
+    pub fn primary_of_slot(&self, slot: u16) -> usize {
+        let port = self
+            .slot_map()
+            .into_iter()
+            .find(|(s, e, _)| (*s..=*e).contains(&slot))
+            .map(|(_, _, p)| p)
+            .expect("every slot served");
+        self.nodes
+            .iter()
+            .position(|n| n.port == port)
+            .expect("a node of ours")
+    }
+
+    /// A node (index) replicating `primary`, per `ROLE`.
+    pub fn replica_of(&self, primary: usize) -> Option<usize> {
+        let port = i64::from(self.nodes[primary].port);
+        self.nodes.iter().position(|n| {
+            n.child.is_some()
+                && redis::cmd("ROLE")
+                    .query::<redis::Value>(&mut n.conn())
+                    .is_ok_and(|v| match v {
+                        redis::Value::Array(a) => {
+                            format!("{:?}", a.first()).contains("slave")
+                                && matches!(a.get(2), Some(redis::Value::Int(p)) if *p == port)
+                        }
+                        _ => false,
+                    })
+        })
     }
 
     /// A cluster connection (sync), for arranging and inspecting state.
