@@ -18,7 +18,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,6 +97,7 @@ async fn checks(
     shards: Arc<Shards>,
     seeds: Vec<Vec<String>>,
     stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
 ) -> Vec<Check> {
     let mut out = Vec::new();
     let mut i = 0usize;
@@ -145,6 +146,7 @@ async fn checks(
             exact: status == 200 && !degraded && hits == wanted,
             degraded,
         });
+        answered.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     out
@@ -271,12 +273,14 @@ async fn failover(write_replicas: u32) {
 
     let stop = Arc::new(AtomicBool::new(false));
     let log = Arc::new(Mutex::new(Vec::new()));
+    let answered = Arc::new(AtomicUsize::new(0));
     let check_task = tokio::spawn(checks(
         app.clone(),
         layout.clone(),
         shards.clone(),
         seeds,
         stop.clone(),
+        answered.clone(),
     ));
     let write_task = tokio::spawn(writes(
         app.clone(),
@@ -317,9 +321,18 @@ async fn failover(write_replicas: u32) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    // Long enough after the rejoin that the checks from 5 s after the kill on are many, even
-    // on a loaded machine (a full suite run saw 20 in a 1 s tail).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Checks go on after the rejoin for at least 2 s and until 30 more have been answered
+    // (all of them more than 5 s after the kill), so the "exact from then on" assertion
+    // has something to judge even on a loaded machine, where checks come slowly (a full
+    // suite run next to two builds answered 7 in a 2 s tail).
+    let tail_from = answered.load(Ordering::Relaxed);
+    let tail_started = Instant::now();
+    while tail_started.elapsed() < Duration::from_secs(2)
+        || (answered.load(Ordering::Relaxed) < tail_from + 30
+            && tail_started.elapsed() < Duration::from_secs(30))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     let answers = check_task.await.unwrap();
     write_task.await.unwrap();
