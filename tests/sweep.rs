@@ -12,7 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{RedisCluster, RedisServer};
-use namelist::domain::{EPOCH_2020_MS, now_ms};
+use namelist::domain::now_ms;
+use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Deadline, EntryKey, Layout, Store, WriteBatch};
 use namelist::tools::sweep::{self, Args, Position, SweepReport, compare_and_delete};

@@ -38,6 +38,7 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 
+use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
@@ -46,7 +47,7 @@ use super::{
     InvalidationStream, Layout, MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen,
     Scope, Store, StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
-use crate::domain::{EPOCH_2020_MS, now_ms};
+use crate::domain::now_ms;
 
 /// Creates the meta hash if it is missing and ARGV[1] (the format to create) is not empty;
 /// ARGV[4] is the key id ('' in format 1). Returns (format, buckets, created, key id), created
@@ -1205,7 +1206,7 @@ impl Store for RedisStore {
         deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
         let calls = self.removal_calls(keys);
-        let now_rel = now_ms - EPOCH_2020_MS;
+        let now_rel = ExpiryCode::script_now(now_ms);
         let topology = self.monitor.topology();
         let key_buckets: Vec<u32> = keys.iter().map(|k| k.bucket).collect();
         let mut last = self.audit_cmds(&topology, &audit, &key_buckets);

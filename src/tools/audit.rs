@@ -27,7 +27,8 @@ use serde::Serialize;
 pub use compare::{Comparison, LayoutCost};
 
 use super::Global;
-use crate::domain::{EPOCH_2020_MS, now_ms};
+use crate::domain::now_ms;
+use crate::store::ExpiryCode;
 use crate::store::Store;
 use crate::store::layout::{AuditSummary, Layout, MAX_MEAN_FILL};
 use crate::store::redis::RedisStore;
@@ -609,7 +610,7 @@ async fn probe_batch(
     keys: &[(usize, String)],
 ) -> anyhow::Result<Vec<Outcome>> {
     const WHAT: &str = "probing buckets (MEMORY USAGE, OBJECT ENCODING, HLEN, EVALSHA)";
-    let now = now_ms() - EPOCH_2020_MS;
+    let now = ExpiryCode::script_now(now_ms());
     let cmds: Vec<Keyed> = keys
         .iter()
         .flat_map(|(_, k)| probe_cmds(script, k, now))

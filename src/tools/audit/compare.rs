@@ -31,7 +31,7 @@ use redis::Value;
 use serde::Serialize;
 
 use super::SplitMix;
-use crate::domain::EPOCH_2020_MS;
+use crate::store::ExpiryCode;
 use crate::store::layout::Layout;
 
 /// 2100-01-01T00:00:00Z in Unix ms: "never" in the millisecond layouts.
@@ -97,11 +97,7 @@ struct ScratchLayout {
 
 /// The expiry code as Unix ms.
 fn code_ms(code: u32) -> i64 {
-    if code == 0 {
-        NEVER_MS
-    } else {
-        EPOCH_2020_MS + i64::from(code) * 1000
-    }
+    ExpiryCode::new(code).decode().unwrap_or(NEVER_MS)
 }
 
 /// An identity of `len` hex digits (the seed's device fingerprint) derived from a field.
@@ -506,6 +502,6 @@ mod tests {
         assert_eq!(ls[2].keys.len(), 124, "one hash per ten entries");
         assert_eq!(ls[3].keys.len(), 3, "ceil(1234 / 512) buckets");
         assert_eq!(code_ms(0), NEVER_MS);
-        assert_eq!(code_ms(1), EPOCH_2020_MS + 1000);
+        assert_eq!(code_ms(1), 1_577_836_801_000, "one second after 2020");
     }
 }
