@@ -30,7 +30,7 @@ use super::Global;
 use crate::domain::now_ms;
 use crate::store::ExpiryCode;
 use crate::store::Store;
-use crate::store::layout::{AuditSummary, Layout, MAX_MEAN_FILL};
+use crate::store::layout::{AuditSummary, MAX_MEAN_FILL};
 use crate::store::redis::RedisStore;
 
 /// Counts a bucket's expired fields, fields that never expire and values that are not integers.
@@ -416,13 +416,6 @@ impl Seen {
             _ => self.others.insert(key.to_owned()),
         }
     }
-}
-
-/// The bucket number of a key under `<prefix>b:`, if it is one this layout writes.
-fn bucket_number(layout: &Layout, key: &str) -> Option<u32> {
-    let digits = key.strip_prefix(layout.prefix())?.strip_prefix("b:")?;
-    let n: u32 = digits.parse().ok()?;
-    (n.to_string() == digits).then_some(n)
 }
 
 /// Escapes the `SCAN MATCH` glob characters of a literal.
@@ -950,7 +943,7 @@ pub async fn audit_with_progress(
                     Ok(k) => k,
                     Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
                 };
-                let Some(n) = bucket_number(&layout, &k) else {
+                let Some(n) = layout.bucket_number(k.as_bytes()) else {
                     foreign.0 += 1;
                     if foreign.1.len() < 10 {
                         foreign.1.push(k);
@@ -1250,13 +1243,7 @@ mod tests {
     }
 
     #[test]
-    fn bucket_names() {
-        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
-        assert_eq!(bucket_number(&l, "nl:b:7"), Some(7));
-        assert_eq!(bucket_number(&l, "nl:b:12"), Some(12));
-        assert_eq!(bucket_number(&l, "nl:b:007"), None);
-        assert_eq!(bucket_number(&l, "nl:b:x:b:1"), None);
-        assert_eq!(bucket_number(&l, "nl:meta"), None);
+    fn glob_escaping() {
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 

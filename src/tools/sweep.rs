@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 use super::Global;
 use crate::domain::now_ms;
 use crate::store::redis::RedisStore;
-use crate::store::{Layout, Store, code_is_live};
+use crate::store::{Layout, Store};
 
 /// Default of `--max-ops-per-sec`.
 pub const DEFAULT_MAX_OPS_PER_SEC: u32 = 1000;
@@ -400,23 +400,6 @@ struct BucketOutcome {
     bytes_after: u64,
 }
 
-/// The expiry code of a (field, value) pair if both are exactly what the layout writes: a
-/// canonical decimal i64 field and a canonical decimal u32 value.
-fn parse_entry(field: &[u8], value: &[u8]) -> Option<u32> {
-    let f: i64 = std::str::from_utf8(field).ok()?.parse().ok()?;
-    let code: u32 = std::str::from_utf8(value).ok()?.parse().ok()?;
-    (f.to_string().as_bytes() == field && code.to_string().as_bytes() == value).then_some(code)
-}
-
-/// The bucket number of `key` if it is exactly a bucket key of this keyspace.
-fn bucket_index(layout: &Layout, key: &[u8]) -> Option<u32> {
-    let rest = key
-        .strip_prefix(layout.prefix().as_bytes())?
-        .strip_prefix(b"b:")?;
-    let n: u32 = std::str::from_utf8(rest).ok()?.parse().ok()?;
-    (n < layout.buckets() && layout.bucket_key(n).as_bytes() == key).then_some(n)
-}
-
 /// Spaces calls at least `1 / rate` apart; `rate` 0 = no limit.
 struct Pacer {
     interval: Option<Duration>,
@@ -528,9 +511,9 @@ impl Sweeper {
         };
         let mut expired = Vec::new();
         for (field, value) in fields {
-            match parse_entry(&field, &value) {
+            match Layout::parse_entry(&field, &value) {
                 None => out.unparseable += 1,
-                Some(code) if !code_is_live(code, now_ms) => expired.push((field, value)),
+                Some((_, code)) if !code.is_live(now_ms) => expired.push((field, value)),
                 Some(_) => {}
             }
         }
@@ -839,7 +822,7 @@ async fn sweep_with(
                 .await
                 .context("SCAN")?;
             for key in keys {
-                let Some(n) = bucket_index(&layout, &key) else {
+                let Some(n) = layout.parse_bucket_key(&key) else {
                     report.keys_skipped += 1;
                     continue;
                 };
@@ -1037,48 +1020,6 @@ mod tests {
         );
         let a = Cli::parse_from(["sweep", "--resume", "--checkpoint", "c"]).args;
         assert!(a.resume);
-    }
-
-    #[test]
-    fn only_exact_bucket_keys_of_this_keyspace() {
-        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
-        assert_eq!(bucket_index(&l, b"nl:b:0"), Some(0));
-        assert_eq!(bucket_index(&l, b"nl:b:9"), Some(9));
-        for k in [
-            &b"nl:b:10"[..],
-            b"nl:b:+1",
-            b"nl:b:01",
-            b"nl:b:",
-            b"nl:b:x",
-            b"nl:b:b:1",
-            b"nl:meta",
-            b"xx:b:1",
-        ] {
-            assert_eq!(bucket_index(&l, k), None, "{}", String::from_utf8_lossy(k));
-        }
-    }
-
-    #[test]
-    fn only_canonical_entries_parse() {
-        assert_eq!(parse_entry(b"-42", b"0"), Some(0));
-        assert_eq!(
-            parse_entry(b"9223372036854775807", b"4294967295"),
-            Some(u32::MAX)
-        );
-        for (f, v) in [
-            (&b"1"[..], &b"soon"[..]),
-            (b"1", b"-1"),
-            (b"1", b"+1"),
-            (b"1", b"01"),
-            (b"1", b"4294967296"),
-            (b"1", b""),
-            (b"x", b"1"),
-            (b"+1", b"1"),
-            (b"01", b"1"),
-            (b"1", b"\xff"),
-        ] {
-            assert_eq!(parse_entry(f, v), None);
-        }
     }
 
     #[test]
