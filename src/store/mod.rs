@@ -14,6 +14,7 @@ pub mod layout;
 pub mod memory;
 pub mod redis;
 pub mod replicas;
+pub mod scripts;
 
 use std::time::Duration;
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::store::conn::{Keyed, RedisConn, ScanTarget};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use redis::{RedisResult, Script, ServerErrorKind, Value};
+use redis::{RedisResult, Script, Value};
 use serde::Serialize;
 
 pub use compare::{Comparison, LayoutCost};
@@ -32,24 +32,7 @@ use crate::store::ExpiryCode;
 use crate::store::Store;
 use crate::store::layout::{AuditSummary, MAX_MEAN_FILL};
 use crate::store::redis::RedisStore;
-
-/// Counts a bucket's expired fields, fields that never expire and values that are not integers.
-/// ARGV[1] = now in milliseconds since 2020-01-01Z. Read-only; O(fields).
-const COUNT_EXPIRED: &str = r"
-local now = tonumber(ARGV[1])
-local expired, never, unreadable = 0, 0, 0
-for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
-  local c = tonumber(v)
-  if c == nil then
-    unreadable = unreadable + 1
-  elseif c == 0 then
-    never = never + 1
-  elseif c * 1000 <= now then
-    expired = expired + 1
-  end
-end
-return {expired, never, unreadable}
-";
+use crate::store::scripts::{self, COUNT_EXPIRED_LUA, COUNT_EXPIRED_SCRIPT};
 
 /// How many problem buckets the JSON lists by name (the counts are always exact).
 pub const MAX_LISTED_BUCKETS: usize = 1000;
@@ -550,7 +533,7 @@ fn fill_stats(t: &Totals) -> FillStats {
 }
 
 fn is_noscript(r: &RedisResult<Value>) -> bool {
-    matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript))
+    r.as_ref().is_err_and(scripts::is_noscript)
 }
 
 fn int(v: &Value) -> Option<u64> {
@@ -561,7 +544,7 @@ fn int(v: &Value) -> Option<u64> {
 /// its `EVALSHA`s go to), one by one.
 async fn load_script(conn: &RedisConn) -> RedisResult<()> {
     let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(COUNT_EXPIRED);
+    load.arg("LOAD").arg(COUNT_EXPIRED_LUA.as_str());
     conn.on_every_primary::<String>(&load).await.map(drop)
 }
 
@@ -887,7 +870,7 @@ pub async fn audit_with_progress(
             }
         ));
     }
-    let script = Script::new(COUNT_EXPIRED);
+    let script = COUNT_EXPIRED_SCRIPT.clone();
     load_script(&conn)
         .await
         .context("loading the expiry-count script (SCRIPT LOAD)")?;

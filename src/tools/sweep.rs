@@ -55,17 +55,18 @@ use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::store::conn::{RedisConn, ScanTarget};
 use anyhow::{Context, bail};
-use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::{FromRedisValue, RedisResult, ToRedisArgs};
 use serde::{Deserialize, Serialize};
 
 use super::Global;
 use crate::domain::now_ms;
 use crate::store::redis::RedisStore;
+use crate::store::scripts::{COMPARE_AND_DELETE, COMPARE_AND_DELETE_SCRIPT};
 use crate::store::{Layout, Store};
 
 /// Default of `--max-ops-per-sec`.
@@ -82,25 +83,6 @@ const MAX_FIELDS_PER_CALL: usize = 1000;
 const CHECKPOINT_VERSION: u32 = 2;
 /// How often progress is printed when stderr is not a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
-/// Compare-and-delete over one bucket. KEYS[1] = the bucket; ARGV = field1, expected1,
-/// field2, expected2, ...: deletes each field only if it still holds its expected value.
-/// Returns {deleted, refreshed}: refreshed = present with another value (left alone); the
-/// rest were already gone.
-pub const COMPARE_AND_DELETE: &str = r"
-local deleted, refreshed = 0, 0
-for i = 1, #ARGV, 2 do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  if v == ARGV[i + 1] then
-    deleted = deleted + redis.call('HDEL', KEYS[1], ARGV[i])
-  elseif v then
-    refreshed = refreshed + 1
-  end
-end
-return {deleted, refreshed}
-";
-
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPARE_AND_DELETE));
 
 /// Deletes expired entries from the Redis keyspace; paced and resumable, safe while live.
 ///
@@ -379,7 +361,7 @@ where
     if expected.is_empty() {
         return Ok(CasOutcome::default());
     }
-    let mut call = SCRIPT.prepare_invoke();
+    let mut call = COMPARE_AND_DELETE_SCRIPT.prepare_invoke();
     call.key(key);
     for (field, value) in expected {
         call.arg(field).arg(value);
