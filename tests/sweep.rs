@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use common::{RedisCluster, RedisServer};
 use namelist::domain::now_ms;
+use namelist::store::bulk::compare_and_delete;
 use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Deadline, EntryKey, Layout, Store, WriteBatch};
-use namelist::tools::sweep::{self, Args, Position, SweepReport, compare_and_delete};
+use namelist::tools::sweep::{self, Args, Position, SweepReport};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;

@@ -6,6 +6,7 @@
 //! their raw expiry codes. Deciding what is listed is the service's job (`lists`), done once
 //! for every backend.
 
+pub mod bulk;
 pub mod conn;
 pub mod dump;
 pub mod expiry;

@@ -15,7 +15,7 @@
 //! is the expiry code of an entry expired at the sweep's time. A field or value that is not
 //! what the layout writes (a canonical decimal i64 field, a canonical decimal u32 value) is
 //! counted as `unparseable` and left alone. If something expired: `MEMORY USAGE <key>
-//! SAMPLES 0`, one compare-and-delete script call ([`COMPARE_AND_DELETE`]: `HDEL` a field
+//! SAMPLES 0`, one compare-and-delete script call (`store::scripts::COMPARE_AND_DELETE`: `HDEL` a field
 //! only if it still holds the value the scan saw, so an entry refreshed in between
 //! survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its whole size is
 //! freed). The script is loaded with `SCRIPT LOAD` at the start (on a cluster, on every
@@ -54,19 +54,19 @@
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::{RedisConn, ScanTarget};
+use crate::store::conn::ScanTarget;
 use anyhow::{Context, bail};
-use redis::{FromRedisValue, RedisResult, ToRedisArgs};
+use redis::RedisResult;
 use serde::{Deserialize, Serialize};
 
 use super::Global;
 use crate::domain::now_ms;
+use crate::store::bulk::{BucketScan, CasOutcome};
 use crate::store::redis::RedisStore;
-use crate::store::scripts::{COMPARE_AND_DELETE, COMPARE_AND_DELETE_SCRIPT};
 use crate::store::{Layout, Store};
 
 /// Default of `--max-ops-per-sec`.
@@ -335,41 +335,6 @@ impl SweepReport {
     }
 }
 
-/// What compare-and-delete did to one bucket.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CasOutcome {
-    /// Fields deleted: they still held the expected value.
-    pub deleted: u64,
-    /// Fields left alone: present with another value.
-    pub refreshed: u64,
-}
-
-/// Deletes each `(field, expected)` of bucket `key` only if the field still holds `expected`
-/// ([`COMPARE_AND_DELETE`], one `EVALSHA`, loading the script after a `NOSCRIPT`). Fields
-/// already gone count in neither figure. Pass at most a few thousand pairs per call.
-pub async fn compare_and_delete<C, K, F, V>(
-    conn: &mut C,
-    key: K,
-    expected: &[(F, V)],
-) -> RedisResult<CasOutcome>
-where
-    C: redis::aio::ConnectionLike,
-    K: ToRedisArgs,
-    F: ToRedisArgs,
-    V: ToRedisArgs,
-{
-    if expected.is_empty() {
-        return Ok(CasOutcome::default());
-    }
-    let mut call = COMPARE_AND_DELETE_SCRIPT.prepare_invoke();
-    call.key(key);
-    for (field, value) in expected {
-        call.arg(field).arg(value);
-    }
-    let (deleted, refreshed): (u64, u64) = call.invoke_async(conn).await?;
-    Ok(CasOutcome { deleted, refreshed })
-}
-
 /// What sweeping one bucket found and did.
 #[derive(Debug, Clone, Default)]
 struct BucketOutcome {
@@ -412,39 +377,32 @@ impl Pacer {
     }
 }
 
-/// The connection, the pacer and the command count of one run.
-struct Sweeper {
-    conn: RedisConn,
+/// The store, the pacer and the command count of one run.
+struct Sweeper<'a> {
+    store: &'a RedisStore,
     pacer: Pacer,
     ops: u64,
 }
 
-impl Sweeper {
-    async fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+impl Sweeper<'_> {
+    /// Waits for the next command's slot and counts it.
+    async fn pace(&mut self) {
         self.pacer.wait().await;
         self.ops += 1;
-        cmd.query_async(&mut self.conn).await
     }
 
-    async fn memory_usage(&mut self, key: &[u8]) -> anyhow::Result<u64> {
-        let mut cmd = redis::cmd("MEMORY");
-        cmd.arg("USAGE").arg(key).arg("SAMPLES").arg(0);
-        let bytes: Option<u64> = self.query(&cmd).await.context("MEMORY USAGE")?;
-        Ok(bytes.unwrap_or(0))
+    async fn memory_usage(&mut self, bucket: u32) -> anyhow::Result<u64> {
+        self.pace().await;
+        self.store
+            .bucket_memory(bucket)
+            .await
+            .context("MEMORY USAGE")
     }
 
     /// The `run_id` of the node `target` (`None` if `INFO` is refused).
     async fn run_id(&mut self, target: &ScanTarget) -> Option<String> {
-        self.pacer.wait().await;
-        self.ops += 1;
-        let info: String = self
-            .conn
-            .on_target(target, redis::cmd("INFO").arg("server"))
-            .await
-            .ok()?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|s| s.trim().to_owned())
+        self.pace().await;
+        self.store.run_id(target).await
     }
 
     /// One `SCAN` step on `target`.
@@ -452,18 +410,16 @@ impl Sweeper {
         &mut self,
         target: &ScanTarget,
         cursor: u64,
-        pattern: &str,
         count: u32,
-    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
-        self.pacer.wait().await;
-        self.ops += 1;
-        self.conn.scan(target, cursor, pattern, count).await
+    ) -> RedisResult<BucketScan> {
+        self.pace().await;
+        self.store.scan_buckets(target, cursor, count).await
     }
 
     /// Sweeps one bucket; `None` if the key is not a hash.
     async fn bucket(
         &mut self,
-        key: &[u8],
+        bucket: u32,
         now_ms: i64,
         dry_run: bool,
     ) -> anyhow::Result<Option<BucketOutcome>> {
@@ -471,20 +427,20 @@ impl Sweeper {
         let mut fields: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut cursor: u64 = 0;
         loop {
-            let mut cmd = redis::cmd("HSCAN");
-            cmd.arg(key).arg(cursor).arg("COUNT").arg(HSCAN_COUNT);
-            let (next, flat): (u64, Vec<Vec<u8>>) = match self.query(&cmd).await {
-                Err(e) if e.code() == Some("WRONGTYPE") => return Ok(None),
-                r => r.context("HSCAN")?,
+            self.pace().await;
+            let Some(step) = self
+                .store
+                .scan_fields(bucket, cursor, HSCAN_COUNT)
+                .await
+                .context("HSCAN")?
+            else {
+                return Ok(None);
             };
-            let mut it = flat.into_iter();
-            while let (Some(f), Some(v)) = (it.next(), it.next()) {
-                fields.insert(f, v);
-            }
-            if next == 0 {
+            fields.extend(step.pairs);
+            if step.next == 0 {
                 break;
             }
-            cursor = next;
+            cursor = step.next;
         }
 
         let mut out = BucketOutcome {
@@ -503,22 +459,23 @@ impl Sweeper {
         if expired.is_empty() {
             return Ok(Some(out));
         }
-        out.bytes_before = self.memory_usage(key).await?;
+        out.bytes_before = self.memory_usage(bucket).await?;
         if dry_run {
             out.bytes_after = out.bytes_before;
             return Ok(Some(out));
         }
         for chunk in expired.chunks(MAX_FIELDS_PER_CALL) {
-            self.pacer.wait().await;
-            self.ops += 1;
-            let cas = compare_and_delete(&mut self.conn, key, chunk)
+            self.pace().await;
+            let cas = self
+                .store
+                .delete_if_unchanged(bucket, chunk)
                 .await
                 .context("compare-and-delete (EVALSHA)")?;
             out.cas.deleted += cas.deleted;
             out.cas.refreshed += cas.refreshed;
         }
         out.already_gone = out.expired_found - out.cas.deleted - out.cas.refreshed;
-        out.bytes_after = self.memory_usage(key).await?;
+        out.bytes_after = self.memory_usage(bucket).await?;
         Ok(Some(out))
     }
 }
@@ -619,13 +576,12 @@ async fn sweep_with(
     let layout = store.layout().clone();
     let real_now = now_ms();
     let mut sw = Sweeper {
-        conn: store.connection(),
+        store,
         pacer: Pacer::new(opts.max_ops_per_sec),
         ops: 0,
     };
-    let cluster = sw.conn.is_cluster();
-    let targets = sw
-        .conn
+    let cluster = store.is_cluster();
+    let targets = store
         .scan_targets()
         .await
         .context("listing the nodes to SCAN (CLUSTER NODES)")?;
@@ -775,12 +731,9 @@ async fn sweep_with(
 
     if !opts.dry_run {
         // On every node the EVALSHAs go to: the node, or each primary.
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(COMPARE_AND_DELETE);
         for t in &targets {
-            sw.pacer.wait().await;
-            sw.ops += 1;
-            let _: String = sw.conn.on_target(t, &load).await.with_context(|| {
+            sw.pace().await;
+            store.load_compare_and_delete(t).await.with_context(|| {
                 if cluster {
                     format!("loading the compare-and-delete script (SCRIPT LOAD) on {t}")
                 } else {
@@ -790,7 +743,6 @@ async fn sweep_with(
         }
     }
 
-    let pattern = layout.bucket_pattern();
     let mut visited = Visited::new(layout.buckets());
     let mut batches: u64 = 0;
     loop {
@@ -799,28 +751,25 @@ async fn sweep_with(
         }
         let target = &targets[index];
         let batch = async {
-            let (next, keys) = sw
-                .scan(target, cursor, &pattern, opts.scan_count.max(1))
+            let step = sw
+                .scan(target, cursor, opts.scan_count.max(1))
                 .await
                 .context("SCAN")?;
-            for key in keys {
-                let Some(n) = layout.parse_bucket_key(&key) else {
-                    report.keys_skipped += 1;
-                    continue;
-                };
+            report.keys_skipped += step.skipped;
+            for n in step.buckets {
                 if !visited.insert(n) {
                     continue;
                 }
                 let outcome = sw
-                    .bucket(&key, now, opts.dry_run)
+                    .bucket(n, now, opts.dry_run)
                     .await
-                    .with_context(|| format!("bucket {}", String::from_utf8_lossy(&key)))?;
+                    .with_context(|| format!("bucket {}", layout.bucket_key(n)))?;
                 match outcome {
                     Some(b) => report.add(&b),
                     None => report.keys_skipped += 1,
                 }
             }
-            anyhow::Ok(next)
+            anyhow::Ok(step.next)
         };
         let next = batch.await.with_context(|| {
             let at = Position::at(target, cursor);
