@@ -674,7 +674,6 @@ pub async fn audit_with_progress(
     let started_at_ms = now_ms();
     let started = Instant::now();
     let layout = store.layout().clone();
-    let conn = store.connection();
     let cluster = store.is_cluster();
     let batch = opts.batch.max(1);
     let mut warnings = Vec::new();
@@ -901,7 +900,7 @@ pub async fn audit_with_progress(
         progress.set_message("layout comparison");
         let mean_fill = totals.entries as f64 / totals.buckets.max(1) as f64;
         match compare::compare(
-            &conn,
+            store,
             &layout,
             &totals.compare_keys,
             opts.compare_sample,
