@@ -100,7 +100,7 @@ impl RedisStore {
         let layout = self.layout();
         let (next, keys) = self
             .connection()
-            .scan(target, cursor, &layout.bucket_pattern(), count)
+            .scan(target, cursor, &self.bucket_scan_pattern(), count)
             .await?;
         let mut out = BucketScan {
             next,

@@ -329,11 +329,6 @@ impl Layout {
             .then_some((f, ExpiryCode::new(code)))
     }
 
-    /// The pattern that matches every bucket key (for `SCAN MATCH`).
-    pub fn bucket_pattern(&self) -> String {
-        format!("{}b:*", self.prefix)
-    }
-
     pub fn meta_key(&self) -> String {
         Self::meta_key_of(&self.prefix)
     }
