@@ -2,10 +2,15 @@
 //! on Redis (or an embedded store), behind a local cache.
 //!
 //! * `domain`: parsed, normalised input types.
-//! * `store`: the storage layout and the `Store` trait with its Redis and embedded backends.
+//! * `store`: everything that knows what a key, field or value looks like: the storage layout
+//!   (`store::layout`), expiry codes (`store::expiry`), the Lua scripts (`store::scripts`), the
+//!   `Store` trait with its Redis and embedded backends, and the typed bulk operations the
+//!   tools use (`store::bulk`).
 //! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
 //! * `lists`: the name-list service.
-//! * `routes`, `error`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
+//! * `velocity`: velocity metrics and rules.
+//! * `routes`, `error`, `auth`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
+//! * `tools`: the operator tools behind `namelist-tools` (never a Redis command of their own).
 
 pub mod auth;
 pub mod cache;

@@ -8,9 +8,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use namelist::domain::{
-    Dimension, EPOCH_2020_MS, Expiry, IpValue, ListName, Sandbox, ValidationError, Value,
-};
+use namelist::domain::{Dimension, Expiry, IpValue, ListName, Sandbox, ValidationError, Value};
+use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::layout::{Layout, canonical};
 use namelist::store::{FingerprintKey, Hashing};
 use proptest::prelude::*;

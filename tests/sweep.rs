@@ -12,10 +12,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{RedisCluster, RedisServer};
-use namelist::domain::{EPOCH_2020_MS, now_ms};
+use namelist::domain::now_ms;
+use namelist::store::bulk::compare_and_delete;
+use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Deadline, EntryKey, Layout, Store, WriteBatch};
-use namelist::tools::sweep::{self, Args, Position, SweepReport, compare_and_delete};
+use namelist::tools::sweep::{self, Args, Position, SweepReport};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;
@@ -292,6 +294,26 @@ async fn sweep_removes_exactly_the_expired_fields_and_nothing_else() {
         .count() as u64;
     assert!(since_t > 0);
     assert_eq!(real.fields_reclaimed, since_t);
+}
+
+/// A prefix holding glob characters is matched literally by the sweep's `SCAN`: every bucket
+/// of the keyspace is found (an unescaped `g[1]*:b:*` would match `g1...` keys and none of ours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_with_glob_characters_is_swept_like_any_other() {
+    let redis = RedisServer::start();
+    let store = open(&redis, "g[1]*:", 2_000).await;
+    let layout = store.layout().clone();
+    let now = now_ms();
+    let t = sweep_time(now);
+    let (entries, expired) = mix(&layout, 500, t, now);
+    write(&store, &entries).await;
+    let n_expired = expired.iter().filter(|&&g| g).count() as u64;
+    assert!(n_expired > 0, "the mix has expired entries");
+
+    let report = sweep::sweep(&store, &args_at(t)).await.unwrap();
+    assert_eq!(report.buckets_scanned, u64::from(layout.buckets()));
+    assert_eq!(report.expired_found, n_expired, "every bucket was scanned");
+    assert_eq!(report.fields_reclaimed, n_expired);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::domain::Expiry;
+use crate::store::ExpiryCode;
 
 /// What holding one copy costs besides its entries: the `Arc` and this struct, the cache's
 /// own bookkeeping of the key (hash-table slot, entry info, deque node), and allocator
@@ -38,7 +38,7 @@ impl BucketCopy {
         fetched_at: Instant,
         generation: u64,
     ) -> Self {
-        pairs.retain(|(_, c)| Expiry::from_code(*c).is_live(now_ms));
+        pairs.retain(|(_, c)| ExpiryCode::new(*c).is_live(now_ms));
         // Stable: of equal fields the last stays last, and dedup keeps the first, so reverse.
         pairs.reverse();
         pairs.sort_by_key(|(f, _)| *f);
@@ -113,7 +113,7 @@ impl BucketCopy {
                 (Err(_), None) => {}
             }
         }
-        pairs.retain(|(_, c)| Expiry::from_code(*c).is_live(now_ms));
+        pairs.retain(|(_, c)| ExpiryCode::new(*c).is_live(now_ms));
         Self::packed(&pairs, self.fetched_at, self.generation, self.dirty_since)
     }
 
@@ -136,7 +136,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::domain::{EPOCH_2020_MS, now_ms};
+    use crate::domain::now_ms;
+    use crate::store::expiry::EPOCH_2020_MS;
 
     /// A code far in the future (2088 is u32::MAX seconds since 2020).
     const LATER: u32 = 4_000_000_000;

@@ -1,13 +1,15 @@
-//! Entry expiry. The API speaks Unix milliseconds; storage keeps whole seconds since
-//! 2020-01-01T00:00:00Z, rounded up (an entry is never dropped before the time the caller
-//! asked for), so the listpack holds a 32-bit integer (6 bytes) until 2088. `0` means never.
+//! Entry expiry as the API speaks it: never, or an instant in Unix milliseconds rounded up to
+//! the next whole second (an entry is never dropped before the time the caller asked for).
+//! How an expiry is stored (a 32-bit code, seconds since 2020) is decided in `store::expiry`,
+//! which also converts between the two (`Expiry::code`, `Expiry::from_code`); the latest
+//! instant accepted here is the latest that code can hold (a test there checks they agree).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::ValidationError;
 
-/// 2020-01-01T00:00:00Z in Unix milliseconds: the epoch of stored expiries.
-pub const EPOCH_2020_MS: i64 = 1_577_836_800_000;
+/// The latest expiry accepted: 2156-02-07T06:28:15Z, the last second the stored code holds.
+pub const LATEST_EXPIRY_MS: i64 = 5_872_804_095_000;
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {
@@ -21,30 +23,13 @@ pub fn now_ms() -> i64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Expiry {
     Never,
-    /// Whole seconds since 2020-01-01T00:00:00Z, at least 1.
-    At(u32),
+    /// Unix milliseconds, a whole second.
+    At(i64),
 }
 
 impl Expiry {
-    /// Decodes the stored integer (`0` = never).
-    pub fn from_code(code: u32) -> Self {
-        if code == 0 {
-            Expiry::Never
-        } else {
-            Expiry::At(code)
-        }
-    }
-
-    /// The stored integer.
-    pub fn code(self) -> u32 {
-        match self {
-            Expiry::Never => 0,
-            Expiry::At(s) => s,
-        }
-    }
-
     /// An absolute expiry in Unix ms, rounded up to the next whole second. It must lie after
-    /// `now_ms` and before 2156 (the end of a u32 of seconds).
+    /// `now_ms` and no later than `LATEST_EXPIRY_MS` (2156).
     pub fn at_ms(expires_at_ms: i64, now_ms: i64) -> Result<Self, ValidationError> {
         if expires_at_ms <= now_ms {
             return Err(ValidationError::new(
@@ -52,14 +37,17 @@ impl Expiry {
                 "expires_at is not in the future",
             ));
         }
-        let since = expires_at_ms - EPOCH_2020_MS;
-        let secs = (since + 999).div_euclid(1000).max(1);
-        u32::try_from(secs).map(Expiry::At).map_err(|_| {
-            ValidationError::new(
+        if expires_at_ms > LATEST_EXPIRY_MS {
+            return Err(ValidationError::new(
                 "invalid_expiry",
                 "expires_at is too far in the future (after 2156)",
-            )
-        })
+            ));
+        }
+        // No overflow: at most LATEST_EXPIRY_MS, itself a whole second.
+        Ok(Expiry::At(
+            expires_at_ms.div_euclid(1000) * 1000
+                + 1000 * i64::from(expires_at_ms.rem_euclid(1000) != 0),
+        ))
     }
 
     /// A relative expiry: `ttl_seconds` (at least 1) from `now_ms`.
@@ -87,7 +75,7 @@ impl Expiry {
     pub fn expires_at_ms(self) -> Option<i64> {
         match self {
             Expiry::Never => None,
-            Expiry::At(s) => Some(EPOCH_2020_MS + i64::from(s) * 1000),
+            Expiry::At(ms) => Some(ms),
         }
     }
 
@@ -128,15 +116,5 @@ mod tests {
             Expiry::after_ttl(u64::MAX, NOW).unwrap_err().code,
             "invalid_expiry"
         );
-    }
-
-    #[test]
-    fn code_round_trip() {
-        assert_eq!(Expiry::from_code(0), Expiry::Never);
-        assert!(Expiry::Never.is_live(i64::MAX));
-        let e = Expiry::after_ttl(86_400, NOW).unwrap();
-        assert_eq!(Expiry::from_code(e.code()), e);
-        // Seconds since 2020 stay below 2^31 until 2088: a 6-byte listpack integer.
-        assert!(e.code() < (1 << 31));
     }
 }

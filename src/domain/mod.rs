@@ -11,7 +11,7 @@ mod value;
 
 pub use dimension::Dimension;
 pub use error::ValidationError;
-pub use expiry::{EPOCH_2020_MS, Expiry, now_ms};
+pub use expiry::{Expiry, LATEST_EXPIRY_MS, now_ms};
 pub use mask::mask_value;
 pub use names::{EventType, FieldName, ListName, MetricId, RuleId, Sandbox};
 pub use value::{IpFamily, IpValue, Value};

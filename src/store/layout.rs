@@ -142,6 +142,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::expiry::ExpiryCode;
 pub use super::fingerprint::{FORMAT_KEYED, FORMAT_UNKEYED, Hashing};
 use crate::domain::{Dimension, IpFamily, ListName, Sandbox, Value};
 
@@ -301,9 +302,31 @@ impl Layout {
         format!("{}b:{bucket}", self.prefix)
     }
 
-    /// The pattern that matches every bucket key (for `SCAN MATCH`).
-    pub fn bucket_pattern(&self) -> String {
-        format!("{}b:*", self.prefix)
+    /// The bucket whose key is exactly `key`: `bucket_key(n)` for a bucket `n` of this
+    /// keyspace (`n < buckets`), byte for byte (no sign, no leading zero, nothing after). What
+    /// a tool may touch: a key that merely looks like a bucket is not one of ours.
+    pub fn parse_bucket_key(&self, key: &[u8]) -> Option<u32> {
+        self.bucket_number(key).filter(|&n| n < self.buckets)
+    }
+
+    /// The number of a key shaped exactly like `bucket_key(n)` for any `n`, in range or not:
+    /// for the audit, which reports bucket keys a keyspace of more buckets left behind.
+    pub fn bucket_number(&self, key: &[u8]) -> Option<u32> {
+        let digits = key
+            .strip_prefix(self.prefix.as_bytes())?
+            .strip_prefix(b"b:")?;
+        let n: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+        (n.to_string().as_bytes() == digits).then_some(n)
+    }
+
+    /// A bucket's (field, value) if both are exactly what this layout writes: a canonical
+    /// decimal i64 field and a canonical decimal u32 expiry code. Anything else (another
+    /// writer's data) is not an entry and must be left alone.
+    pub fn parse_entry(field: &[u8], value: &[u8]) -> Option<(i64, ExpiryCode)> {
+        let f: i64 = std::str::from_utf8(field).ok()?.parse().ok()?;
+        let code: u32 = std::str::from_utf8(value).ok()?.parse().ok()?;
+        (f.to_string().as_bytes() == field && code.to_string().as_bytes() == value)
+            .then_some((f, ExpiryCode::new(code)))
     }
 
     pub fn meta_key(&self) -> String {
@@ -677,6 +700,67 @@ impl AuditRecord {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_exact_bucket_keys_of_this_keyspace() {
+        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
+        assert_eq!(l.parse_bucket_key(b"nl:b:0"), Some(0));
+        assert_eq!(l.parse_bucket_key(b"nl:b:9"), Some(9));
+        assert_eq!(
+            l.bucket_number(b"nl:b:12"),
+            Some(12),
+            "shaped like one, out of range"
+        );
+        assert_eq!(
+            l.parse_bucket_key(b"nl:b:12"),
+            None,
+            "not a bucket of this keyspace"
+        );
+        for k in [
+            &b"nl:b:10"[..],
+            b"nl:b:+1",
+            b"nl:b:01",
+            b"nl:b:007",
+            b"nl:b:",
+            b"nl:b:x",
+            b"nl:b:b:1",
+            b"nl:b:x:b:1",
+            b"nl:meta",
+            b"xx:b:1",
+        ] {
+            let shown = String::from_utf8_lossy(k);
+            assert_eq!(l.parse_bucket_key(k), None, "{shown}");
+            if k != b"nl:b:10" {
+                assert_eq!(l.bucket_number(k), None, "{shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_canonical_entries_parse() {
+        assert_eq!(
+            Layout::parse_entry(b"-42", b"0"),
+            Some((-42, ExpiryCode::NEVER))
+        );
+        assert_eq!(
+            Layout::parse_entry(b"9223372036854775807", b"4294967295"),
+            Some((i64::MAX, ExpiryCode::new(u32::MAX)))
+        );
+        for (f, v) in [
+            (&b"1"[..], &b"soon"[..]),
+            (b"1", b"-1"),
+            (b"1", b"+1"),
+            (b"1", b"01"),
+            (b"1", b"4294967296"),
+            (b"1", b""),
+            (b"x", b"1"),
+            (b"+1", b"1"),
+            (b"01", b"1"),
+            (b"1", b"\xff"),
+        ] {
+            assert_eq!(Layout::parse_entry(f, v), None);
+        }
+    }
+
     use super::*;
     use crate::store::FingerprintKey;
 

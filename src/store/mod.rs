@@ -6,19 +6,23 @@
 //! their raw expiry codes. Deciding what is listed is the service's job (`lists`), done once
 //! for every backend.
 
+pub mod bulk;
 pub mod conn;
 pub mod dump;
+pub mod expiry;
 pub mod fingerprint;
 pub mod layout;
 pub mod memory;
 pub mod redis;
 pub mod replicas;
+pub mod scripts;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+pub use expiry::ExpiryCode;
 pub use fingerprint::{FingerprintKey, Hashing, KeyError};
 pub use layout::{AuditRecord, AuditSummary, EntryKey, Invalidation, Layout, PrefixLen, Scope};
 
@@ -352,5 +356,5 @@ pub trait Store: Send + Sync + 'static {
 
 /// Expiry code comparison shared by both stores: is the entry with `code` live at `now_ms`?
 pub fn code_is_live(code: u32, now_ms: i64) -> bool {
-    crate::domain::Expiry::from_code(code).is_live(now_ms)
+    ExpiryCode::new(code).is_live(now_ms)
 }

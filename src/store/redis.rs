@@ -37,7 +37,11 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
+use super::scripts::{
+    self, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
+};
 
+use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
@@ -46,204 +50,7 @@ use super::{
     InvalidationStream, Layout, MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen,
     Scope, Store, StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
-use crate::domain::{EPOCH_2020_MS, now_ms};
-
-/// Creates the meta hash if it is missing and ARGV[1] (the format to create) is not empty;
-/// ARGV[4] is the key id ('' in format 1). Returns (format, buckets, created, key id), created
-/// being 1 (created now), 0 (found) or -1 (missing, and not created).
-const OPEN_KEYSPACE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == '' then return {false, false, -1, false} end
-  redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3])
-  if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
-  return {ARGV[1], ARGV[2], 1, ARGV[4]}
-end
-local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id')
-return {m[1], m[2], 0, m[3]}
-";
-
-/// Deletes fields of one bucket; per field 1 if it was present and live at ARGV[1]
-/// (milliseconds since 2020), else 0.
-const REMOVE: &str = r"
-local now = tonumber(ARGV[1])
-local out = {}
-for i = 2, #ARGV do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  local live = 0
-  if v then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    local c = tonumber(v)
-    if c == 0 or c * 1000 > now then live = 1 end
-  end
-  out[#out + 1] = live
-end
-return out
-";
-
-/// Compare-and-delete: deletes the field only if it still holds ARGV[2].
-const REMOVE_IF_UNCHANGED: &str = r"
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  return redis.call('HDEL', KEYS[1], ARGV[1])
-end
-return 0
-";
-
-/// The start of every metric script. ARGV: 1 update sub-window (or ''), 2 value, 3 read_hi,
-/// 4 slots, 5 trim_hi, 6 expire_at, 7 '1' to read the value back, 8 the event's hash (or ''),
-/// 9 family-specific. KEYS[1] is the entity's key, KEYS[2] its set of applied events. An
-/// event already applied to this entity is not applied again (`dup` = 1): checked and recorded
-/// in the same atomic call as the update, so a retry after any failure or timeout applies each
-/// update exactly once.
-const METRIC_PREAMBLE: &str = r"
-local function extend(k, at)
-  local cur = redis.call('PEXPIRETIME', k)
-  if cur < 0 or cur < at then redis.call('PEXPIREAT', k, at) end
-end
-local n = tonumber(ARGV[4])
-local floor = tonumber(ARGV[5]) - n + 1
-local at = tonumber(ARGV[6])
-local hi = tonumber(ARGV[3])
-local lo = hi - n + 1
-local read = ARGV[7] == '1'
-local update = ARGV[1] ~= ''
-local dup = 0
-if update and ARGV[8] ~= '' then
-  if redis.call('ZSCORE', KEYS[2], ARGV[8]) then
-    dup = 1
-    update = false
-  else
-    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[8])
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. floor)
-    extend(KEYS[2], at)
-  end
-end
--- Field f of a hash holds sub-window floor(f / width). Once the hash holds more fields than
--- the window needs, drops those of sub-windows that left it.
-local function trim(k, width)
-  if redis.call('HLEN', k) > width * n then
-    for _, f in ipairs(redis.call('HKEYS', k)) do
-      if math.floor(tonumber(f) / width) < floor then redis.call('HDEL', k, f) end
-    end
-  end
-end
--- Appends to out the values (and, with fields, each value's field first) of the read window.
-local function read_window(k, width, out, fields)
-  local all = redis.call('HGETALL', k)
-  for i = 1, #all, 2 do
-    local s = math.floor(tonumber(all[i]) / width)
-    if s >= lo and s <= hi then
-      if fields then out[#out + 1] = all[i] end
-      out[#out + 1] = all[i + 1]
-    end
-  end
-end
-";
-
-/// COUNT and SUM: a hash of sub-window → total. Returns {dup, totals read...} (exact i64
-/// strings, summed by the caller).
-const METRIC_SUM: &str = r"
-local k = KEYS[1]
-if update then
-  redis.call('HINCRBY', k, ARGV[1], ARGV[2])
-  trim(k, 1)
-  extend(k, at)
-end
-local out = {dup}
-if read then read_window(k, 1, out, false) end
-return out
-";
-
-/// AVG: fields 2i (sum) and 2i+1 (count). Returns {dup, field, value, ...} of the window.
-const METRIC_AVG: &str = r"
-local k = KEYS[1]
-if update then
-  local f = tonumber(ARGV[1]) * 2
-  redis.call('HINCRBY', k, f, ARGV[2])
-  redis.call('HINCRBY', k, f + 1, 1)
-  trim(k, 2)
-  extend(k, at)
-end
-local out = {dup}
-if read then read_window(k, 2, out, true) end
-return out
-";
-
-/// MIN and MAX (ARGV[9] 'min' or 'max'): a hash of sub-window → extreme. Returns {dup,
-/// per-sub-window extremes read...}.
-const METRIC_EXTREME: &str = r"
-local k = KEYS[1]
-if update then
-  local cur = redis.call('HGET', k, ARGV[1])
-  local v = tonumber(ARGV[2])
-  if not cur or (ARGV[9] == 'min' and v < tonumber(cur)) or (ARGV[9] == 'max' and v > tonumber(cur)) then
-    redis.call('HSET', k, ARGV[1], ARGV[2])
-  end
-  trim(k, 1)
-  extend(k, at)
-end
-local out = {dup}
-if read then read_window(k, 1, out, false) end
-return out
-";
-
-/// COUNT_DISTINCT: a sorted set of member (ARGV[2]) → last sub-window seen, capped at
-/// ARGV[9]. Returns {dup, count, capped}.
-const METRIC_DISTINCT: &str = r"
-local k = KEYS[1]
-local cap = tonumber(ARGV[9])
-if update then
-  redis.call('ZADD', k, 'GT', ARGV[1], ARGV[2])
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. floor)
-  local card = redis.call('ZCARD', k)
-  if card > cap then redis.call('ZPOPMIN', k, card - cap) end
-  extend(k, at)
-end
-if not read then return {dup} end
-local capped = 0
-if redis.call('ZCARD', k) >= cap then capped = 1 end
-return {dup, redis.call('ZCOUNT', k, lo, hi), capped}
-";
-
-/// APPROX_COUNT_DISTINCT: one HyperLogLog per sub-window. KEYS[1] the updated sub-window's,
-/// KEYS[2] the applied events, then those of every sub-window read, counted with one
-/// multi-key PFCOUNT (no temporary key). Returns {dup, count}.
-const METRIC_APPROX: &str = r"
-if update then
-  redis.call('PFADD', KEYS[1], ARGV[2])
-  extend(KEYS[1], at)
-end
-if not read or #KEYS < 3 then return {dup, 0} end
-return {dup, redis.call('PFCOUNT', unpack(KEYS, 3))}
-";
-
-/// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
-/// message. Values are `<version>\n<fingerprint>\n<body>`. Returns the version.
-const PUT_DEFINITION: &str = r"
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-local ver, fp = 0, ''
-if cur then
-  local a = string.find(cur, '\n', 1, true)
-  local b = string.find(cur, '\n', a + 1, true)
-  ver = tonumber(string.sub(cur, 1, a - 1))
-  fp = string.sub(cur, a + 1, b - 1)
-end
-if fp == '' or fp ~= ARGV[2] then ver = ver + 1 end
-redis.call('HSET', KEYS[1], ARGV[1], ver .. '\n' .. ARGV[2] .. '\n' .. ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-return ver
-";
-
-/// Deletes a definition, keeping its version as a tombstone. Returns 1 if it existed.
-const DELETE_DEFINITION: &str = r"
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if not cur then return 0 end
-local a = string.find(cur, '\n', 1, true)
-local b = string.find(cur, '\n', a + 1, true)
-if b == a + 1 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], string.sub(cur, 1, a - 1) .. '\n\n')
-redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1
-";
+use crate::domain::now_ms;
 
 /// How to reach Redis and which keyspace to open.
 #[derive(Debug, Clone)]
@@ -307,48 +114,12 @@ pub struct RedisStore {
     dump_refused: AtomicBool,
 }
 
-/// The metric scripts, one per family (MIN and MAX share one).
-struct MetricScripts {
-    sum: Script,
-    avg: Script,
-    extreme: Script,
-    distinct: Script,
-    approx: Script,
-}
-
-impl MetricScripts {
-    fn new() -> Self {
-        let with_extend = |body: &str| Script::new(&format!("{METRIC_PREAMBLE}{body}"));
-        Self {
-            sum: with_extend(METRIC_SUM),
-            avg: with_extend(METRIC_AVG),
-            extreme: with_extend(METRIC_EXTREME),
-            distinct: with_extend(METRIC_DISTINCT),
-            approx: with_extend(METRIC_APPROX),
-        }
-    }
-
-    fn all(&self) -> [&Script; 5] {
-        [
-            &self.sum,
-            &self.avg,
-            &self.extreme,
-            &self.distinct,
-            &self.approx,
-        ]
-    }
-}
-
 fn unavailable(e: RedisError) -> StoreError {
     if e.kind() == ErrorKind::Parse || e.kind() == ErrorKind::UnexpectedReturnType {
         StoreError::Corrupt(e.to_string())
     } else {
         StoreError::Unavailable(e.to_string())
     }
-}
-
-fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 fn ints(v: &redis::Value) -> StoreResult<Vec<i64>> {
@@ -591,8 +362,8 @@ impl RedisStore {
             monitor,
             layout,
             audit_part_len: opts.audit_max_len.div_ceil(AUDIT_PARTS).max(1),
-            remove: Script::new(REMOVE),
-            remove_if_unchanged: Script::new(REMOVE_IF_UNCHANGED),
+            remove: scripts::remove(),
+            remove_if_unchanged: scripts::COMPARE_AND_DELETE_SCRIPT.clone(),
             metric_scripts: MetricScripts::new(),
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,
@@ -1205,7 +976,7 @@ impl Store for RedisStore {
         deadline: Deadline,
     ) -> StoreResult<Vec<bool>> {
         let calls = self.removal_calls(keys);
-        let now_rel = now_ms - EPOCH_2020_MS;
+        let now_rel = ExpiryCode::script_now(now_ms);
         let topology = self.monitor.topology();
         let key_buckets: Vec<u32> = keys.iter().map(|k| k.bucket).collect();
         let mut last = self.audit_cmds(&topology, &audit, &key_buckets);
@@ -1302,9 +1073,11 @@ impl Store for RedisStore {
                 self.load_scripts().await?;
                 reply = first(session.commit(cmd(), false).await?)?;
             }
-            let n: i64 = redis::from_redis_value(reply.map_err(unavailable)?)
-                .map_err(|e| StoreError::Corrupt(format!("compare-and-delete reply: {e}")))?;
-            Ok(n == 1)
+            // {deleted, refreshed}: one field asked, so deleted is 0 or 1.
+            let (deleted, _refreshed): (i64, i64) =
+                redis::from_redis_value(reply.map_err(unavailable)?)
+                    .map_err(|e| StoreError::Corrupt(format!("compare-and-delete reply: {e}")))?;
+            Ok(deleted == 1)
         }
         .await;
         self.noted(r)

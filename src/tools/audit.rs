@@ -18,37 +18,19 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::store::conn::{Keyed, RedisConn, ScanTarget};
+use crate::store::conn::ScanTarget;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use redis::{RedisResult, Script, ServerErrorKind, Value};
 use serde::Serialize;
 
 pub use compare::{Comparison, LayoutCost};
 
 use super::Global;
-use crate::domain::{EPOCH_2020_MS, now_ms};
+use crate::domain::now_ms;
 use crate::store::Store;
-use crate::store::layout::{AuditSummary, Layout, MAX_MEAN_FILL};
+use crate::store::bulk::BucketProbe;
+use crate::store::layout::{AuditSummary, MAX_MEAN_FILL};
 use crate::store::redis::RedisStore;
-
-/// Counts a bucket's expired fields, fields that never expire and values that are not integers.
-/// ARGV[1] = now in milliseconds since 2020-01-01Z. Read-only; O(fields).
-const COUNT_EXPIRED: &str = r"
-local now = tonumber(ARGV[1])
-local expired, never, unreadable = 0, 0, 0
-for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
-  local c = tonumber(v)
-  if c == nil then
-    unreadable = unreadable + 1
-  elseif c == 0 then
-    never = never + 1
-  elseif c * 1000 <= now then
-    expired = expired + 1
-  end
-end
-return {expired, never, unreadable}
-";
 
 /// How many problem buckets the JSON lists by name (the counts are always exact).
 pub const MAX_LISTED_BUCKETS: usize = 1000;
@@ -417,25 +399,6 @@ impl Seen {
     }
 }
 
-/// The bucket number of a key under `<prefix>b:`, if it is one this layout writes.
-fn bucket_number(layout: &Layout, key: &str) -> Option<u32> {
-    let digits = key.strip_prefix(layout.prefix())?.strip_prefix("b:")?;
-    let n: u32 = digits.parse().ok()?;
-    (n.to_string() == digits).then_some(n)
-}
-
-/// Escapes the `SCAN MATCH` glob characters of a literal.
-pub fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// A splitmix64 stream (sampling and scratch names; no cryptographic use).
 pub(crate) struct SplitMix(pub u64);
 
@@ -555,153 +518,28 @@ fn fill_stats(t: &Totals) -> FillStats {
     }
 }
 
-fn is_noscript(r: &RedisResult<Value>) -> bool {
-    matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript))
-}
-
-fn int(v: &Value) -> Option<u64> {
-    redis::from_redis_value_ref::<u64>(v).ok()
-}
-
-/// Loads the expiry-count script on the node, or on every primary of a cluster (the nodes
-/// its `EVALSHA`s go to), one by one.
-async fn load_script(conn: &RedisConn) -> RedisResult<()> {
-    let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(COUNT_EXPIRED);
-    conn.on_every_primary::<String>(&load).await.map(drop)
-}
-
-/// The expiry-count script's call for `key` as of `now` (ms since 2020).
-fn count_expired(script: &Script, key: &str, now: i64) -> Keyed {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key).arg(now);
-    (key.as_bytes().to_vec(), cmd)
-}
-
-/// The four probe commands of one bucket key; the `EVALSHA` last.
-fn probe_cmds(script: &Script, key: &str, now: i64) -> [Keyed; 4] {
-    let keyed = |build: &dyn Fn(&mut redis::Cmd)| {
-        let mut cmd = redis::Cmd::new();
-        build(&mut cmd);
-        (key.as_bytes().to_vec(), cmd)
-    };
-    [
-        keyed(&|c| {
-            c.arg("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0);
-        }),
-        keyed(&|c| {
-            c.arg("OBJECT").arg("ENCODING").arg(key);
-        }),
-        keyed(&|c| {
-            c.arg("HLEN").arg(key);
-        }),
-        count_expired(script, key, now),
-    ]
-}
-
-/// Probes a batch of bucket keys (node index, key) in one `RedisConn::run` (one pipeline on a
-/// node, per-slot pipelines on a cluster). After a `NOSCRIPT` (a restarted node, a failover, a
-/// `SCRIPT FLUSH`) the script is loaded again (on every primary of a cluster) and only the
-/// calls that failed are sent again.
-async fn probe_batch(
-    conn: &RedisConn,
-    script: &Script,
-    keys: &[(usize, String)],
-) -> anyhow::Result<Vec<Outcome>> {
-    const WHAT: &str = "probing buckets (MEMORY USAGE, OBJECT ENCODING, HLEN, EVALSHA)";
-    let now = now_ms() - EPOCH_2020_MS;
-    let cmds: Vec<Keyed> = keys
+/// Probes a batch of bucket keys (node index, key) in one round trip (`RedisStore::bucket_stats`).
+async fn probe_batch(store: &RedisStore, keys: &[(usize, String)]) -> anyhow::Result<Vec<Outcome>> {
+    let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+    let probes = store.bucket_stats(&names).await?;
+    Ok(keys
         .iter()
-        .flat_map(|(_, k)| probe_cmds(script, k, now))
-        .collect();
-    let mut replies = conn.run(cmds).await.context(WHAT)?;
-    if replies.len() != keys.len() * 4 {
-        bail!(
-            "probing buckets: {} replies to {} commands",
-            replies.len(),
-            keys.len() * 4
-        );
-    }
-    for attempt in 0.. {
-        let again: Vec<usize> = (0..replies.len())
-            .filter(|&i| is_noscript(&replies[i]))
-            .collect();
-        if again.is_empty() {
-            break;
-        }
-        if attempt == 2 {
-            bail!(
-                "NOSCRIPT three times in a row: is something flushing the script cache (SCRIPT FLUSH)?"
-            );
-        }
-        load_script(conn)
-            .await
-            .context("reloading the expiry-count script (SCRIPT LOAD) after NOSCRIPT")?;
-        let redo = again
-            .iter()
-            .map(|&i| count_expired(script, &keys[i / 4].1, now))
-            .collect();
-        let redone = conn.run(redo).await.context(WHAT)?;
-        for (i, r) in again.into_iter().zip(redone) {
-            replies[i] = r;
-        }
-    }
-    let mut out = Vec::with_capacity(keys.len());
-    let mut replies = replies.into_iter();
-    for (node, k) in keys {
-        let r: Vec<RedisResult<Value>> = replies.by_ref().take(4).collect();
-        if let Some(e) = r.iter().find_map(|r| r.as_ref().err()) {
-            if e.code() == Some("WRONGTYPE") {
-                out.push(Outcome::NotHash(k.clone(), e.to_string()));
-                continue;
-            }
-            bail!("probing {k}: {e}");
-        }
-        let r: Vec<Value> = r.into_iter().map(|v| v.expect("no error")).collect();
-        let (Some(bytes), Some(fields)) = (int(&r[0]), int(&r[2])) else {
-            out.push(Outcome::Vanished);
-            continue;
-        };
-        if fields == 0 {
-            out.push(Outcome::Vanished);
-            continue;
-        }
-        let encoding: String = redis::from_redis_value_ref::<Option<String>>(&r[1])
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| "?".to_owned());
-        let counts: Vec<u64> = redis::from_redis_value_ref(&r[3])
-            .with_context(|| format!("the expiry-count script's reply for {k}"))?;
-        let [expired, never, unreadable] = counts[..] else {
-            bail!("the expiry-count script returned {counts:?} for {k}");
-        };
-        out.push(Outcome::Probed(Probe {
-            node: *node,
-            key: k.clone(),
-            bytes,
-            encoding,
-            fields,
-            expired,
-            never,
-            unreadable,
-        }));
-    }
-    Ok(out)
-}
-
-/// `INFO <section>` of one node as (name, value) pairs; empty if refused.
-async fn info(conn: &RedisConn, target: &ScanTarget, section: &str) -> BTreeMap<String, String> {
-    let text: String = match conn
-        .on_target(target, redis::cmd("INFO").arg(section))
-        .await
-    {
-        Ok(t) => t,
-        Err(_) => return BTreeMap::new(),
-    };
-    text.lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect()
+        .zip(probes)
+        .map(|((node, k), p)| match p {
+            BucketProbe::Stats(st) => Outcome::Probed(Probe {
+                node: *node,
+                key: k.clone(),
+                bytes: st.bytes,
+                encoding: st.encoding,
+                fields: st.fields,
+                expired: st.expired,
+                never: st.never,
+                unreadable: st.unreadable,
+            }),
+            BucketProbe::Vanished => Outcome::Vanished,
+            BucketProbe::NotHash(e) => Outcome::NotHash(k.clone(), e),
+        })
+        .collect())
 }
 
 fn server_memory(info: &BTreeMap<String, String>) -> ServerMemory {
@@ -770,23 +608,6 @@ pub fn combined_memory(nodes: &[ServerMemory]) -> ServerMemory {
     }
 }
 
-/// One node's `hash-max-listpack-entries` (or the pre-7 `hash-max-ziplist-entries`); `None`
-/// if refused.
-async fn listpack_limit(conn: &RedisConn, target: &ScanTarget) -> Option<u64> {
-    for name in ["hash-max-listpack-entries", "hash-max-ziplist-entries"] {
-        let reply: redis::RedisResult<Vec<String>> = conn
-            .on_target(target, redis::cmd("CONFIG").arg("GET").arg(name))
-            .await;
-        if let Some(limit) = reply
-            .ok()
-            .and_then(|v| v.get(1).and_then(|s| s.parse().ok()))
-        {
-            return Some(limit);
-        }
-    }
-    None
-}
-
 /// Sleeps as needed to keep `done` probes since `started` under `rate` per second.
 async fn pace(done: u64, started: Instant, rate: Option<u64>) {
     if let Some(rate) = rate {
@@ -799,8 +620,7 @@ async fn pace(done: u64, started: Instant, rate: Option<u64>) {
 
 /// The walk's state: totals plus what the probes found that is not a bucket.
 struct Walk<'a> {
-    conn: RedisConn,
-    script: Script,
+    store: &'a RedisStore,
     opts: &'a Args,
     /// Per scan target.
     limits: Vec<Option<u64>>,
@@ -811,7 +631,7 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     async fn probe(&mut self, keys: &[(usize, String)]) -> anyhow::Result<()> {
-        let outcomes = probe_batch(&self.conn, &self.script, keys).await?;
+        let outcomes = probe_batch(self.store, keys).await?;
         for o in outcomes {
             match o {
                 Outcome::Probed(p) => {
@@ -854,12 +674,11 @@ pub async fn audit_with_progress(
     let started_at_ms = now_ms();
     let started = Instant::now();
     let layout = store.layout().clone();
-    let conn = store.connection();
-    let cluster = conn.is_cluster();
+    let cluster = store.is_cluster();
     let batch = opts.batch.max(1);
     let mut warnings = Vec::new();
 
-    let targets = conn
+    let targets = store
         .scan_targets()
         .await
         .context("listing the nodes to SCAN (CLUSTER NODES)")?;
@@ -868,11 +687,11 @@ pub async fn audit_with_progress(
     }
     let mut nodes = Vec::with_capacity(targets.len());
     for t in &targets {
-        let server = info(&conn, t, "server").await;
+        let server = store.node_info(t, "server").await;
         nodes.push(NodeInfo {
             target: t.clone(),
             redis_version: server.get("redis_version").cloned(),
-            limit: listpack_limit(&conn, t).await,
+            limit: store.listpack_limit(t).await,
         });
     }
     let limits: Vec<Option<u64>> = nodes.iter().map(|n| n.limit).collect();
@@ -893,14 +712,13 @@ pub async fn audit_with_progress(
             }
         ));
     }
-    let script = Script::new(COUNT_EXPIRED);
-    load_script(&conn)
+    store
+        .load_count_expired()
         .await
         .context("loading the expiry-count script (SCRIPT LOAD)")?;
 
     let mut walk = Walk {
-        conn: conn.clone(),
-        script,
+        store,
         opts,
         limits,
         totals: Totals {
@@ -910,7 +728,6 @@ pub async fn audit_with_progress(
         started,
         progress,
     };
-    let pattern = format!("{}b:*", glob_escape(layout.prefix()));
     let mut seen = Seen::new(layout.buckets());
     let mut found: u64 = 0;
     let mut found_on: Vec<u64> = vec![0; targets.len()];
@@ -934,8 +751,8 @@ pub async fn audit_with_progress(
     for (node, target) in targets.iter().enumerate() {
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys) = conn
-                .scan(target, cursor, &pattern, count)
+            let (next, keys) = store
+                .scan_bucket_keys(target, cursor, count)
                 .await
                 .with_context(|| {
                     if cluster {
@@ -949,7 +766,7 @@ pub async fn audit_with_progress(
                     Ok(k) => k,
                     Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
                 };
-                let Some(n) = bucket_number(&layout, &k) else {
+                let Some(n) = layout.bucket_number(k.as_bytes()) else {
                     foreign.0 += 1;
                     if foreign.1.len() < 10 {
                         foreign.1.push(k);
@@ -1002,8 +819,9 @@ pub async fn audit_with_progress(
 
     if foreign.0 > 0 {
         warnings.push(format!(
-            "{} keys match {pattern} but are not bucket names (ignored), e.g. {}",
+            "{} keys match {} but are not bucket names (ignored), e.g. {}",
             foreign.0,
+            store.bucket_scan_pattern(),
             foreign.1.join(", ")
         ));
     }
@@ -1040,7 +858,7 @@ pub async fn audit_with_progress(
     let mut node_memory = Vec::with_capacity(targets.len());
     let mut no_info = Vec::new();
     for t in &targets {
-        let mem_info = info(&conn, t, "memory").await;
+        let mem_info = store.node_info(t, "memory").await;
         if mem_info.is_empty() {
             no_info.push(t.to_string());
         }
@@ -1082,7 +900,7 @@ pub async fn audit_with_progress(
         progress.set_message("layout comparison");
         let mean_fill = totals.entries as f64 / totals.buckets.max(1) as f64;
         match compare::compare(
-            &conn,
+            store,
             &layout,
             &totals.compare_keys,
             opts.compare_sample,
@@ -1249,14 +1067,11 @@ mod tests {
     }
 
     #[test]
-    fn bucket_names() {
-        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
-        assert_eq!(bucket_number(&l, "nl:b:7"), Some(7));
-        assert_eq!(bucket_number(&l, "nl:b:12"), Some(12));
-        assert_eq!(bucket_number(&l, "nl:b:007"), None);
-        assert_eq!(bucket_number(&l, "nl:b:x:b:1"), None);
-        assert_eq!(bucket_number(&l, "nl:meta"), None);
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    fn glob_escaping() {
+        assert_eq!(
+            crate::store::bulk::glob_escape("a*b?[c]\\"),
+            "a\\*b\\?\\[c\\]\\\\"
+        );
     }
 
     #[test]

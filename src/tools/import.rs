@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::{Keyed, RedisConn};
+use crate::store::bulk::BucketWrite;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -41,7 +41,6 @@ use serde::{Deserialize, Serialize};
 use super::Global;
 use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
 use crate::lists::MAX_REASON_LEN;
-use crate::store::dump::DumpFormat;
 use crate::store::layout::write_canonical;
 use crate::store::redis::RedisStore;
 use crate::store::{
@@ -856,169 +855,6 @@ fn save_checkpoint(path: &Path, cp: &Checkpoint) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One bucket's final content from this file.
-struct BucketWrite {
-    bucket: u32,
-    pairs: Vec<(i64, i64)>,
-}
-
-#[derive(Default)]
-struct BatchOutcome {
-    restored: u64,
-    hset: u64,
-    entries: u64,
-}
-
-fn hset(key: &str, pairs: &[(i64, i64)]) -> Keyed {
-    let mut cmd = redis::cmd("HSET");
-    cmd.arg(key);
-    for (f, v) in pairs {
-        cmd.arg(f).arg(v);
-    }
-    (key.as_bytes().to_vec(), cmd)
-}
-
-/// Writes one batch of buckets: RESTORE what does not exist, HSET the rest. On a cluster the
-/// batch is split by slot and sent concurrently (`RedisConn::run`).
-async fn write_batch(
-    conn: RedisConn,
-    layout: &Layout,
-    format: Option<DumpFormat>,
-    batch: Vec<BucketWrite>,
-) -> anyhow::Result<BatchOutcome> {
-    let mut outcome = BatchOutcome::default();
-    let keys: Vec<String> = batch.iter().map(|b| layout.bucket_key(b.bucket)).collect();
-    let exists: Vec<bool> = match format {
-        Some(_) => {
-            let cmds = keys
-                .iter()
-                .map(|k| {
-                    let mut c = redis::cmd("EXISTS");
-                    c.arg(k);
-                    (k.as_bytes().to_vec(), c)
-                })
-                .collect();
-            conn.run_all(cmds)
-                .await
-                .context("EXISTS")?
-                .iter()
-                .map(|v| redis::from_redis_value_ref::<bool>(v).context("EXISTS reply"))
-                .collect::<anyhow::Result<_>>()?
-        }
-        None => vec![true; batch.len()],
-    };
-    let mut cmds = Vec::with_capacity(batch.len());
-    let mut is_restore = Vec::with_capacity(batch.len());
-    for (i, b) in batch.iter().enumerate() {
-        outcome.entries += b.pairs.len() as u64;
-        match format {
-            Some(f) if !exists[i] => {
-                let mut c = redis::cmd("RESTORE");
-                c.arg(&keys[i]).arg(0).arg(f.hash_payload(&b.pairs)?);
-                cmds.push((keys[i].as_bytes().to_vec(), c));
-                is_restore.push(true);
-            }
-            _ => {
-                cmds.push(hset(&keys[i], &b.pairs));
-                is_restore.push(false);
-                outcome.hset += 1;
-            }
-        }
-    }
-    let results = conn.run(cmds).await.context("writing buckets")?;
-    let mut fallback = Vec::new();
-    for (i, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(_) if is_restore[i] => outcome.restored += 1,
-            Ok(_) => {}
-            Err(e) if is_restore[i] && e.to_string().contains("BUSYKEY") => fallback.push(i),
-            Err(e) => return Err(e).with_context(|| format!("writing {}", keys[i])),
-        }
-    }
-    if !fallback.is_empty() {
-        // Created by someone else since EXISTS: add our fields to it.
-        let cmds = fallback
-            .iter()
-            .map(|&i| hset(&keys[i], &batch[i].pairs))
-            .collect();
-        conn.run_all(cmds).await.context("HSET fallback")?;
-        outcome.hset += fallback.len() as u64;
-    }
-    Ok(outcome)
-}
-
-/// Learns the server's DUMP format and proves the RESTORE path on a probe bucket: restored
-/// content and `MEMORY USAGE` must equal an `HSET`-built twin's. `None` (HSET only) if not.
-async fn prove_restore(conn: &mut RedisConn, layout: &Layout) -> Option<DumpFormat> {
-    let pid = std::process::id();
-    let (a, b, c) = (
-        format!("{}probe:{pid}:a", layout.prefix()),
-        format!("{}probe:{pid}:b", layout.prefix()),
-        format!("{}probe:{pid}:c", layout.prefix()),
-    );
-    let pairs: Vec<(i64, i64)> = vec![
-        (-6_917_529_027_641_081_856, 217_000_000),
-        (5, 0),
-        (-3000, 100),
-        (30_000, 5_000_000),
-        (i64::MAX, 8_000_000),
-    ];
-    let result: anyhow::Result<DumpFormat> = async {
-        let _: () = redis::cmd("HSET")
-            .arg(&a)
-            .arg(1)
-            .arg(2)
-            .query_async(conn)
-            .await?;
-        let dump: Vec<u8> = redis::cmd("DUMP").arg(&a).query_async(conn).await?;
-        let format = DumpFormat::learn(&dump)?;
-        let _: () = redis::cmd("HSET")
-            .arg(&b)
-            .arg(&pairs)
-            .query_async(conn)
-            .await?;
-        let _: () = redis::cmd("RESTORE")
-            .arg(&c)
-            .arg(0)
-            .arg(format.hash_payload(&pairs)?)
-            .query_async(conn)
-            .await?;
-        let twin: Vec<(i64, i64)> = redis::cmd("HGETALL").arg(&b).query_async(conn).await?;
-        let ours: Vec<(i64, i64)> = redis::cmd("HGETALL").arg(&c).query_async(conn).await?;
-        let enc: String = redis::cmd("OBJECT")
-            .arg("ENCODING")
-            .arg(&c)
-            .query_async(conn)
-            .await?;
-        let mem = |k: &String| {
-            redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(k)
-                .arg("SAMPLES")
-                .arg(0)
-                .clone()
-        };
-        let twin_mem: u64 = mem(&b).query_async(conn).await?;
-        let our_mem: u64 = mem(&c).query_async(conn).await?;
-        if twin != ours || enc != "listpack" || twin_mem != our_mem {
-            bail!("restored probe differs: {ours:?} {enc} {our_mem} B vs {twin:?} {twin_mem} B");
-        }
-        Ok(format)
-    }
-    .await;
-    // One key per DEL: on a cluster the probes live in different slots.
-    for k in [&a, &b, &c] {
-        let _: Result<(), _> = redis::cmd("DEL").arg(k).query_async(conn).await;
-    }
-    match result {
-        Ok(f) => Some(f),
-        Err(e) => {
-            eprintln!("WARNING: RESTORE path disabled, writing every bucket with HSET: {e:#}");
-            None
-        }
-    }
-}
-
 fn bar(quiet: bool, len: u64, template: &str) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(
         Some(len),
@@ -1137,19 +973,15 @@ pub async fn import(
         return Ok(summary);
     };
 
-    let mut conn = store.connection();
     // Phase 2: ranges are registered before any entry is written.
     if !prefixes.is_empty() {
-        let mut cmds = Vec::new();
-        let mut scopes: Vec<(String, String)> = Vec::new();
-        for ((list, sandbox), len) in &prefixes {
-            let key = layout.registry_key(list, sandbox);
-            let mut c = redis::cmd("SADD");
-            c.arg(&key).arg(len.member());
-            cmds.push((key.into_bytes(), c));
-            scopes.push((list.to_string(), sandbox.to_string()));
-        }
-        conn.run_all(cmds)
+        let registered: Vec<(Scope, PrefixLen)> = prefixes.iter().cloned().collect();
+        let mut scopes: Vec<(String, String)> = registered
+            .iter()
+            .map(|((list, sandbox), _)| (list.to_string(), sandbox.to_string()))
+            .collect();
+        store
+            .register_prefix_lengths(&registered)
             .await
             .context("registering prefix lengths")?;
         scopes.sort();
@@ -1162,7 +994,13 @@ pub async fn import(
     let format = if args.no_restore {
         None
     } else {
-        prove_restore(&mut conn, layout).await
+        match store.prove_restore().await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("WARNING: RESTORE path disabled, writing every bucket with HSET: {e:#}");
+                None
+            }
+        }
     };
     summary.restore_used = format.is_some();
     let write_started = Instant::now();
@@ -1190,7 +1028,6 @@ pub async fn import(
         }
         let paced = Arc::new(tokio::sync::Mutex::new((Instant::now(), 0u64)));
         let mut writes = futures::stream::iter(batches.into_iter().map(|batch| {
-            let conn = store.connection();
             let paced = paced.clone();
             let last = batch.last().map_or(0, |b| b.bucket);
             let rows: u64 = batch.iter().map(|b| b.pairs.len() as u64).sum();
@@ -1202,9 +1039,7 @@ pub async fn import(
                         p.0 + Duration::from_secs_f64(p.1 as f64 / args.max_rows_per_sec as f64);
                     tokio::time::sleep_until(due.into()).await;
                 }
-                write_batch(conn, layout, format, batch)
-                    .await
-                    .map(|o| (last, o))
+                store.write_buckets(format, &batch).await.map(|o| (last, o))
             }
         }))
         .buffered(args.in_flight.max(1));

@@ -15,7 +15,7 @@
 //! is the expiry code of an entry expired at the sweep's time. A field or value that is not
 //! what the layout writes (a canonical decimal i64 field, a canonical decimal u32 value) is
 //! counted as `unparseable` and left alone. If something expired: `MEMORY USAGE <key>
-//! SAMPLES 0`, one compare-and-delete script call ([`COMPARE_AND_DELETE`]: `HDEL` a field
+//! SAMPLES 0`, one compare-and-delete script call (`store::scripts::COMPARE_AND_DELETE`: `HDEL` a field
 //! only if it still holds the value the scan saw, so an entry refreshed in between
 //! survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its whole size is
 //! freed). The script is loaded with `SCRIPT LOAD` at the start (on a cluster, on every
@@ -54,19 +54,20 @@
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::{RedisConn, ScanTarget};
+use crate::store::conn::ScanTarget;
 use anyhow::{Context, bail};
-use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::RedisResult;
 use serde::{Deserialize, Serialize};
 
 use super::Global;
 use crate::domain::now_ms;
+use crate::store::bulk::{BucketScan, CasOutcome};
 use crate::store::redis::RedisStore;
-use crate::store::{Layout, Store, code_is_live};
+use crate::store::{Layout, Store};
 
 /// Default of `--max-ops-per-sec`.
 pub const DEFAULT_MAX_OPS_PER_SEC: u32 = 1000;
@@ -82,25 +83,6 @@ const MAX_FIELDS_PER_CALL: usize = 1000;
 const CHECKPOINT_VERSION: u32 = 2;
 /// How often progress is printed when stderr is not a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
-/// Compare-and-delete over one bucket. KEYS[1] = the bucket; ARGV = field1, expected1,
-/// field2, expected2, ...: deletes each field only if it still holds its expected value.
-/// Returns {deleted, refreshed}: refreshed = present with another value (left alone); the
-/// rest were already gone.
-pub const COMPARE_AND_DELETE: &str = r"
-local deleted, refreshed = 0, 0
-for i = 1, #ARGV, 2 do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  if v == ARGV[i + 1] then
-    deleted = deleted + redis.call('HDEL', KEYS[1], ARGV[i])
-  elseif v then
-    refreshed = refreshed + 1
-  end
-end
-return {deleted, refreshed}
-";
-
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPARE_AND_DELETE));
 
 /// Deletes expired entries from the Redis keyspace; paced and resumable, safe while live.
 ///
@@ -353,41 +335,6 @@ impl SweepReport {
     }
 }
 
-/// What compare-and-delete did to one bucket.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CasOutcome {
-    /// Fields deleted: they still held the expected value.
-    pub deleted: u64,
-    /// Fields left alone: present with another value.
-    pub refreshed: u64,
-}
-
-/// Deletes each `(field, expected)` of bucket `key` only if the field still holds `expected`
-/// ([`COMPARE_AND_DELETE`], one `EVALSHA`, loading the script after a `NOSCRIPT`). Fields
-/// already gone count in neither figure. Pass at most a few thousand pairs per call.
-pub async fn compare_and_delete<C, K, F, V>(
-    conn: &mut C,
-    key: K,
-    expected: &[(F, V)],
-) -> RedisResult<CasOutcome>
-where
-    C: redis::aio::ConnectionLike,
-    K: ToRedisArgs,
-    F: ToRedisArgs,
-    V: ToRedisArgs,
-{
-    if expected.is_empty() {
-        return Ok(CasOutcome::default());
-    }
-    let mut call = SCRIPT.prepare_invoke();
-    call.key(key);
-    for (field, value) in expected {
-        call.arg(field).arg(value);
-    }
-    let (deleted, refreshed): (u64, u64) = call.invoke_async(conn).await?;
-    Ok(CasOutcome { deleted, refreshed })
-}
-
 /// What sweeping one bucket found and did.
 #[derive(Debug, Clone, Default)]
 struct BucketOutcome {
@@ -398,23 +345,6 @@ struct BucketOutcome {
     already_gone: u64,
     bytes_before: u64,
     bytes_after: u64,
-}
-
-/// The expiry code of a (field, value) pair if both are exactly what the layout writes: a
-/// canonical decimal i64 field and a canonical decimal u32 value.
-fn parse_entry(field: &[u8], value: &[u8]) -> Option<u32> {
-    let f: i64 = std::str::from_utf8(field).ok()?.parse().ok()?;
-    let code: u32 = std::str::from_utf8(value).ok()?.parse().ok()?;
-    (f.to_string().as_bytes() == field && code.to_string().as_bytes() == value).then_some(code)
-}
-
-/// The bucket number of `key` if it is exactly a bucket key of this keyspace.
-fn bucket_index(layout: &Layout, key: &[u8]) -> Option<u32> {
-    let rest = key
-        .strip_prefix(layout.prefix().as_bytes())?
-        .strip_prefix(b"b:")?;
-    let n: u32 = std::str::from_utf8(rest).ok()?.parse().ok()?;
-    (n < layout.buckets() && layout.bucket_key(n).as_bytes() == key).then_some(n)
 }
 
 /// Spaces calls at least `1 / rate` apart; `rate` 0 = no limit.
@@ -447,39 +377,32 @@ impl Pacer {
     }
 }
 
-/// The connection, the pacer and the command count of one run.
-struct Sweeper {
-    conn: RedisConn,
+/// The store, the pacer and the command count of one run.
+struct Sweeper<'a> {
+    store: &'a RedisStore,
     pacer: Pacer,
     ops: u64,
 }
 
-impl Sweeper {
-    async fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+impl Sweeper<'_> {
+    /// Waits for the next command's slot and counts it.
+    async fn pace(&mut self) {
         self.pacer.wait().await;
         self.ops += 1;
-        cmd.query_async(&mut self.conn).await
     }
 
-    async fn memory_usage(&mut self, key: &[u8]) -> anyhow::Result<u64> {
-        let mut cmd = redis::cmd("MEMORY");
-        cmd.arg("USAGE").arg(key).arg("SAMPLES").arg(0);
-        let bytes: Option<u64> = self.query(&cmd).await.context("MEMORY USAGE")?;
-        Ok(bytes.unwrap_or(0))
+    async fn memory_usage(&mut self, bucket: u32) -> anyhow::Result<u64> {
+        self.pace().await;
+        self.store
+            .bucket_memory(bucket)
+            .await
+            .context("MEMORY USAGE")
     }
 
     /// The `run_id` of the node `target` (`None` if `INFO` is refused).
     async fn run_id(&mut self, target: &ScanTarget) -> Option<String> {
-        self.pacer.wait().await;
-        self.ops += 1;
-        let info: String = self
-            .conn
-            .on_target(target, redis::cmd("INFO").arg("server"))
-            .await
-            .ok()?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|s| s.trim().to_owned())
+        self.pace().await;
+        self.store.run_id(target).await
     }
 
     /// One `SCAN` step on `target`.
@@ -487,18 +410,16 @@ impl Sweeper {
         &mut self,
         target: &ScanTarget,
         cursor: u64,
-        pattern: &str,
         count: u32,
-    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
-        self.pacer.wait().await;
-        self.ops += 1;
-        self.conn.scan(target, cursor, pattern, count).await
+    ) -> RedisResult<BucketScan> {
+        self.pace().await;
+        self.store.scan_buckets(target, cursor, count).await
     }
 
     /// Sweeps one bucket; `None` if the key is not a hash.
     async fn bucket(
         &mut self,
-        key: &[u8],
+        bucket: u32,
         now_ms: i64,
         dry_run: bool,
     ) -> anyhow::Result<Option<BucketOutcome>> {
@@ -506,20 +427,20 @@ impl Sweeper {
         let mut fields: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut cursor: u64 = 0;
         loop {
-            let mut cmd = redis::cmd("HSCAN");
-            cmd.arg(key).arg(cursor).arg("COUNT").arg(HSCAN_COUNT);
-            let (next, flat): (u64, Vec<Vec<u8>>) = match self.query(&cmd).await {
-                Err(e) if e.code() == Some("WRONGTYPE") => return Ok(None),
-                r => r.context("HSCAN")?,
+            self.pace().await;
+            let Some(step) = self
+                .store
+                .scan_fields(bucket, cursor, HSCAN_COUNT)
+                .await
+                .context("HSCAN")?
+            else {
+                return Ok(None);
             };
-            let mut it = flat.into_iter();
-            while let (Some(f), Some(v)) = (it.next(), it.next()) {
-                fields.insert(f, v);
-            }
-            if next == 0 {
+            fields.extend(step.pairs);
+            if step.next == 0 {
                 break;
             }
-            cursor = next;
+            cursor = step.next;
         }
 
         let mut out = BucketOutcome {
@@ -528,9 +449,9 @@ impl Sweeper {
         };
         let mut expired = Vec::new();
         for (field, value) in fields {
-            match parse_entry(&field, &value) {
+            match Layout::parse_entry(&field, &value) {
                 None => out.unparseable += 1,
-                Some(code) if !code_is_live(code, now_ms) => expired.push((field, value)),
+                Some((_, code)) if !code.is_live(now_ms) => expired.push((field, value)),
                 Some(_) => {}
             }
         }
@@ -538,22 +459,23 @@ impl Sweeper {
         if expired.is_empty() {
             return Ok(Some(out));
         }
-        out.bytes_before = self.memory_usage(key).await?;
+        out.bytes_before = self.memory_usage(bucket).await?;
         if dry_run {
             out.bytes_after = out.bytes_before;
             return Ok(Some(out));
         }
         for chunk in expired.chunks(MAX_FIELDS_PER_CALL) {
-            self.pacer.wait().await;
-            self.ops += 1;
-            let cas = compare_and_delete(&mut self.conn, key, chunk)
+            self.pace().await;
+            let cas = self
+                .store
+                .delete_if_unchanged(bucket, chunk)
                 .await
                 .context("compare-and-delete (EVALSHA)")?;
             out.cas.deleted += cas.deleted;
             out.cas.refreshed += cas.refreshed;
         }
         out.already_gone = out.expired_found - out.cas.deleted - out.cas.refreshed;
-        out.bytes_after = self.memory_usage(key).await?;
+        out.bytes_after = self.memory_usage(bucket).await?;
         Ok(Some(out))
     }
 }
@@ -654,13 +576,12 @@ async fn sweep_with(
     let layout = store.layout().clone();
     let real_now = now_ms();
     let mut sw = Sweeper {
-        conn: store.connection(),
+        store,
         pacer: Pacer::new(opts.max_ops_per_sec),
         ops: 0,
     };
-    let cluster = sw.conn.is_cluster();
-    let targets = sw
-        .conn
+    let cluster = store.is_cluster();
+    let targets = store
         .scan_targets()
         .await
         .context("listing the nodes to SCAN (CLUSTER NODES)")?;
@@ -810,12 +731,9 @@ async fn sweep_with(
 
     if !opts.dry_run {
         // On every node the EVALSHAs go to: the node, or each primary.
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(COMPARE_AND_DELETE);
         for t in &targets {
-            sw.pacer.wait().await;
-            sw.ops += 1;
-            let _: String = sw.conn.on_target(t, &load).await.with_context(|| {
+            sw.pace().await;
+            store.load_compare_and_delete(t).await.with_context(|| {
                 if cluster {
                     format!("loading the compare-and-delete script (SCRIPT LOAD) on {t}")
                 } else {
@@ -825,7 +743,6 @@ async fn sweep_with(
         }
     }
 
-    let pattern = layout.bucket_pattern();
     let mut visited = Visited::new(layout.buckets());
     let mut batches: u64 = 0;
     loop {
@@ -834,28 +751,25 @@ async fn sweep_with(
         }
         let target = &targets[index];
         let batch = async {
-            let (next, keys) = sw
-                .scan(target, cursor, &pattern, opts.scan_count.max(1))
+            let step = sw
+                .scan(target, cursor, opts.scan_count.max(1))
                 .await
                 .context("SCAN")?;
-            for key in keys {
-                let Some(n) = bucket_index(&layout, &key) else {
-                    report.keys_skipped += 1;
-                    continue;
-                };
+            report.keys_skipped += step.skipped;
+            for n in step.buckets {
                 if !visited.insert(n) {
                     continue;
                 }
                 let outcome = sw
-                    .bucket(&key, now, opts.dry_run)
+                    .bucket(n, now, opts.dry_run)
                     .await
-                    .with_context(|| format!("bucket {}", String::from_utf8_lossy(&key)))?;
+                    .with_context(|| format!("bucket {}", layout.bucket_key(n)))?;
                 match outcome {
                     Some(b) => report.add(&b),
                     None => report.keys_skipped += 1,
                 }
             }
-            anyhow::Ok(next)
+            anyhow::Ok(step.next)
         };
         let next = batch.await.with_context(|| {
             let at = Position::at(target, cursor);
@@ -1037,48 +951,6 @@ mod tests {
         );
         let a = Cli::parse_from(["sweep", "--resume", "--checkpoint", "c"]).args;
         assert!(a.resume);
-    }
-
-    #[test]
-    fn only_exact_bucket_keys_of_this_keyspace() {
-        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
-        assert_eq!(bucket_index(&l, b"nl:b:0"), Some(0));
-        assert_eq!(bucket_index(&l, b"nl:b:9"), Some(9));
-        for k in [
-            &b"nl:b:10"[..],
-            b"nl:b:+1",
-            b"nl:b:01",
-            b"nl:b:",
-            b"nl:b:x",
-            b"nl:b:b:1",
-            b"nl:meta",
-            b"xx:b:1",
-        ] {
-            assert_eq!(bucket_index(&l, k), None, "{}", String::from_utf8_lossy(k));
-        }
-    }
-
-    #[test]
-    fn only_canonical_entries_parse() {
-        assert_eq!(parse_entry(b"-42", b"0"), Some(0));
-        assert_eq!(
-            parse_entry(b"9223372036854775807", b"4294967295"),
-            Some(u32::MAX)
-        );
-        for (f, v) in [
-            (&b"1"[..], &b"soon"[..]),
-            (b"1", b"-1"),
-            (b"1", b"+1"),
-            (b"1", b"01"),
-            (b"1", b"4294967296"),
-            (b"1", b""),
-            (b"x", b"1"),
-            (b"+1", b"1"),
-            (b"01", b"1"),
-            (b"1", b"\xff"),
-        ] {
-            assert_eq!(parse_entry(f, v), None);
-        }
     }
 
     #[test]

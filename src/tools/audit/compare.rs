@@ -25,14 +25,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::conn::{Keyed, RedisConn};
 use anyhow::{Context, bail};
-use redis::Value;
 use serde::Serialize;
 
 use super::SplitMix;
-use crate::domain::EPOCH_2020_MS;
+use crate::store::ExpiryCode;
+use crate::store::bulk::ScratchValue;
 use crate::store::layout::Layout;
+use crate::store::redis::RedisStore;
 
 /// 2100-01-01T00:00:00Z in Unix ms: "never" in the millisecond layouts.
 const NEVER_MS: i64 = 4_102_444_800_000;
@@ -44,10 +44,6 @@ const SEED_HEX: usize = 64;
 const MIN_HEX: usize = 16;
 /// Sandboxes per identity in the seed's example.
 const SANDBOXES: usize = 10;
-/// Field/value pairs per HSET.
-const HSET_PAIRS: usize = 500;
-/// Commands per write pipeline.
-const WRITE_COMMANDS: usize = 1000;
 
 /// What one layout costs for the sample's entries.
 #[derive(Debug, Clone, Serialize)]
@@ -83,25 +79,16 @@ pub struct Comparison {
     pub notes: Vec<String>,
 }
 
-enum Payload {
-    Plain(i64),
-    Hash(Vec<(i64, i64)>),
-}
-
 struct ScratchLayout {
     layout: &'static str,
     label: String,
-    keys: Vec<(String, Payload)>,
+    keys: Vec<(String, ScratchValue)>,
     seed_reported: Option<f64>,
 }
 
 /// The expiry code as Unix ms.
 fn code_ms(code: u32) -> i64 {
-    if code == 0 {
-        NEVER_MS
-    } else {
-        EPOCH_2020_MS + i64::from(code) * 1000
-    }
+    ExpiryCode::new(code).decode().unwrap_or(NEVER_MS)
 }
 
 /// An identity of `len` hex digits (the seed's device fingerprint) derived from a field.
@@ -131,7 +118,7 @@ fn hash_layout(
         label,
         keys: map
             .into_iter()
-            .map(|(k, v)| (k, Payload::Hash(v)))
+            .map(|(k, v)| (k, ScratchValue::Hash(v)))
             .collect(),
         seed_reported,
     }
@@ -178,7 +165,7 @@ fn layouts(scratch: &str, pairs: &[(i64, u32)], mean_fill: f64) -> Vec<ScratchLa
         ))
         .or_default()
         .push((i64::from(field as i32), ms));
-        plain.push((format!("{scratch}{name}"), Payload::Plain(ms)));
+        plain.push((format!("{scratch}{name}"), ScratchValue::Plain(ms)));
     }
     vec![
         hash_layout(
@@ -208,187 +195,16 @@ fn layouts(scratch: &str, pairs: &[(i64, u32)], mean_fill: f64) -> Vec<ScratchLa
     ]
 }
 
-/// A command on one key (every scratch command touches exactly one key, so a cluster routes
-/// each by its own slot).
-fn on_key(key: &str, build: impl FnOnce(&mut redis::Cmd)) -> Keyed {
-    let mut cmd = redis::Cmd::new();
-    build(&mut cmd);
-    (key.as_bytes().to_vec(), cmd)
-}
-
-/// Up to `n` (field, code) pairs from `keys` (HGETALL, a few buckets per round trip).
-async fn fetch_pairs(
-    conn: &RedisConn,
-    keys: &[String],
-    n: usize,
-) -> anyhow::Result<(Vec<(i64, u32)>, u64)> {
-    let mut pairs = Vec::with_capacity(n);
-    let mut used = 0;
-    for chunk in keys.chunks(20) {
-        let cmds = chunk
-            .iter()
-            .map(|k| {
-                on_key(k, |c| {
-                    c.arg("HGETALL").arg(k);
-                })
-            })
-            .collect();
-        let replies: Vec<Value> = conn
-            .run_all(cmds)
-            .await
-            .context("reading the comparison sample (HGETALL)")?;
-        for reply in replies {
-            let flat: Vec<(Value, Value)> = match reply {
-                Value::Map(m) => m,
-                Value::Array(items) => {
-                    let mut it = items.into_iter();
-                    std::iter::from_fn(|| Some((it.next()?, it.next()?))).collect()
-                }
-                _ => Vec::new(),
-            };
-            used += 1;
-            for (f, v) in flat {
-                if let (Ok(f), Ok(v)) = (
-                    redis::from_redis_value::<i64>(f),
-                    redis::from_redis_value::<u32>(v),
-                ) {
-                    pairs.push((f, v));
-                }
-            }
-            if pairs.len() >= n {
-                pairs.truncate(n);
-                return Ok((pairs, used));
-            }
-        }
-    }
-    Ok((pairs, used))
-}
-
-/// Writes the scratch keys: `SET` or multi-field `HSET`s, one key per command, about
-/// [`WRITE_COMMANDS`] commands per batch.
-async fn write(conn: &RedisConn, keys: &[(String, Payload)]) -> anyhow::Result<()> {
-    let mut cmds: Vec<Keyed> = Vec::new();
-    let mut queued = 0;
-    for (name, payload) in keys {
-        match payload {
-            Payload::Plain(v) => {
-                cmds.push(on_key(name, |c| {
-                    c.arg("SET").arg(name).arg(*v);
-                }));
-                queued += 1;
-            }
-            Payload::Hash(pairs) => {
-                for chunk in pairs.chunks(HSET_PAIRS) {
-                    cmds.push(on_key(name, |c| {
-                        c.arg("HSET").arg(name);
-                        for (f, v) in chunk {
-                            c.arg(*f).arg(*v);
-                        }
-                    }));
-                    queued += 1 + chunk.len() / 20;
-                }
-            }
-        }
-        if queued >= WRITE_COMMANDS {
-            conn.run_all(std::mem::take(&mut cmds)).await?;
-            queued = 0;
-        }
-    }
-    if !cmds.is_empty() {
-        conn.run_all(cmds).await?;
-    }
-    Ok(())
-}
-
-/// (bytes, hashtable keys) of the scratch keys.
-async fn measure(conn: &RedisConn, names: &[&str], batch: usize) -> anyhow::Result<(u64, u64)> {
-    let (mut bytes, mut hashtables) = (0, 0);
-    for chunk in names.chunks(batch.max(1)) {
-        let cmds = chunk
-            .iter()
-            .flat_map(|k| {
-                [
-                    on_key(k, |c| {
-                        c.arg("MEMORY").arg("USAGE").arg(*k).arg("SAMPLES").arg(0);
-                    }),
-                    on_key(k, |c| {
-                        c.arg("OBJECT").arg("ENCODING").arg(*k);
-                    }),
-                ]
-            })
-            .collect();
-        let replies = conn.run_all(cmds).await?;
-        for (k, r) in chunk.iter().zip(replies.chunks(2)) {
-            let size: Option<u64> = redis::from_redis_value_ref(&r[0])?;
-            let encoding: Option<String> = redis::from_redis_value_ref(&r[1])?;
-            let Some(size) = size else {
-                bail!("scratch key {k} vanished before it was measured (evicted?)");
-            };
-            bytes += size;
-            hashtables += u64::from(encoding.as_deref() == Some("hashtable"));
-        }
-    }
-    Ok((bytes, hashtables))
-}
-
-/// Deletes the scratch keys (one `DEL` per key); how many are still there afterwards.
-/// Every key's `DEL` is sent even if some fail.
-async fn delete(conn: &RedisConn, names: &[&str]) -> anyhow::Result<u64> {
-    let mut failed: Option<anyhow::Error> = None;
-    for chunk in names.chunks(10_000) {
-        let cmds = chunk
-            .iter()
-            .map(|k| {
-                on_key(k, |c| {
-                    c.arg("DEL").arg(*k);
-                })
-            })
-            .collect();
-        let replies = match conn.run(cmds).await {
-            Ok(r) => r,
-            Err(e) => {
-                failed.get_or_insert(anyhow::Error::new(e).context("deleting scratch keys"));
-                continue;
-            }
-        };
-        if let Some(Err(e)) = replies.into_iter().find(Result::is_err) {
-            failed.get_or_insert(anyhow::Error::new(e).context("deleting scratch keys"));
-        }
-    }
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    let mut left = 0;
-    for chunk in names.chunks(10_000) {
-        let cmds = chunk
-            .iter()
-            .map(|k| {
-                on_key(k, |c| {
-                    c.arg("EXISTS").arg(*k);
-                })
-            })
-            .collect();
-        let counts = conn
-            .run_all(cmds)
-            .await
-            .context("checking the scratch keys are gone")?;
-        for c in &counts {
-            left += redis::from_redis_value_ref::<u64>(c)?;
-        }
-    }
-    Ok(left)
-}
-
 /// Writes, measures and deletes each layout of a sample of the entries in `source_keys`.
 pub(super) async fn compare(
-    conn: &RedisConn,
+    store: &RedisStore,
     layout: &Layout,
     source_keys: &[String],
     sample: usize,
     mean_fill: f64,
     batch: usize,
 ) -> anyhow::Result<Comparison> {
-    let (pairs, source_buckets) = fetch_pairs(conn, source_keys, sample).await?;
+    let (pairs, source_buckets) = store.sample_entries(source_keys, sample).await?;
     if pairs.is_empty() {
         bail!("the sampled buckets hold no readable (integer field, expiry code) pairs");
     }
@@ -405,15 +221,17 @@ pub(super) async fn compare(
     for l in layouts(&scratch, &pairs, mean_fill) {
         let names: Vec<&str> = l.keys.iter().map(|(k, _)| k.as_str()).collect();
         let measured = async {
-            write(conn, &l.keys)
+            store
+                .write_scratch(&l.keys)
                 .await
                 .with_context(|| format!("writing the {} sample", l.layout))?;
-            measure(conn, &names, batch)
+            store
+                .measure_keys(&names, batch)
                 .await
                 .with_context(|| format!("measuring the {} sample", l.layout))
         }
         .await;
-        let left = delete(conn, &names).await;
+        let left = store.delete_keys(&names).await;
         let (bytes, hashtable_keys) = match (measured, left) {
             (Ok(m), Ok(left)) => {
                 out.scratch_keys_left += left;
@@ -421,7 +239,9 @@ pub(super) async fn compare(
             }
             (Err(e), Ok(_)) => return Err(e),
             (Ok(_), Err(d)) => {
-                return Err(d.context(format!("scratch keys {scratch}* may be left")));
+                return Err(
+                    anyhow::Error::new(d).context(format!("scratch keys {scratch}* may be left"))
+                );
             }
             (Err(e), Err(d)) => {
                 return Err(e.context(format!(
@@ -491,8 +311,8 @@ mod tests {
                 .keys
                 .iter()
                 .map(|(_, p)| match p {
-                    Payload::Plain(_) => 1,
-                    Payload::Hash(v) => v.len(),
+                    ScratchValue::Plain(_) => 1,
+                    ScratchValue::Hash(v) => v.len(),
                 })
                 .sum();
             assert_eq!(entries, pairs.len(), "{}", l.layout);
@@ -506,6 +326,6 @@ mod tests {
         assert_eq!(ls[2].keys.len(), 124, "one hash per ten entries");
         assert_eq!(ls[3].keys.len(), 3, "ceil(1234 / 512) buckets");
         assert_eq!(code_ms(0), NEVER_MS);
-        assert_eq!(code_ms(1), EPOCH_2020_MS + 1000);
+        assert_eq!(code_ms(1), 1_577_836_801_000, "one second after 2020");
     }
 }
