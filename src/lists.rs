@@ -455,7 +455,7 @@ impl NameLists {
                 }
                 failed => {
                     let e = match failed {
-                        Ok(Ok(codes)) => StoreError::Corrupt(format!(
+                        Ok(Ok(codes)) => StoreError::corrupt(format!(
                             "asked for {} fields, got {}",
                             missing.len(),
                             codes.len()
