@@ -17,6 +17,7 @@
 //! answers them from the store until then), since a write that timed out may still have
 //! landed.
 
+use crate::domain::ErrorCode;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -379,14 +380,14 @@ impl NameLists {
         let n_values: usize = q.subjects.iter().map(|(_, v)| v.len()).sum();
         if n_values > MAX_CHECK_VALUES {
             return Err(ValidationError::new(
-                "too_many_values",
+                ErrorCode::TooManyValues,
                 format!("subjects hold {n_values} values; at most {MAX_CHECK_VALUES} per check"),
             )
             .into());
         }
         if q.lists.is_empty() || q.lists.len() > MAX_CHECK_LISTS {
             return Err(ValidationError::new(
-                "invalid_lists",
+                ErrorCode::InvalidLists,
                 format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
             )
             .into());
@@ -558,7 +559,7 @@ impl NameLists {
         }
         if probes.len() > MAX_CHECK_PROBES {
             return Err(ValidationError::new(
-                "too_many_lookups",
+                ErrorCode::TooManyLookups,
                 format!(
                     "this check fans out to {} lookups (values x lists x IP prefix lengths in use); at most {MAX_CHECK_PROBES}",
                     probes.len()
@@ -571,7 +572,7 @@ impl NameLists {
 
 fn too_many_entries(n: usize) -> ValidationError {
     ValidationError::new(
-        "too_many_entries",
+        ErrorCode::TooManyEntries,
         format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
     )
 }

@@ -2,6 +2,7 @@
 //! their own normalisation rules (see `value`); any other `^[a-z][a-z0-9_]{0,31}$` name is a
 //! custom dimension whose values are opaque strings.
 
+use super::ErrorCode;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -71,7 +72,7 @@ impl TryFrom<String> for Dimension {
                 .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
         if !valid {
             return Err(ValidationError::new(
-                "unknown_dimension",
+                ErrorCode::UnknownDimension,
                 format!(
                     "unknown dimension {s:?}: expected uid, phone, id_card, device, imei, wifi_mac, ip or a custom name matching ^[a-z][a-z0-9_]{{0,31}}$"
                 ),

@@ -3,18 +3,20 @@
 
 use std::fmt;
 
+use super::ErrorCode;
+
 /// A caller's mistake found while parsing input. Always maps to a 4xx.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ValidationError {
     /// Stable machine-readable code (`invalid_value`, `unknown_dimension`, ...).
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// Human-readable message, prefixed with the location of the bad input when known.
     pub message: String,
 }
 
 impl ValidationError {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),

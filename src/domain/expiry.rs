@@ -2,6 +2,7 @@
 //! 2020-01-01T00:00:00Z, rounded up (an entry is never dropped before the time the caller
 //! asked for), so the listpack holds a 32-bit integer (6 bytes) until 2088. `0` means never.
 
+use super::ErrorCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::ValidationError;
@@ -48,7 +49,7 @@ impl Expiry {
     pub fn at_ms(expires_at_ms: i64, now_ms: i64) -> Result<Self, ValidationError> {
         if expires_at_ms <= now_ms {
             return Err(ValidationError::new(
-                "expiry_in_past",
+                ErrorCode::ExpiryInPast,
                 "expires_at is not in the future",
             ));
         }
@@ -56,7 +57,7 @@ impl Expiry {
         let secs = (since + 999).div_euclid(1000).max(1);
         u32::try_from(secs).map(Expiry::At).map_err(|_| {
             ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 "expires_at is too far in the future (after 2156)",
             )
         })
@@ -66,7 +67,7 @@ impl Expiry {
     pub fn after_ttl(ttl_seconds: u64, now_ms: i64) -> Result<Self, ValidationError> {
         if ttl_seconds == 0 {
             return Err(ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 "ttl_seconds must be at least 1",
             ));
         }
@@ -74,10 +75,12 @@ impl Expiry {
             .ok()
             .and_then(|s| s.checked_mul(1000))
             .and_then(|d| d.checked_add(now_ms))
-            .ok_or_else(|| ValidationError::new("invalid_expiry", "ttl_seconds is too large"))?;
+            .ok_or_else(|| {
+                ValidationError::new(ErrorCode::InvalidExpiry, "ttl_seconds is too large")
+            })?;
         Self::at_ms(ms, now_ms).map_err(|e| {
             ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 e.message.replace("expires_at", "ttl_seconds"),
             )
         })

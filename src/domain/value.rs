@@ -14,6 +14,7 @@
 //! strings as dialled, and guessing a country code would make two different numbers equal.
 //! Messages never echo the raw value: they may end up in logs.
 
+use super::ErrorCode;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -134,7 +135,10 @@ impl fmt::Display for Value {
 }
 
 fn invalid(dimension: &Dimension, why: &str) -> ValidationError {
-    ValidationError::new("invalid_value", format!("invalid {dimension}: {why}"))
+    ValidationError::new(
+        ErrorCode::InvalidValue,
+        format!("invalid {dimension}: {why}"),
+    )
 }
 
 impl Value {

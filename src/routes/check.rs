@@ -1,5 +1,6 @@
 //! `POST /v1/check`: the risk engine's per-request call.
 
+use crate::domain::ErrorCode;
 use std::collections::BTreeMap;
 
 use actix_web::{HttpResponse, web};
@@ -32,7 +33,7 @@ impl CheckBody {
         // Sizes first: nothing is parsed (or deduplicated) past the limits.
         if self.lists.is_empty() || self.lists.len() > MAX_CHECK_LISTS {
             return Err(ValidationError::new(
-                "invalid_lists",
+                ErrorCode::InvalidLists,
                 format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
             ));
         }
@@ -46,7 +47,7 @@ impl CheckBody {
             .sum();
         if total > MAX_CHECK_VALUES {
             return Err(ValidationError::new(
-                "too_many_values",
+                ErrorCode::TooManyValues,
                 format!("subjects hold {total} values; at most {MAX_CHECK_VALUES} per check"),
             ));
         }

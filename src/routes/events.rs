@@ -5,6 +5,7 @@
 //! stays 166.6, never a float) and group-by values are the same whether sent as a number or
 //! a string of that number.
 
+use crate::domain::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
 
 use actix_web::{HttpResponse, web};
@@ -42,7 +43,7 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
                 Ok(s) => FieldValue::Text(s),
                 Err(e) => {
                     return Err(ValidationError::new(
-                        "invalid_field",
+                        ErrorCode::InvalidField,
                         format!("not a valid string: {e}"),
                     )
                     .at(format!("{at}fields.{name}")));
@@ -51,15 +52,16 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
             Some(b'-' | b'0'..=b'9') => FieldValue::Number(text.to_owned()),
             _ if text == "null" => continue,
             _ => {
-                return Err(
-                    ValidationError::new("invalid_field", "expected a string or a number")
-                        .at(format!("{at}fields.{name}")),
-                );
+                return Err(ValidationError::new(
+                    ErrorCode::InvalidField,
+                    "expected a string or a number",
+                )
+                .at(format!("{at}fields.{name}")));
             }
         };
         if value.text().len() > MAX_VALUE_LEN {
             return Err(ValidationError::new(
-                "invalid_field",
+                ErrorCode::InvalidField,
                 format!("longer than {MAX_VALUE_LEN} bytes"),
             )
             .at(format!("{at}fields.{name}")));
@@ -104,7 +106,7 @@ pub async fn post_events(
             })?;
         if list.len() > crate::velocity::service::MAX_EVENTS_PER_REQUEST {
             return Err(ValidationError::new(
-                "too_many_events",
+                ErrorCode::TooManyEvents,
                 format!("{} events in one request; at most 1000", list.len()),
             )
             .into());
@@ -197,7 +199,9 @@ pub async fn post_evaluate(
         Some(check.parse()?)
     };
     if check.is_none() && !body.subjects.is_empty() {
-        return Err(ValidationError::new("invalid_lists", "subjects need lists to check").into());
+        return Err(
+            ValidationError::new(ErrorCode::InvalidLists, "subjects need lists to check").into(),
+        );
     }
     let event = body.event.map(|e| e.parse("event.")).transpose()?;
     let mut fields = fields(body.fields, "")?;

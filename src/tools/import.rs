@@ -24,6 +24,7 @@
 //! Per-row `reason`s are validated but not stored: the layout keeps only expiries, and the
 //! audit trail records the run, not its rows.
 
+use crate::domain::ErrorCode;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
@@ -483,13 +484,15 @@ impl Validator<'_> {
                 .index(l, ListName::try_from)
                 .map_err(|e| e.at("list"))?,
             None => self.default_list.ok_or_else(|| {
-                ValidationError::new("missing_list", "no list: add a list column or pass --list")
+                ValidationError::new(
+                    ErrorCode::MissingList,
+                    "no list: add a list column or pass --list",
+                )
             })?,
         };
-        let dimension = row
-            .dimension
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| ValidationError::new("missing_dimension", "dimension is empty"))?;
+        let dimension = row.dimension.filter(|s| !s.is_empty()).ok_or_else(|| {
+            ValidationError::new(ErrorCode::MissingDimension, "dimension is empty")
+        })?;
         let di = self
             .dimensions
             .index(dimension, Dimension::try_from)
@@ -511,7 +514,7 @@ impl Validator<'_> {
         let expiry = match (row.expires_at, row.ttl_seconds) {
             (Some(_), Some(_)) => {
                 return Err(ValidationError::new(
-                    "invalid_expiry",
+                    ErrorCode::InvalidExpiry,
                     "give at most one of expires_at and ttl_seconds",
                 ));
             }
@@ -523,7 +526,7 @@ impl Validator<'_> {
         };
         if row.reason.is_some_and(|r| r.len() > MAX_REASON_LEN) {
             return Err(ValidationError::new(
-                "invalid_reason",
+                ErrorCode::InvalidReason,
                 format!("reason is longer than {MAX_REASON_LEN} bytes"),
             ));
         }

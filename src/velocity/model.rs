@@ -16,6 +16,7 @@
 //! Amounts (SUM, AVG, MIN, MAX) are decimal numbers with at most 4 decimal places, kept as
 //! integers scaled by 10,000: exact, never floats.
 
+use crate::domain::ErrorCode;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -74,7 +75,7 @@ impl MetricSpec {
         let p = expr::parse(expr)?;
         if p.window_ms > MAX_WINDOW_MS {
             return Err(ValidationError::new(
-                "invalid_expr",
+                ErrorCode::InvalidExpr,
                 "the window is longer than 400 days",
             ));
         }
@@ -82,16 +83,16 @@ impl MetricSpec {
             None => default_resolution(p.window_ms),
             Some(r) => {
                 let r = expr::parse_duration(r)
-                    .map_err(|m| ValidationError::new("invalid_resolution", m))?;
+                    .map_err(|m| ValidationError::new(ErrorCode::InvalidResolution, m))?;
                 if p.window_ms % r != 0 {
                     return Err(ValidationError::new(
-                        "invalid_resolution",
+                        ErrorCode::InvalidResolution,
                         "the window must be a whole multiple of the resolution",
                     ));
                 }
                 if p.window_ms / r > MAX_SUB_WINDOWS {
                     return Err(ValidationError::new(
-                        "invalid_resolution",
+                        ErrorCode::InvalidResolution,
                         format!(
                             "the resolution splits the window into {} sub-windows; at most {MAX_SUB_WINDOWS}",
                             p.window_ms / r

@@ -11,6 +11,7 @@
 //! A comparison with a metric that has no value (AVG, MIN or MAX over an empty window) is
 //! false, whatever the operator: "no data" never triggers a rule.
 
+use crate::domain::ErrorCode;
 use std::collections::BTreeSet;
 
 use crate::domain::{MetricId, ValidationError};
@@ -97,7 +98,10 @@ enum Tok {
 }
 
 fn err(col: usize, msg: impl Into<String>) -> ValidationError {
-    ValidationError::new("invalid_rule", format!("column {col}: {}", msg.into()))
+    ValidationError::new(
+        ErrorCode::InvalidRule,
+        format!("column {col}: {}", msg.into()),
+    )
 }
 
 fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
@@ -294,7 +298,7 @@ fn metric(w: String, col: usize) -> Result<MetricId, ValidationError> {
 pub fn parse(src: &str) -> Result<Rule, ValidationError> {
     if src.len() > MAX_RULE_LEN {
         return Err(ValidationError::new(
-            "invalid_rule",
+            ErrorCode::InvalidRule,
             format!("a rule is at most {MAX_RULE_LEN} bytes"),
         ));
     }
