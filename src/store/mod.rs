@@ -191,6 +191,34 @@ impl Deadline {
     }
 }
 
+/// What an audit record says was done to an entry; its `op` field, spelt as `as_str`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuditOp {
+    /// Added or changed through the API (`upsert`).
+    Upsert,
+    /// Deleted through the API (`delete`).
+    Delete,
+    /// Written in bulk by `namelist-tools import` (`import`).
+    Import,
+}
+
+impl AuditOp {
+    /// The `op` field as stored in the audit trail (never changes: readers match on it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditOp::Upsert => "upsert",
+            AuditOp::Delete => "delete",
+            AuditOp::Import => "import",
+        }
+    }
+}
+
+impl std::fmt::Display for AuditOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The entries, registry additions and audit records of one upsert.
 #[derive(Debug, Clone, Default)]
 pub struct WriteBatch {
