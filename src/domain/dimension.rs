@@ -2,12 +2,11 @@
 //! their own normalisation rules (see `value`); any other `^[a-z][a-z0-9_]{0,31}$` name is a
 //! custom dimension whose values are opaque strings.
 
-use super::ErrorCode;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::ValidationError;
+use super::{ErrorCode, ValidationError};
 
 /// The kind of identity a value is. Parsed only through `FromStr`/`TryFrom<String>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -1,9 +1,8 @@
 //! The one error type of input validation: a stable snake_case `code` for machines and a
 //! message that says what was wrong and where (`entries[3].value: ...`).
 
-use std::fmt;
-
 use super::ErrorCode;
+use std::fmt;
 
 /// A caller's mistake found while parsing input. Always maps to a 4xx.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,10 +2,9 @@
 //! 2020-01-01T00:00:00Z, rounded up (an entry is never dropped before the time the caller
 //! asked for), so the listpack holds a 32-bit integer (6 bytes) until 2088. `0` means never.
 
-use super::ErrorCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::ValidationError;
+use super::{ErrorCode, ValidationError};
 
 /// 2020-01-01T00:00:00Z in Unix milliseconds: the epoch of stored expiries.
 pub const EPOCH_2020_MS: i64 = 1_577_836_800_000;

@@ -14,11 +14,10 @@
 //! strings as dialled, and guessing a country code would make two different numbers equal.
 //! Messages never echo the raw value: they may end up in logs.
 
-use super::ErrorCode;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::{Dimension, ValidationError};
+use super::{Dimension, ErrorCode, ValidationError};
 
 /// Longest opaque value (uid, device, custom dimensions), in bytes.
 pub const MAX_TEXT_LEN: usize = 256;

@@ -5,7 +5,6 @@
 //! stays 166.6, never a float) and group-by values are the same whether sent as a number or
 //! a string of that number.
 
-use crate::domain::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
 
 use actix_web::{HttpResponse, web};
@@ -15,7 +14,7 @@ use serde_json::{Value as Json, json};
 
 use super::check::CheckBody;
 use super::json::{JsonBody, decode, decode_part};
-use crate::domain::{EventType, MetricId, RuleId, ValidationError};
+use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, FailMode, NameLists};
 use crate::velocity::service::MAX_VALUE_LEN;

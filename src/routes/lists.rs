@@ -2,14 +2,15 @@
 //! bodies are parsed here into domain types; every entry is validated before anything is
 //! written, so a bad entry anywhere leaves the store unchanged.
 
-use crate::domain::ErrorCode;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::json::JsonBody;
 use crate::auth::{Caller, caller_name};
-use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
+use crate::domain::{
+    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
+};
 use crate::error::ApiError;
 use crate::lists::{EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry};
 

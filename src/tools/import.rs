@@ -24,7 +24,6 @@
 //! Per-row `reason`s are validated but not stored: the layout keeps only expiries, and the
 //! audit trail records the run, not its rows.
 
-use crate::domain::ErrorCode;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
@@ -40,7 +39,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::Global;
-use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
+use crate::domain::{
+    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
+};
 use crate::lists::MAX_REASON_LEN;
 use crate::store::dump::DumpFormat;
 use crate::store::layout::write_canonical;

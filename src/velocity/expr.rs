@@ -17,8 +17,7 @@
 //! | `SUM(1d, transaction, amount, userid)` | `SUM(1d, transaction, amount) BY userid` (same for AVG/MIN/MAX) |
 //! | `COUNT_DISTINCT(30d, login, device_id, userid)` | `COUNT_DISTINCT(30d, login, userid) BY device_id` (the counted field comes last) |
 
-use crate::domain::ErrorCode;
-use crate::domain::{EventType, FieldName, ValidationError};
+use crate::domain::{ErrorCode, EventType, FieldName, ValidationError};
 
 /// What a metric aggregates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

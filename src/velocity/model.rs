@@ -16,13 +16,12 @@
 //! Amounts (SUM, AVG, MIN, MAX) are decimal numbers with at most 4 decimal places, kept as
 //! integers scaled by 10,000: exact, never floats.
 
-use crate::domain::ErrorCode;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use super::expr::{self, Aggregation};
-use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError};
+use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError};
 
 /// Most sub-windows a window may be split into.
 pub const MAX_SUB_WINDOWS: i64 = 240;

@@ -11,10 +11,9 @@
 //! A comparison with a metric that has no value (AVG, MIN or MAX over an empty window) is
 //! false, whatever the operator: "no data" never triggers a rule.
 
-use crate::domain::ErrorCode;
 use std::collections::BTreeSet;
 
-use crate::domain::{MetricId, ValidationError};
+use crate::domain::{ErrorCode, MetricId, ValidationError};
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

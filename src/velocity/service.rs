@@ -9,7 +9,6 @@
 //! when all its updates were replays), and a retry after a failure or a timeout applies
 //! exactly the updates that did not land. Exactly once per (event, metric entity).
 
-use crate::domain::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -21,7 +20,7 @@ use tokio::task::JoinHandle;
 use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
 use super::rules::{self, Rule};
-use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
+use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
 use crate::lists::FailMode;
 use crate::metrics::Metrics;
 use crate::store::{
