@@ -1,7 +1,7 @@
 //! namelist: a real-time name-list (black/white/grey list) lookup service for risk engines,
 //! on Redis (or an embedded store), behind a local cache.
 //!
-//! * `domain`: parsed, normalised input types.
+//! * `domain`: parsed, normalised input types, and `ErrorCode`, the one table of error codes.
 //! * `store`: the storage layout and the `Store` trait with its Redis and embedded backends.
 //! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
 //! * `lists`: the name-list service.
