@@ -93,7 +93,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::RedisServer;
+use common::{RedisServer, free_port};
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::{Layout, PrefixLen};
 use serde_json::{Value as Json, json};
@@ -213,13 +213,6 @@ fn pct_ms(sorted: &[Duration], q: f64) -> f64 {
     }
     let i = ((sorted.len() - 1) as f64 * q).round() as usize;
     sorted[i].as_secs_f64() * 1e3
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -566,7 +566,7 @@ impl LocalTier {
         let pairs =
             match tokio::time::timeout(FETCH_TIMEOUT, store.get_buckets(&read.buckets)).await {
                 Ok(Ok(r)) if r.len() == read.buckets.len() => Ok(r),
-                Ok(Ok(r)) => Err(StoreError::Corrupt(format!(
+                Ok(Ok(r)) => Err(StoreError::corrupt(format!(
                     "asked for {} buckets, got {}",
                     read.buckets.len(),
                     r.len()

@@ -1,23 +1,12 @@
 //! The HTTP face of every error: one table from error to status and stable `code`, and the
 //! body `{"error": {"code": "...", "message": "..."}}` of API.md.
 //!
-//! | error                          | status | code                      |
-//! |--------------------------------|--------|---------------------------|
-//! | validation (`ValidationError`) | 400    | its own (`invalid_value`, `unknown_dimension`, ...) |
-//! | body not JSON                  | 400    | `invalid_json`            |
-//! | JSON of the wrong shape        | 400    | `invalid_body`            |
-//! | body over the limit            | 413    | `payload_too_large`       |
-//! | body not received within 10 s  | 408    | `request_timeout`         |
-//! | no such route                  | 404    | `not_found`               |
-//! | no such metric / rule          | 404    | `unknown_metric` / `unknown_rule` |
-//! | metric still read by a rule    | 409    | `metric_in_use`           |
-//! | method not allowed             | 405    | `method_not_allowed`      |
-//! | no or invalid bearer token     | 401    | `unauthorized` (+ `WWW-Authenticate: Bearer`) |
-//! | a token whose role is too low  | 403    | `forbidden`               |
-//! | store unreachable or too slow  | 503    | `store_unavailable` (+ `Retry-After: 1`) |
-//! | a write refused unsent: a primary it needs has fewer online replicas than `write_replicas` | 503 | `replicas_unavailable` (+ `Retry-After: 1`) |
-//! | a concurrency or memory limit reached | 503 | `overloaded` (+ `Retry-After: 1`) |
-//! | anything else                  | 500    | `internal`                |
+//! The codes, their statuses and when each is used are one table, `ErrorCode`
+//! (`domain/code.rs`); README's error table is checked against it. Here each `ApiError`
+//! picks its code and status: a `ValidationError` is 400 (`Invalid`), 404 (`Missing`, e.g.
+//! `unknown_metric`) or 409 (`Conflict`); a `StoreError` is 503 (`replicas_unavailable` for a
+//! write refused for want of replicas, else `store_unavailable`), with `Retry-After: 1` like
+//! every 503; 401 adds `WWW-Authenticate: Bearer`.
 //!
 //! 5xx bodies stay opaque; the cause goes to the log. The exception is a write refused before
 //! anything was sent (`StoreError::Refused`, whatever its code): its message names the
@@ -29,7 +18,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
-use crate::domain::ValidationError;
+use crate::domain::{ErrorCode, ValidationError};
 use crate::lists::ListsError;
 use crate::store::{Refusal, StoreError};
 
@@ -93,23 +82,24 @@ impl From<crate::velocity::VelocityError> for ApiError {
 }
 
 impl ApiError {
-    pub fn code(&self) -> &'static str {
+    /// Its stable code (see `ErrorCode` for the table of codes and statuses).
+    pub fn code(&self) -> ErrorCode {
         match self {
             ApiError::Invalid(v) | ApiError::Missing(v) | ApiError::Conflict(v) => v.code,
-            ApiError::InvalidJson(_) => "invalid_json",
-            ApiError::InvalidBody(_) => "invalid_body",
-            ApiError::PayloadTooLarge { .. } => "payload_too_large",
-            ApiError::RequestTimeout(_) => "request_timeout",
-            ApiError::NotFound => "not_found",
-            ApiError::MethodNotAllowed => "method_not_allowed",
-            ApiError::Unauthorized(_) => "unauthorized",
-            ApiError::Forbidden(_) => "forbidden",
+            ApiError::InvalidJson(_) => ErrorCode::InvalidJson,
+            ApiError::InvalidBody(_) => ErrorCode::InvalidBody,
+            ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            ApiError::RequestTimeout(_) => ErrorCode::RequestTimeout,
+            ApiError::NotFound => ErrorCode::NotFound,
+            ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            ApiError::Unauthorized(_) => ErrorCode::Unauthorized,
+            ApiError::Forbidden(_) => ErrorCode::Forbidden,
             ApiError::Unavailable(StoreError::Refused(Refusal::Replicas { .. })) => {
-                "replicas_unavailable"
+                ErrorCode::ReplicasUnavailable
             }
-            ApiError::Unavailable(_) => "store_unavailable",
-            ApiError::Overloaded(_) => "overloaded",
-            ApiError::Internal(_) => "internal",
+            ApiError::Unavailable(_) => ErrorCode::StoreUnavailable,
+            ApiError::Overloaded(_) => ErrorCode::Overloaded,
+            ApiError::Internal(_) => ErrorCode::Internal,
         }
     }
 }
@@ -156,6 +146,67 @@ impl ResponseError for ApiError {
         if status == StatusCode::UNAUTHORIZED {
             res.insert_header(("WWW-Authenticate", "Bearer"));
         }
-        res.json(json!({"error": {"code": self.code(), "message": message}}))
+        res.json(json!({"error": {"code": self.code().as_str(), "message": message}}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every answer's status is one its code's row allows, so `ErrorCode::statuses` (and the
+    /// README table checked against it) tells the truth.
+    #[test]
+    fn every_status_is_in_its_codes_row() {
+        let v = |c| ValidationError::new(c, "x");
+        let mut errors = vec![
+            ApiError::InvalidJson("x".into()),
+            ApiError::InvalidBody("x".into()),
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::RequestTimeout(std::time::Duration::from_secs(10)),
+            ApiError::NotFound,
+            ApiError::Missing(v(ErrorCode::UnknownMetric)),
+            ApiError::Missing(v(ErrorCode::UnknownRule)),
+            ApiError::Conflict(v(ErrorCode::MetricInUse)),
+            ApiError::MethodNotAllowed,
+            ApiError::Unauthorized("x".into()),
+            ApiError::Forbidden("x".into()),
+            ApiError::Unavailable(StoreError::Timeout(std::time::Duration::from_millis(1))),
+            ApiError::Unavailable(StoreError::Refused(Refusal::Replicas {
+                primary: "p".into(),
+                slots: "0-1".into(),
+                needed: 1,
+                online: 0,
+            })),
+            ApiError::Unavailable(StoreError::Refused(Refusal::NoTime {
+                left: std::time::Duration::ZERO,
+            })),
+            ApiError::Overloaded("x".into()),
+            ApiError::Internal("x".into()),
+        ];
+        // Every code a 400 row names can come through validation.
+        errors.extend(
+            ErrorCode::ALL
+                .iter()
+                .filter(|c| c.statuses().contains(&400))
+                .map(|&c| ApiError::Invalid(v(c))),
+        );
+        let mut answered = std::collections::HashSet::new();
+        for e in &errors {
+            let status = e.status_code().as_u16();
+            assert!(
+                e.code().statuses().contains(&status),
+                "{:?} answers {status}, its row says {:?}",
+                e.code(),
+                e.code().statuses()
+            );
+            answered.insert((e.code(), status));
+        }
+        // And every (code, status) of the table is reachable.
+        for &c in ErrorCode::ALL {
+            for &s in c.statuses() {
+                assert!(answered.contains(&(c, s)), "{c} {s} is never answered");
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! namelist: a real-time name-list (black/white/grey list) lookup service for risk engines,
 //! on Redis (or an embedded store), behind a local cache.
 //!
-//! * `domain`: parsed, normalised input types.
+//! * `domain`: parsed, normalised input types, and `ErrorCode`, the one table of error codes.
 //! * `store`: everything that knows what a key, field or value looks like: the storage layout
 //!   (`store::layout`), expiry codes (`store::expiry`), the Lua scripts (`store::scripts`), the
 //!   `Store` trait with its Redis and embedded backends, and the typed bulk operations the

@@ -28,11 +28,12 @@ use tracing::Instrument;
 
 use crate::cache::{LocalTier, Lookup, RegistryCache, TierSettings};
 use crate::domain::{
-    Dimension, Expiry, ListName, Sandbox, ValidationError, Value, mask_value, now_ms,
+    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, mask_value, now_ms,
 };
 use crate::metrics::Metrics;
 use crate::store::{
-    AuditRecord, Deadline, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch, code_is_live,
+    AuditOp, AuditRecord, Deadline, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch,
+    code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -101,13 +102,91 @@ pub struct EntryRef {
     pub sandbox: Sandbox,
 }
 
-/// A check: every subject value against every list, in one sandbox.
+/// A check: every subject value against every list, in one sandbox. Built only through
+/// `TryFrom<RawCheck>`, which checks the limits (1 to `MAX_CHECK_LISTS` lists, at most
+/// `MAX_CHECK_VALUES` values) once, before parsing anything, so a `CheckQuery` in hand is
+/// within them.
 #[derive(Debug, Clone)]
 pub struct CheckQuery {
-    pub sandbox: Sandbox,
-    pub lists: Vec<ListName>,
-    /// Values per dimension, each already normalised for a check.
-    pub subjects: Vec<(Dimension, Vec<Value>)>,
+    sandbox: Sandbox,
+    /// Distinct, in the order given.
+    lists: Vec<ListName>,
+    /// Values per dimension, each normalised for a check and distinct within its dimension.
+    subjects: Vec<(Dimension, Vec<Value>)>,
+}
+
+impl CheckQuery {
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    pub fn lists(&self) -> &[ListName] {
+        &self.lists
+    }
+
+    /// Values per dimension, in the order given.
+    pub fn subjects(&self) -> &[(Dimension, Vec<Value>)] {
+        &self.subjects
+    }
+}
+
+/// A check as received, nothing parsed yet: the sandbox (`None`: the default), list names,
+/// and per dimension name its values.
+#[derive(Debug, Clone, Default)]
+pub struct RawCheck {
+    pub sandbox: Option<String>,
+    pub lists: Vec<String>,
+    pub subjects: Vec<(String, Vec<String>)>,
+}
+
+impl TryFrom<RawCheck> for CheckQuery {
+    type Error = ValidationError;
+
+    /// Parses and normalises the whole check; lists and values of one dimension are
+    /// deduplicated. Errors name the place (`subjects.phone[2]`).
+    fn try_from(raw: RawCheck) -> Result<Self, Self::Error> {
+        // Sizes first: nothing is parsed (or deduplicated) past the limits.
+        if raw.lists.is_empty() || raw.lists.len() > MAX_CHECK_LISTS {
+            return Err(ValidationError::new(
+                ErrorCode::InvalidLists,
+                format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
+            ));
+        }
+        let total: usize = raw.subjects.iter().map(|(_, v)| v.len()).sum();
+        if total > MAX_CHECK_VALUES {
+            return Err(ValidationError::new(
+                ErrorCode::TooManyValues,
+                format!("subjects hold {total} values; at most {MAX_CHECK_VALUES} per check"),
+            ));
+        }
+        let sandbox = Sandbox::parse_or_default(raw.sandbox).map_err(|e| e.at("sandbox"))?;
+        let mut lists = Vec::with_capacity(raw.lists.len());
+        for (i, l) in raw.lists.into_iter().enumerate() {
+            let l = ListName::try_from(l).map_err(|e| e.at(format!("lists[{i}]")))?;
+            if !lists.contains(&l) {
+                lists.push(l);
+            }
+        }
+        let mut subjects = Vec::with_capacity(raw.subjects.len());
+        for (name, raw) in raw.subjects {
+            let dimension =
+                Dimension::try_from(name.clone()).map_err(|e| e.at(format!("subjects.{name}")))?;
+            let mut parsed: Vec<Value> = Vec::with_capacity(raw.len());
+            for (i, v) in raw.iter().enumerate() {
+                let v = Value::parse_check(&dimension, v)
+                    .map_err(|e| e.at(format!("subjects.{name}[{i}]")))?;
+                if !parsed.contains(&v) {
+                    parsed.push(v);
+                }
+            }
+            subjects.push((dimension, parsed));
+        }
+        Ok(CheckQuery {
+            sandbox,
+            lists,
+            subjects,
+        })
+    }
 }
 
 /// One listed value a check found.
@@ -260,7 +339,7 @@ impl NameLists {
             batch.audit.push(AuditRecord::entry(
                 now,
                 actor,
-                "upsert",
+                AuditOp::Upsert,
                 list,
                 &e.dimension,
                 &e.sandbox,
@@ -312,7 +391,7 @@ impl NameLists {
             audit.push(AuditRecord::entry(
                 now,
                 actor,
-                "delete",
+                AuditOp::Delete,
                 list,
                 &e.dimension,
                 &e.sandbox,
@@ -374,23 +453,9 @@ impl NameLists {
         }
     }
 
-    /// Checks every subject value against every list.
+    /// Checks every subject value against every list (the query is within the limits by
+    /// construction; only the fan-out over IP prefix lengths in use is checked here).
     pub async fn check(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
-        let n_values: usize = q.subjects.iter().map(|(_, v)| v.len()).sum();
-        if n_values > MAX_CHECK_VALUES {
-            return Err(ValidationError::new(
-                "too_many_values",
-                format!("subjects hold {n_values} values; at most {MAX_CHECK_VALUES} per check"),
-            )
-            .into());
-        }
-        if q.lists.is_empty() || q.lists.len() > MAX_CHECK_LISTS {
-            return Err(ValidationError::new(
-                "invalid_lists",
-                format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
-            )
-            .into());
-        }
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + self.settings.check_deadline;
         let trusted = self.cache.is_trusted();
@@ -455,7 +520,7 @@ impl NameLists {
                 }
                 failed => {
                     let e = match failed {
-                        Ok(Ok(codes)) => StoreError::Corrupt(format!(
+                        Ok(Ok(codes)) => StoreError::corrupt(format!(
                             "asked for {} fields, got {}",
                             missing.len(),
                             codes.len()
@@ -558,7 +623,7 @@ impl NameLists {
         }
         if probes.len() > MAX_CHECK_PROBES {
             return Err(ValidationError::new(
-                "too_many_lookups",
+                ErrorCode::TooManyLookups,
                 format!(
                     "this check fans out to {} lookups (values x lists x IP prefix lengths in use); at most {MAX_CHECK_PROBES}",
                     probes.len()
@@ -571,7 +636,7 @@ impl NameLists {
 
 fn too_many_entries(n: usize) -> ValidationError {
     ValidationError::new(
-        "too_many_entries",
+        ErrorCode::TooManyEntries,
         format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
     )
 }

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use namelist::cache::Mode;
-use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
+use namelist::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
 use namelist::lists::{
-    CheckQuery, EntryRef, FailMode, ListSettings, ListsError, NameLists, NewEntry,
+    CheckQuery, EntryRef, FailMode, ListSettings, ListsError, NameLists, NewEntry, RawCheck,
 };
 use namelist::metrics::Metrics;
 use namelist::store::memory::MemoryStore;
@@ -187,21 +187,22 @@ fn entry_ref(dim: &str, value: &str, sb: &str) -> EntryRef {
 }
 
 fn query(sb: &str, lists: &[&str], subjects: &[(&str, &[&str])]) -> CheckQuery {
-    CheckQuery {
-        sandbox: sandbox(sb),
-        lists: lists.iter().map(|l| list(l)).collect(),
+    try_query(sb, lists, subjects).unwrap()
+}
+
+fn try_query(
+    sb: &str,
+    lists: &[&str],
+    subjects: &[(&str, &[&str])],
+) -> Result<CheckQuery, ValidationError> {
+    CheckQuery::try_from(RawCheck {
+        sandbox: Some(sb.to_owned()),
+        lists: lists.iter().map(|l| l.to_string()).collect(),
         subjects: subjects
             .iter()
-            .map(|(d, vs)| {
-                let d: Dimension = d.parse().unwrap();
-                let vs = vs
-                    .iter()
-                    .map(|v| Value::parse_check(&d, v).unwrap())
-                    .collect();
-                (d, vs)
-            })
+            .map(|(d, vs)| (d.to_string(), vs.iter().map(|v| v.to_string()).collect()))
             .collect(),
-    }
+    })
 }
 
 /// The hits of a check as sorted (list, dimension, value) triples. With a complete tier, once
@@ -847,15 +848,11 @@ async fn limits_change_nothing(h: &Harness) {
     );
     let values: Vec<String> = (0..65).map(|i| format!("d{i}")).collect();
     let refs: Vec<&str> = values.iter().map(String::as_str).collect();
-    let err = h
-        .lists
-        .check(&query("default", &["black"], &[("device", &refs)]))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, ListsError::Invalid(ref v) if v.code == "too_many_values"),
-        "{err:?}"
-    );
+    // A check over the limit cannot even be built (the limit is checked once, there).
+    let err = try_query("default", &["black"], &[("device", &refs)]).unwrap_err();
+    assert_eq!(err.code, "too_many_values", "{err:?}");
+    let err = try_query("default", &[], &[("device", &refs[..1])]).unwrap_err();
+    assert_eq!(err.code, "invalid_lists", "{err:?}");
 }
 
 macro_rules! conformance {

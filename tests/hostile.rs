@@ -17,14 +17,13 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, redis_settings, spawn_app};
+use common::{RedisServer, free_port, redis_settings, spawn_app};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -254,13 +253,6 @@ struct Server {
     dir: tempfile::TempDir,
     starts: u32,
     log_read: usize,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Server {

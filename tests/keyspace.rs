@@ -143,7 +143,7 @@ async fn an_unreachable_redis_stops_start_up_with_a_clear_error() {
     let settings = redis_settings(&redis);
     tokio::task::block_in_place(|| redis.kill());
     match Application::build(settings).await {
-        Err(e @ StartupError::Store(StoreError::Unavailable(_))) => {
+        Err(e @ StartupError::Store(StoreError::Unavailable { .. })) => {
             assert!(e.to_string().starts_with("opening the store"), "{e}")
         }
         Err(e) => panic!("unexpected error {e}"),

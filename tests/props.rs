@@ -995,7 +995,7 @@ proptest! {
     fn expiry_at_or_before_now_is_rejected(now in Y2021_MS..Y2100_MS, back in 0i64..=10_000_000_000) {
         let r = Expiry::at_ms(now - back, now);
         prop_assert_eq!(
-            r.as_ref().map_err(|e| e.code),
+            r.as_ref().map_err(|e| e.code.as_str()),
             Err("expiry_in_past"),
             "at_ms({}, {}) is in the past: {:?}", now - back, now, r
         );

@@ -3,21 +3,18 @@
 //! no traffic it exits at once. Plain HTTP/1.1 over `std::net` sockets, so a request can be
 //! left half-sent while the signal arrives.
 
+mod common;
+
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::free_port;
+
 /// The drain limit (`shutdown_timeout(25)`) with a margin.
 const DRAIN_LIMIT: Duration = Duration::from_secs(25);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// The service, run as its binary on the embedded store, killed when dropped.
 struct Service {

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{spawn_app, test_settings};
+use common::{free_port, spawn_app, test_settings};
 use namelist::config::Settings;
 use namelist::startup::{Application, StartupError};
 use namelist::store::redis::{RedisOptions, RedisStore};
@@ -118,13 +118,6 @@ fn run<F: Future<Output = ()>>(body: F) {
         .build()
         .expect("runtime")
         .block_on(body);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// A TLS-only `redis-server` (no plain port), killed when dropped.
@@ -372,7 +365,7 @@ fn a_certificate_from_an_untrusted_ca_is_refused() {
         let rogue = TlsRedis::start(&pki.untrusted, None);
         let err = open_fails(rogue.url(), Duration::from_secs(5)).await;
         let msg = err.to_string();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{msg}");
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{msg}");
         assert!(
             msg.to_ascii_lowercase().contains("certificate"),
             "the error says it is the certificate: {msg}"

@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::ValidationError;
+use super::{ErrorCode, ValidationError};
 
 /// The kind of identity a value is. Parsed only through `FromStr`/`TryFrom<String>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -71,7 +71,7 @@ impl TryFrom<String> for Dimension {
                 .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
         if !valid {
             return Err(ValidationError::new(
-                "unknown_dimension",
+                ErrorCode::UnknownDimension,
                 format!(
                     "unknown dimension {s:?}: expected uid, phone, id_card, device, imei, wifi_mac, ip or a custom name matching ^[a-z][a-z0-9_]{{0,31}}$"
                 ),

@@ -1,6 +1,7 @@
 //! The one error type of input validation: a stable snake_case `code` for machines and a
 //! message that says what was wrong and where (`entries[3].value: ...`).
 
+use super::ErrorCode;
 use std::fmt;
 
 /// A caller's mistake found while parsing input. Always maps to a 4xx.
@@ -8,13 +9,13 @@ use std::fmt;
 #[error("{message}")]
 pub struct ValidationError {
     /// Stable machine-readable code (`invalid_value`, `unknown_dimension`, ...).
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// Human-readable message, prefixed with the location of the bad input when known.
     pub message: String,
 }
 
 impl ValidationError {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),

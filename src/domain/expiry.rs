@@ -6,7 +6,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::ValidationError;
+use super::{ErrorCode, ValidationError};
 
 /// The latest expiry accepted: 2156-02-07T06:28:15Z, the last second the stored code holds.
 pub const LATEST_EXPIRY_MS: i64 = 5_872_804_095_000;
@@ -33,13 +33,13 @@ impl Expiry {
     pub fn at_ms(expires_at_ms: i64, now_ms: i64) -> Result<Self, ValidationError> {
         if expires_at_ms <= now_ms {
             return Err(ValidationError::new(
-                "expiry_in_past",
+                ErrorCode::ExpiryInPast,
                 "expires_at is not in the future",
             ));
         }
         if expires_at_ms > LATEST_EXPIRY_MS {
             return Err(ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 "expires_at is too far in the future (after 2156)",
             ));
         }
@@ -54,7 +54,7 @@ impl Expiry {
     pub fn after_ttl(ttl_seconds: u64, now_ms: i64) -> Result<Self, ValidationError> {
         if ttl_seconds == 0 {
             return Err(ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 "ttl_seconds must be at least 1",
             ));
         }
@@ -62,10 +62,12 @@ impl Expiry {
             .ok()
             .and_then(|s| s.checked_mul(1000))
             .and_then(|d| d.checked_add(now_ms))
-            .ok_or_else(|| ValidationError::new("invalid_expiry", "ttl_seconds is too large"))?;
+            .ok_or_else(|| {
+                ValidationError::new(ErrorCode::InvalidExpiry, "ttl_seconds is too large")
+            })?;
         Self::at_ms(ms, now_ms).map_err(|e| {
             ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 e.message.replace("expires_at", "ttl_seconds"),
             )
         })

@@ -2,6 +2,7 @@
 //! any handler or store sees it ("parse, don't validate"). A `ListName`, `Sandbox`, `Dimension`
 //! or normalised `Value` in hand is valid by construction.
 
+mod code;
 mod dimension;
 mod error;
 mod expiry;
@@ -9,6 +10,7 @@ mod mask;
 mod names;
 mod value;
 
+pub use code::{ErrorCode, UnknownCode};
 pub use dimension::Dimension;
 pub use error::ValidationError;
 pub use expiry::{Expiry, LATEST_EXPIRY_MS, now_ms};

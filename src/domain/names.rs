@@ -6,13 +6,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::ValidationError;
+use super::{ErrorCode, ValidationError};
 
 fn check_ident(
     s: &str,
     max: usize,
     allowed: impl Fn(u8) -> bool,
-    code: &'static str,
+    code: ErrorCode,
     what: &str,
     pattern: &str,
 ) -> Result<(), ValidationError> {
@@ -27,7 +27,7 @@ fn check_ident(
 
 /// Declares a string newtype built only through `TryFrom<String>` / `FromStr`.
 macro_rules! ident {
-    ($(#[$doc:meta])* $name:ident, $max:expr, $allowed:expr, $code:literal, $what:literal, $pattern:literal) => {
+    ($(#[$doc:meta])* $name:ident, $max:expr, $allowed:expr, $code:expr, $what:literal, $pattern:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -78,27 +78,27 @@ fn lower_ident(b: u8) -> bool {
 
 ident!(
     /// A list name: `^[a-z0-9_-]{1,32}$` (`black`, `white`, `fraud_device`).
-    ListName, 32, |b| lower_ident(b) || b == b'-', "invalid_list", "list", "^[a-z0-9_-]{1,32}$"
+    ListName, 32, |b| lower_ident(b) || b == b'-', ErrorCode::InvalidList, "list", "^[a-z0-9_-]{1,32}$"
 );
 ident!(
     /// A sandbox (business-line isolation id): `^[A-Za-z0-9_-]{1,64}$`, default `default`.
-    Sandbox, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-', "invalid_sandbox", "sandbox", "^[A-Za-z0-9_-]{1,64}$"
+    Sandbox, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-', ErrorCode::InvalidSandbox, "sandbox", "^[A-Za-z0-9_-]{1,64}$"
 );
 ident!(
     /// A metric id: `^[a-z0-9_]{1,64}$`.
-    MetricId, 64, lower_ident, "invalid_metric_id", "metric id", "^[a-z0-9_]{1,64}$"
+    MetricId, 64, lower_ident, ErrorCode::InvalidMetricId, "metric id", "^[a-z0-9_]{1,64}$"
 );
 ident!(
     /// A rule id: `^[a-z0-9_]{1,64}$`.
-    RuleId, 64, lower_ident, "invalid_rule_id", "rule id", "^[a-z0-9_]{1,64}$"
+    RuleId, 64, lower_ident, ErrorCode::InvalidRuleId, "rule id", "^[a-z0-9_]{1,64}$"
 );
 ident!(
     /// An event type (`transaction`, `login`): `^[A-Za-z0-9_.-]{1,64}$`.
-    EventType, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-', "invalid_event_type", "event type", "^[A-Za-z0-9_.-]{1,64}$"
+    EventType, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-', ErrorCode::InvalidEventType, "event type", "^[A-Za-z0-9_.-]{1,64}$"
 );
 ident!(
     /// The name of an event field (`device_id`, `amount`): `^[A-Za-z0-9_.-]{1,64}$`.
-    FieldName, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-', "invalid_field", "field name", "^[A-Za-z0-9_.-]{1,64}$"
+    FieldName, 64, |b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-', ErrorCode::InvalidField, "field name", "^[A-Za-z0-9_.-]{1,64}$"
 );
 
 impl Sandbox {

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::{Dimension, ValidationError};
+use super::{Dimension, ErrorCode, ValidationError};
 
 /// Longest opaque value (uid, device, custom dimensions), in bytes.
 pub const MAX_TEXT_LEN: usize = 256;
@@ -134,7 +134,10 @@ impl fmt::Display for Value {
 }
 
 fn invalid(dimension: &Dimension, why: &str) -> ValidationError {
-    ValidationError::new("invalid_value", format!("invalid {dimension}: {why}"))
+    ValidationError::new(
+        ErrorCode::InvalidValue,
+        format!("invalid {dimension}: {why}"),
+    )
 }
 
 impl Value {

@@ -6,9 +6,9 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
 use super::json::JsonBody;
-use crate::domain::{Dimension, ListName, Sandbox, ValidationError, Value};
+use crate::domain::ValidationError;
 use crate::error::ApiError;
-use crate::lists::{CheckQuery, MAX_CHECK_LISTS, MAX_CHECK_VALUES, NameLists};
+use crate::lists::{CheckQuery, NameLists, RawCheck};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,59 +27,22 @@ enum OneOrMany {
 }
 
 impl CheckBody {
-    /// Parses and normalises the whole request; values of one dimension are deduplicated.
+    /// Parses and normalises the whole request (limits first, see `CheckQuery`).
     pub fn parse(self) -> Result<CheckQuery, ValidationError> {
-        // Sizes first: nothing is parsed (or deduplicated) past the limits.
-        if self.lists.is_empty() || self.lists.len() > MAX_CHECK_LISTS {
-            return Err(ValidationError::new(
-                "invalid_lists",
-                format!("lists must name 1 to {MAX_CHECK_LISTS} lists"),
-            ));
-        }
-        let total: usize = self
-            .subjects
-            .values()
-            .map(|v| match v {
-                OneOrMany::One(_) => 1,
-                OneOrMany::Many(v) => v.len(),
-            })
-            .sum();
-        if total > MAX_CHECK_VALUES {
-            return Err(ValidationError::new(
-                "too_many_values",
-                format!("subjects hold {total} values; at most {MAX_CHECK_VALUES} per check"),
-            ));
-        }
-        let sandbox = Sandbox::parse_or_default(self.sandbox).map_err(|e| e.at("sandbox"))?;
-        let mut lists = Vec::with_capacity(self.lists.len());
-        for (i, l) in self.lists.into_iter().enumerate() {
-            let l = ListName::try_from(l).map_err(|e| e.at(format!("lists[{i}]")))?;
-            if !lists.contains(&l) {
-                lists.push(l);
-            }
-        }
-        let mut subjects = Vec::with_capacity(self.subjects.len());
-        for (name, values) in self.subjects {
-            let dimension =
-                Dimension::try_from(name.clone()).map_err(|e| e.at(format!("subjects.{name}")))?;
-            let raw = match values {
-                OneOrMany::One(v) => vec![v],
-                OneOrMany::Many(v) => v,
-            };
-            let mut parsed: Vec<Value> = Vec::with_capacity(raw.len());
-            for (i, v) in raw.iter().enumerate() {
-                let v = Value::parse_check(&dimension, v)
-                    .map_err(|e| e.at(format!("subjects.{name}[{i}]")))?;
-                if !parsed.contains(&v) {
-                    parsed.push(v);
-                }
-            }
-            subjects.push((dimension, parsed));
-        }
-        Ok(CheckQuery {
-            sandbox,
-            lists,
-            subjects,
+        CheckQuery::try_from(RawCheck {
+            sandbox: self.sandbox,
+            lists: self.lists,
+            subjects: self
+                .subjects
+                .into_iter()
+                .map(|(name, values)| {
+                    let values = match values {
+                        OneOrMany::One(v) => vec![v],
+                        OneOrMany::Many(v) => v,
+                    };
+                    (name, values)
+                })
+                .collect(),
         })
     }
 }

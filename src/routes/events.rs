@@ -14,7 +14,7 @@ use serde_json::{Value as Json, json};
 
 use super::check::CheckBody;
 use super::json::{JsonBody, decode, decode_part};
-use crate::domain::{EventType, MetricId, RuleId, ValidationError};
+use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, FailMode, NameLists};
 use crate::velocity::service::MAX_VALUE_LEN;
@@ -42,7 +42,7 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
                 Ok(s) => FieldValue::Text(s),
                 Err(e) => {
                     return Err(ValidationError::new(
-                        "invalid_field",
+                        ErrorCode::InvalidField,
                         format!("not a valid string: {e}"),
                     )
                     .at(format!("{at}fields.{name}")));
@@ -51,15 +51,16 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
             Some(b'-' | b'0'..=b'9') => FieldValue::Number(text.to_owned()),
             _ if text == "null" => continue,
             _ => {
-                return Err(
-                    ValidationError::new("invalid_field", "expected a string or a number")
-                        .at(format!("{at}fields.{name}")),
-                );
+                return Err(ValidationError::new(
+                    ErrorCode::InvalidField,
+                    "expected a string or a number",
+                )
+                .at(format!("{at}fields.{name}")));
             }
         };
         if value.text().len() > MAX_VALUE_LEN {
             return Err(ValidationError::new(
-                "invalid_field",
+                ErrorCode::InvalidField,
                 format!("longer than {MAX_VALUE_LEN} bytes"),
             )
             .at(format!("{at}fields.{name}")));
@@ -104,7 +105,7 @@ pub async fn post_events(
             })?;
         if list.len() > crate::velocity::service::MAX_EVENTS_PER_REQUEST {
             return Err(ValidationError::new(
-                "too_many_events",
+                ErrorCode::TooManyEvents,
                 format!("{} events in one request; at most 1000", list.len()),
             )
             .into());
@@ -197,7 +198,9 @@ pub async fn post_evaluate(
         Some(check.parse()?)
     };
     if check.is_none() && !body.subjects.is_empty() {
-        return Err(ValidationError::new("invalid_lists", "subjects need lists to check").into());
+        return Err(
+            ValidationError::new(ErrorCode::InvalidLists, "subjects need lists to check").into(),
+        );
     }
     let event = body.event.map(|e| e.parse("event.")).transpose()?;
     let mut fields = fields(body.fields, "")?;

@@ -8,7 +8,9 @@ use serde_json::json;
 
 use super::json::JsonBody;
 use crate::auth::{Caller, caller_name};
-use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
+use crate::domain::{
+    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
+};
 use crate::error::ApiError;
 use crate::lists::{EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry};
 
@@ -56,7 +58,7 @@ fn list_name(raw: String) -> Result<ListName, ApiError> {
 fn check_count(n: usize) -> Result<(), ApiError> {
     if n > MAX_ENTRIES_PER_REQUEST {
         return Err(ValidationError::new(
-            "too_many_entries",
+            ErrorCode::TooManyEntries,
             format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
         )
         .into());
@@ -88,7 +90,7 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
     let expiry = match (item.expires_at, item.ttl_seconds) {
         (Some(_), Some(_)) => {
             return Err(ValidationError::new(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 "give at most one of expires_at and ttl_seconds",
             )
             .at(format!("entries[{i}]")));
@@ -105,7 +107,7 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
         && r.len() > MAX_REASON_LEN
     {
         return Err(ValidationError::new(
-            "invalid_reason",
+            ErrorCode::InvalidReason,
             format!("reason is longer than {MAX_REASON_LEN} bytes"),
         )
         .at(format!("entries[{i}].reason")));

@@ -21,6 +21,7 @@ use actix_web::{HttpResponse, web};
 use tracing::Instrument;
 
 use crate::auth::{require_admin, require_read, require_write};
+use crate::domain::ErrorCode;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -215,11 +216,13 @@ pub async fn observe(
         .error()
         .and_then(|e| e.as_error::<ApiError>())
         .map(ApiError::code);
+    let overloaded = error_code == Some(ErrorCode::Overloaded);
+    let error_code = error_code.map(ErrorCode::as_str);
     let latency_us = elapsed.as_micros() as u64;
     let status = status.as_u16();
     let _in = span.enter();
     // Overload is logged at debug: one warning per refused request would add to the load.
-    if status >= 500 && error_code != Some("overloaded") {
+    if status >= 500 && !overloaded {
         tracing::warn!(status, latency_us, error_code, "request");
     } else {
         tracing::debug!(status, latency_us, error_code, "request");

@@ -378,7 +378,7 @@ pub struct StepReplies {
 }
 
 fn corrupt(what: String) -> StoreError {
-    StoreError::Corrupt(format!("write reply: {what}"))
+    StoreError::corrupt(format!("write reply: {what}"))
 }
 
 fn server_error(v: Value) -> RedisResult<Value> {
@@ -409,7 +409,7 @@ pub fn split_replies(
         match replies.pop() {
             Some(Value::Int(k)) => Some(u32::try_from(k).unwrap_or(0)),
             Some(Value::ServerError(e)) => {
-                return Err(StoreError::Unavailable(format!(
+                return Err(StoreError::unavailable(format!(
                     "WAIT refused: {}",
                     RedisError::from(e)
                 )));
@@ -421,7 +421,7 @@ pub fn split_replies(
     };
     let token = match replies.pop() {
         Some(Value::ServerError(e)) => {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "CLIENT INFO refused ({}): writes need Redis >= 6.2 with CLIENT INFO allowed",
                 RedisError::from(e)
             )));
@@ -537,13 +537,13 @@ impl WritePool {
                         connections: self.members.len(),
                     })
                 })?
-                .map_err(|_| StoreError::Unavailable("the write pool is closed".into()))?;
+                .map_err(|_| StoreError::unavailable("the write pool is closed".into()))?;
             let member = self
                 .free
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()
-                .ok_or_else(|| StoreError::Unavailable("no free write connection".into()))?;
+                .ok_or_else(|| StoreError::unavailable("no free write connection".into()))?;
             let lease = Lease {
                 pool: self,
                 member,
@@ -558,7 +558,7 @@ impl WritePool {
             .members
             .get(member)
             .cloned()
-            .ok_or_else(|| StoreError::Unavailable("no such write connection".into()))?;
+            .ok_or_else(|| StoreError::unavailable("no such write connection".into()))?;
         Ok(WriteSession {
             conn,
             _lease: lease,
@@ -584,7 +584,7 @@ pub struct WriteSession<'a> {
 
 /// Why waiting for replicas failed after something was written.
 fn not_replicated(acked: u32, replicas: u32, waited: Duration) -> StoreError {
-    StoreError::Unavailable(format!(
+    StoreError::unavailable(format!(
         "{acked} of {replicas} replica(s) acknowledged within {waited:?}: the write reached its primary but is not known to survive its loss"
     ))
 }
@@ -616,7 +616,7 @@ impl WriteSession<'_> {
         };
         tokio::select! {
             r = fut => r,
-            r = gone => Err(StoreError::Unavailable(format!(
+            r = gone => Err(StoreError::unavailable(format!(
                 "{r}; given up in flight: the write may have landed"
             ))),
         }
@@ -717,7 +717,7 @@ impl WriteSession<'_> {
                             // more on it.
                             r = c.clone().req_packed_commands(&pipe, 0, pipe.len()).await;
                         }
-                        r.map_err(|e| StoreError::Unavailable(e.to_string()))
+                        r.map_err(StoreError::unavailable_from)
                     })
                     .await?;
                 let split = split_replies(replies, n, atomic, wait)?;
@@ -755,7 +755,7 @@ impl WriteSession<'_> {
                         let replies = conn
                             .route_pipeline(pipe.clone(), 0, pipe.len(), route)
                             .await
-                            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                            .map_err(StoreError::unavailable_from)?;
                         let split = split_replies(replies, len, atomic, false)?;
                         Ok::<_, StoreError>((slot, idx, split))
                     }
@@ -806,7 +806,7 @@ impl WriteSession<'_> {
                         let replies = conn
                             .route_pipeline(pipe, 0, 2, route)
                             .await
-                            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                            .map_err(StoreError::unavailable_from)?;
                         let split = split_replies(replies, 0, false, true)?;
                         if split.token != *token {
                             return Err(changed(token, &split.token));
@@ -828,7 +828,7 @@ impl WriteSession<'_> {
 }
 
 fn no_time_to_wait() -> StoreError {
-    StoreError::Unavailable(
+    StoreError::unavailable(
         "no time left to wait for replicas: the write may have landed unreplicated".into(),
     )
 }
@@ -836,7 +836,7 @@ fn no_time_to_wait() -> StoreError {
 /// The connection to a node was replaced in the middle of a write: a `WAIT` on the new one
 /// would not cover what the old one wrote.
 fn changed(before: &ConnToken, after: &ConnToken) -> StoreError {
-    StoreError::Unavailable(format!(
+    StoreError::unavailable(format!(
         "the connection to {} changed during the write (id {} then {} on {}): the write may have landed unreplicated",
         before.laddr, before.id, after.id, after.laddr
     ))

@@ -661,7 +661,7 @@ impl AuditRecord {
     pub fn entry(
         at_ms: i64,
         actor: &str,
-        op: &str,
+        op: super::AuditOp,
         list: &ListName,
         dimension: &Dimension,
         sandbox: &Sandbox,
@@ -673,7 +673,7 @@ impl AuditRecord {
         let mut fields = vec![
             ("at".to_owned(), at_ms.to_string()),
             ("who".to_owned(), actor.to_owned()),
-            ("op".to_owned(), op.to_owned()),
+            ("op".to_owned(), op.as_str().to_owned()),
             ("list".to_owned(), list.to_string()),
             ("dimension".to_owned(), dimension.to_string()),
             ("sandbox".to_owned(), sandbox.to_string()),

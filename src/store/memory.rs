@@ -394,11 +394,11 @@ impl MemoryStore {
             }
         };
         let bytes = postcard::to_stdvec(&snap)
-            .map_err(|e| StoreError::Unavailable(format!("encoding snapshot: {e}")))?;
+            .map_err(|e| StoreError::unavailable(format!("encoding snapshot: {e}")))?;
         let tmp = path.with_extension("tmp");
         let io = |e: std::io::Error| {
             self.dirty.store(true, Ordering::Release);
-            StoreError::Unavailable(format!("writing snapshot {}: {e}", path.display()))
+            StoreError::unavailable(format!("writing snapshot {}: {e}", path.display()))
         };
         std::fs::write(&tmp, bytes).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)?;
@@ -428,10 +428,10 @@ impl MemoryStore {
 
 fn read_snapshot(path: &Path) -> StoreResult<Snapshot> {
     let bytes = std::fs::read(path).map_err(|e| {
-        StoreError::Unavailable(format!("reading snapshot {}: {e}", path.display()))
+        StoreError::unavailable(format!("reading snapshot {}: {e}", path.display()))
     })?;
     let corrupt =
-        |e: postcard::Error| StoreError::Corrupt(format!("snapshot {}: {e}", path.display()));
+        |e: postcard::Error| StoreError::corrupt(format!("snapshot {}: {e}", path.display()));
     match postcard::take_from_bytes::<u32>(&bytes).map_err(corrupt)?.0 {
         1 => {
             let v1: SnapshotV1 = postcard::from_bytes(&bytes).map_err(corrupt)?;

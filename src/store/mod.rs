@@ -28,19 +28,70 @@ pub use layout::{AuditRecord, AuditSummary, EntryKey, Invalidation, Layout, Pref
 
 /// Why a store call failed. Every variant is the service's (or its store's) problem, never
 /// the caller's: the HTTP layer answers 503.
+///
+/// A failure that came from a lower-level error (Redis, I/O, decoding) keeps it as its
+/// `source()`, so a log that walks the chain sees the original; the message is the same
+/// either way.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        message: String,
+        #[source]
+        source: Option<SourceError>,
+    },
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
-    #[error("unexpected data in the store: {0}")]
-    Corrupt(String),
+    #[error("unexpected data in the store: {message}")]
+    Corrupt {
+        message: String,
+        #[source]
+        source: Option<SourceError>,
+    },
     #[error("keyspace: {0}")]
     Keyspace(String),
     /// A write refused before anything was sent: nothing was written.
     #[error("write refused, nothing written: {0}")]
     Refused(Refusal),
+}
+
+/// The lower-level error a `StoreError` came from; shared so that `StoreError` stays `Clone`
+/// (one failed call may be answered to several waiters). To downcast it, take it from the
+/// variant (`source.downcast_ref::<RedisError>()`): `Error::source` hands out the `Arc`.
+pub type SourceError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+impl StoreError {
+    /// The store did not answer, or answered with an error; `message` says what was tried.
+    pub fn unavailable(message: String) -> Self {
+        StoreError::Unavailable {
+            message,
+            source: None,
+        }
+    }
+
+    /// As `unavailable`, keeping the error it came from; the message is that error's.
+    pub fn unavailable_from(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Unavailable {
+            message: source.to_string(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
+
+    /// The store answered with something this version cannot read.
+    pub fn corrupt(message: String) -> Self {
+        StoreError::Corrupt {
+            message,
+            source: None,
+        }
+    }
+
+    /// As `corrupt`, keeping the error it came from; the message is that error's.
+    pub fn corrupt_from(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Corrupt {
+            message: source.to_string(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
 }
 
 /// Which guarantee a write could not be given, found before anything was sent.
@@ -141,6 +192,34 @@ impl Deadline {
     pub fn remaining(self) -> Duration {
         self.at
             .saturating_duration_since(tokio::time::Instant::now())
+    }
+}
+
+/// What an audit record says was done to an entry; its `op` field, spelt as `as_str`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuditOp {
+    /// Added or changed through the API (`upsert`).
+    Upsert,
+    /// Deleted through the API (`delete`).
+    Delete,
+    /// Written in bulk by `namelist-tools import` (`import`).
+    Import,
+}
+
+impl AuditOp {
+    /// The `op` field as stored in the audit trail (never changes: readers match on it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditOp::Upsert => "upsert",
+            AuditOp::Delete => "delete",
+            AuditOp::Import => "import",
+        }
+    }
+}
+
+impl std::fmt::Display for AuditOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -357,4 +436,37 @@ pub trait Store: Send + Sync + 'static {
 /// Expiry code comparison shared by both stores: is the entry with `code` live at `now_ms`?
 pub fn code_is_live(code: u32, now_ms: i64) -> bool {
     ExpiryCode::new(code).is_live(now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_store_error_keeps_its_source_and_its_message() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = StoreError::unavailable_from(io);
+        assert_eq!(e.to_string(), "store unavailable: reset by peer");
+        let source = e.source().expect("the I/O error is kept");
+        assert_eq!(source.to_string(), "reset by peer");
+        // Through the variant, the original error itself (not only its text).
+        let StoreError::Unavailable {
+            source: Some(kept), ..
+        } = &e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!(
+            kept.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+            Some(std::io::ErrorKind::ConnectionReset)
+        );
+
+        let plain = StoreError::corrupt("bucket value 7 is not a code".into());
+        assert_eq!(
+            plain.to_string(),
+            "unexpected data in the store: bucket value 7 is not a code"
+        );
+        assert!(plain.source().is_none());
+    }
 }

@@ -116,15 +116,15 @@ pub struct RedisStore {
 
 fn unavailable(e: RedisError) -> StoreError {
     if e.kind() == ErrorKind::Parse || e.kind() == ErrorKind::UnexpectedReturnType {
-        StoreError::Corrupt(e.to_string())
+        StoreError::corrupt_from(e)
     } else {
-        StoreError::Unavailable(e.to_string())
+        StoreError::unavailable_from(e)
     }
 }
 
 fn ints(v: &redis::Value) -> StoreResult<Vec<i64>> {
     redis::from_redis_value_ref::<Vec<i64>>(v)
-        .map_err(|e| StoreError::Corrupt(format!("metric reply: {e}")))
+        .map_err(|e| StoreError::corrupt(format!("metric reply: {e}")))
 }
 
 /// Interprets a metric script's reply: `{dup, ...}`.
@@ -132,7 +132,7 @@ fn answer(op: &MetricOp, v: &redis::Value) -> StoreResult<MetricAnswer> {
     let all = ints(v)?;
     let (dup, rest) = all
         .split_first()
-        .ok_or_else(|| StoreError::Corrupt("empty metric reply".into()))?;
+        .ok_or_else(|| StoreError::corrupt("empty metric reply".into()))?;
     let duplicate = *dup == 1;
     if !op.read {
         return Ok(MetricAnswer {
@@ -187,7 +187,7 @@ fn first(results: Vec<RedisResult<redis::Value>>) -> StoreResult<RedisResult<red
     results
         .into_iter()
         .next()
-        .ok_or_else(|| StoreError::Corrupt("no reply to a write".into()))
+        .ok_or_else(|| StoreError::corrupt("no reply to a write".into()))
 }
 
 /// A stream entry id, `<ms>-<seq>`, as numbers (ordered as Redis orders them).
@@ -199,11 +199,11 @@ fn stream_id(id: &str) -> Option<(u64, u64)> {
 /// One part's `XREVRANGE` reply: (id, record), newest first.
 fn parse_stream(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>> {
     let raw: Vec<(String, Vec<String>)> = redis::from_redis_value_ref(v)
-        .map_err(|e| StoreError::Corrupt(format!("audit stream: {e}")))?;
+        .map_err(|e| StoreError::corrupt(format!("audit stream: {e}")))?;
     raw.into_iter()
         .map(|(id, kv)| {
             let id = stream_id(&id)
-                .ok_or_else(|| StoreError::Corrupt(format!("audit stream id {id:?}")))?;
+                .ok_or_else(|| StoreError::corrupt(format!("audit stream id {id:?}")))?;
             let fields = kv
                 .chunks(2)
                 .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
@@ -247,7 +247,7 @@ impl RedisStore {
             .kind()
         {
             ErrorKind::InvalidClientConfig => {
-                StoreError::Unavailable(format!("invalid Redis URL: {e}"))
+                StoreError::unavailable(format!("invalid Redis URL: {e}"))
             }
             _ => unavailable(e),
         })?;
@@ -448,7 +448,7 @@ impl RedisStore {
     /// Notes a failed write: the monitor looks again at once, so the next writes to a
     /// primary that just went away are refused early.
     fn noted<T>(&self, r: StoreResult<T>) -> StoreResult<T> {
-        if let Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) = &r {
+        if let Err(StoreError::Unavailable { .. } | StoreError::Timeout(_)) = &r {
             self.monitor.refresh_soon();
         }
         r
@@ -762,7 +762,7 @@ impl RedisStore {
             .iter()
             .map(|v| {
                 redis::from_redis_value_ref::<Vec<(i64, u32)>>(v)
-                    .map_err(|e| StoreError::Corrupt(format!("bucket: {e}")))
+                    .map_err(|e| StoreError::corrupt(format!("bucket: {e}")))
             })
             .collect()
     }
@@ -810,7 +810,7 @@ impl Store for RedisStore {
             .iter()
             .map(|v| {
                 redis::from_redis_value_ref::<Option<u32>>(v)
-                    .map_err(|e| StoreError::Corrupt(format!("bucket value: {e}")))
+                    .map_err(|e| StoreError::corrupt(format!("bucket value: {e}")))
             })
             .collect()
     }
@@ -835,7 +835,7 @@ impl Store for RedisStore {
                             .into_iter()
                             .map(|(f, v)| {
                                 u32::try_from(v).map(|c| (f, c)).map_err(|_| {
-                                    StoreError::Corrupt(format!("bucket value {v} is not a code"))
+                                    StoreError::corrupt(format!("bucket value {v} is not a code"))
                                 })
                             })
                             .collect::<StoreResult<Vec<_>>>()?,
@@ -843,10 +843,10 @@ impl Store for RedisStore {
                     // A hashtable-encoded bucket (past the listpack limit): read it whole.
                     Err(dump::DumpError::UnsupportedType(_)) => None,
                     Err(e) => {
-                        return Err(StoreError::Corrupt(format!("bucket {}: {e}", buckets[i])));
+                        return Err(StoreError::corrupt(format!("bucket {}: {e}", buckets[i])));
                     }
                 },
-                Ok(v) => return Err(StoreError::Corrupt(format!("DUMP answered {v:?}"))),
+                Ok(v) => return Err(StoreError::corrupt(format!("DUMP answered {v:?}"))),
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -890,7 +890,7 @@ impl Store for RedisStore {
         raw.iter()
             .map(|v| {
                 let members: Vec<String> = redis::from_redis_value_ref(v)
-                    .map_err(|e| StoreError::Corrupt(format!("registry: {e}")))?;
+                    .map_err(|e| StoreError::corrupt(format!("registry: {e}")))?;
                 let mut v: Vec<PrefixLen> = members
                     .iter()
                     .filter_map(|m| PrefixLen::parse_member(m))
@@ -1013,7 +1013,7 @@ impl Store for RedisStore {
                 }
             }
             if results.len() != calls.len() {
-                return Err(StoreError::Corrupt(format!(
+                return Err(StoreError::corrupt(format!(
                     "{} replies to {} deletions",
                     results.len(),
                     calls.len()
@@ -1025,7 +1025,7 @@ impl Store for RedisStore {
                     .and_then(|v| Ok(redis::from_redis_value(v)?))
                     .map_err(unavailable)?;
                 if flags.len() != idx.len() {
-                    return Err(StoreError::Corrupt(format!(
+                    return Err(StoreError::corrupt(format!(
                         "{} flags for {} deleted fields",
                         flags.len(),
                         idx.len()
@@ -1076,7 +1076,7 @@ impl Store for RedisStore {
             // {deleted, refreshed}: one field asked, so deleted is 0 or 1.
             let (deleted, _refreshed): (i64, i64) =
                 redis::from_redis_value(reply.map_err(unavailable)?)
-                    .map_err(|e| StoreError::Corrupt(format!("compare-and-delete reply: {e}")))?;
+                    .map_err(|e| StoreError::corrupt(format!("compare-and-delete reply: {e}")))?;
             Ok(deleted == 1)
         }
         .await;
@@ -1090,7 +1090,7 @@ impl Store for RedisStore {
         let i = self.pubsub_next.fetch_add(1, Ordering::Relaxed) % n;
         let client =
             self.pubsub_clients.get(i).cloned().ok_or_else(|| {
-                StoreError::Unavailable("no Redis URL to subscribe through".into())
+                StoreError::unavailable("no Redis URL to subscribe through".into())
             })?;
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
@@ -1194,7 +1194,7 @@ impl Store for RedisStore {
             }
         }
         out.into_iter()
-            .map(|r| r.ok_or_else(|| StoreError::Unavailable("metric scripts not loaded".into())))
+            .map(|r| r.ok_or_else(|| StoreError::unavailable("metric scripts not loaded".into())))
             .collect()
     }
 
@@ -1211,13 +1211,13 @@ impl Store for RedisStore {
             let (Some(version), Some(fingerprint), Some(body)) =
                 (parts.next(), parts.next(), parts.next())
             else {
-                return Err(StoreError::Corrupt(format!("definition {id}: {value:?}")));
+                return Err(StoreError::corrupt(format!("definition {id}: {value:?}")));
             };
             if fingerprint.is_empty() {
                 continue; // deleted
             }
             let version = version.parse().map_err(|_| {
-                StoreError::Corrupt(format!("definition {id}: version {version:?}"))
+                StoreError::corrupt(format!("definition {id}: version {version:?}"))
             })?;
             out.push(StoredDefinition {
                 id,
@@ -1241,7 +1241,7 @@ impl Store for RedisStore {
             .definition_call(kind, PUT_DEFINITION, &[id, fingerprint, body], deadline)
             .await?;
         redis::from_redis_value(v)
-            .map_err(|e| StoreError::Corrupt(format!("definition version: {e}")))
+            .map_err(|e| StoreError::corrupt(format!("definition version: {e}")))
     }
 
     async fn delete_definition(
@@ -1254,7 +1254,7 @@ impl Store for RedisStore {
             .definition_call(kind, DELETE_DEFINITION, &[id], deadline)
             .await?;
         let n: i64 = redis::from_redis_value(v)
-            .map_err(|e| StoreError::Corrupt(format!("definition delete: {e}")))?;
+            .map_err(|e| StoreError::corrupt(format!("definition delete: {e}")))?;
         Ok(n == 1)
     }
 }
@@ -1315,7 +1315,7 @@ mod tests {
             Value::Array(vec![Value::Array(vec![bulk("1-1")])]),
         ] {
             assert!(
-                matches!(parse_stream(&bad), Err(StoreError::Corrupt(_))),
+                matches!(parse_stream(&bad), Err(StoreError::Corrupt { .. })),
                 "{bad:?}"
             );
         }
@@ -1329,7 +1329,7 @@ mod tests {
 
     #[test]
     fn one_reply_steps() {
-        assert!(matches!(first(vec![]), Err(StoreError::Corrupt(_))));
+        assert!(matches!(first(vec![]), Err(StoreError::Corrupt { .. })));
         assert!(matches!(
             first(vec![Ok(Value::Int(1))]),
             Ok(Ok(Value::Int(1)))

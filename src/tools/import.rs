@@ -39,7 +39,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::Global;
-use crate::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
+use crate::domain::{
+    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
+};
 use crate::lists::MAX_REASON_LEN;
 use crate::store::layout::write_canonical;
 use crate::store::redis::RedisStore;
@@ -482,13 +484,15 @@ impl Validator<'_> {
                 .index(l, ListName::try_from)
                 .map_err(|e| e.at("list"))?,
             None => self.default_list.ok_or_else(|| {
-                ValidationError::new("missing_list", "no list: add a list column or pass --list")
+                ValidationError::new(
+                    ErrorCode::MissingList,
+                    "no list: add a list column or pass --list",
+                )
             })?,
         };
-        let dimension = row
-            .dimension
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| ValidationError::new("missing_dimension", "dimension is empty"))?;
+        let dimension = row.dimension.filter(|s| !s.is_empty()).ok_or_else(|| {
+            ValidationError::new(ErrorCode::MissingDimension, "dimension is empty")
+        })?;
         let di = self
             .dimensions
             .index(dimension, Dimension::try_from)
@@ -510,7 +514,7 @@ impl Validator<'_> {
         let expiry = match (row.expires_at, row.ttl_seconds) {
             (Some(_), Some(_)) => {
                 return Err(ValidationError::new(
-                    "invalid_expiry",
+                    ErrorCode::InvalidExpiry,
                     "give at most one of expires_at and ttl_seconds",
                 ));
             }
@@ -522,7 +526,7 @@ impl Validator<'_> {
         };
         if row.reason.is_some_and(|r| r.len() > MAX_REASON_LEN) {
             return Err(ValidationError::new(
-                "invalid_reason",
+                ErrorCode::InvalidReason,
                 format!("reason is longer than {MAX_REASON_LEN} bytes"),
             ));
         }

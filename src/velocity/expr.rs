@@ -17,7 +17,7 @@
 //! | `SUM(1d, transaction, amount, userid)` | `SUM(1d, transaction, amount) BY userid` (same for AVG/MIN/MAX) |
 //! | `COUNT_DISTINCT(30d, login, device_id, userid)` | `COUNT_DISTINCT(30d, login, userid) BY device_id` (the counted field comes last) |
 
-use crate::domain::{EventType, FieldName, ValidationError};
+use crate::domain::{ErrorCode, EventType, FieldName, ValidationError};
 
 /// What a metric aggregates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -160,7 +160,10 @@ impl Lexer {
 }
 
 fn err(col: usize, msg: impl Into<String>) -> ValidationError {
-    ValidationError::new("invalid_expr", format!("column {col}: {}", msg.into()))
+    ValidationError::new(
+        ErrorCode::InvalidExpr,
+        format!("column {col}: {}", msg.into()),
+    )
 }
 
 struct Parser {
@@ -224,7 +227,7 @@ pub const MAX_GROUP_BY: usize = 8;
 pub fn parse(src: &str) -> Result<Parsed, ValidationError> {
     if src.len() > MAX_EXPR_LEN {
         return Err(ValidationError::new(
-            "invalid_expr",
+            ErrorCode::InvalidExpr,
             format!("an expression is at most {MAX_EXPR_LEN} bytes"),
         ));
     }

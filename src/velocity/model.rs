@@ -21,7 +21,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::expr::{self, Aggregation};
-use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError};
+use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError};
 
 /// Most sub-windows a window may be split into.
 pub const MAX_SUB_WINDOWS: i64 = 240;
@@ -74,7 +74,7 @@ impl MetricSpec {
         let p = expr::parse(expr)?;
         if p.window_ms > MAX_WINDOW_MS {
             return Err(ValidationError::new(
-                "invalid_expr",
+                ErrorCode::InvalidExpr,
                 "the window is longer than 400 days",
             ));
         }
@@ -82,16 +82,16 @@ impl MetricSpec {
             None => default_resolution(p.window_ms),
             Some(r) => {
                 let r = expr::parse_duration(r)
-                    .map_err(|m| ValidationError::new("invalid_resolution", m))?;
+                    .map_err(|m| ValidationError::new(ErrorCode::InvalidResolution, m))?;
                 if p.window_ms % r != 0 {
                     return Err(ValidationError::new(
-                        "invalid_resolution",
+                        ErrorCode::InvalidResolution,
                         "the window must be a whole multiple of the resolution",
                     ));
                 }
                 if p.window_ms / r > MAX_SUB_WINDOWS {
                     return Err(ValidationError::new(
-                        "invalid_resolution",
+                        ErrorCode::InvalidResolution,
                         format!(
                             "the resolution splits the window into {} sub-windows; at most {MAX_SUB_WINDOWS}",
                             p.window_ms / r

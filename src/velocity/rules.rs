@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::domain::{MetricId, ValidationError};
+use crate::domain::{ErrorCode, MetricId, ValidationError};
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,10 @@ enum Tok {
 }
 
 fn err(col: usize, msg: impl Into<String>) -> ValidationError {
-    ValidationError::new("invalid_rule", format!("column {col}: {}", msg.into()))
+    ValidationError::new(
+        ErrorCode::InvalidRule,
+        format!("column {col}: {}", msg.into()),
+    )
 }
 
 fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
@@ -294,7 +297,7 @@ fn metric(w: String, col: usize) -> Result<MetricId, ValidationError> {
 pub fn parse(src: &str) -> Result<Rule, ValidationError> {
     if src.len() > MAX_RULE_LEN {
         return Err(ValidationError::new(
-            "invalid_rule",
+            ErrorCode::InvalidRule,
             format!("a rule is at most {MAX_RULE_LEN} bytes"),
         ));
     }

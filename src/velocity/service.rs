@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
 use super::rules::{self, Rule};
-use crate::domain::{EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
+use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
 use crate::lists::FailMode;
 use crate::metrics::Metrics;
 use crate::store::{
@@ -39,7 +39,7 @@ pub const MAX_NAMED: usize = 64;
 
 fn too_many(what: &str, n: usize) -> VelocityError {
     VelocityError::Invalid(ValidationError::new(
-        "too_many_names",
+        ErrorCode::TooManyNames,
         format!("{n} {what} named; at most {MAX_NAMED}"),
     ))
 }
@@ -348,7 +348,7 @@ impl Velocity {
             .collect();
         if !users.is_empty() {
             return Err(VelocityError::Conflict(ValidationError::new(
-                "metric_in_use",
+                ErrorCode::MetricInUse,
                 format!(
                     "metric {id} is used by rules {}: delete or change them first",
                     users.join(", ")
@@ -386,7 +386,7 @@ impl Velocity {
             .collect();
         if !unknown.is_empty() {
             return Err(ValidationError::new(
-                "unknown_metric",
+                ErrorCode::UnknownMetric,
                 format!("the rule reads undefined metrics: {}", unknown.join(", ")),
             )
             .into());
@@ -470,19 +470,19 @@ impl Velocity {
             let ts = e.ts.unwrap_or(now);
             if ts > now + MAX_FUTURE_MS {
                 return Err(ValidationError::new(
-                    "event_in_future",
+                    ErrorCode::EventInFuture,
                     "more than 5 minutes in the future",
                 )
                 .at(at("ts")));
             }
             if ts < 0 {
-                return Err(ValidationError::new("invalid_ts", "before 1970").at(at("ts")));
+                return Err(ValidationError::new(ErrorCode::InvalidTs, "before 1970").at(at("ts")));
             }
             if let Some(id) = &e.id
                 && (id.is_empty() || id.len() > MAX_VALUE_LEN)
             {
                 return Err(ValidationError::new(
-                    "invalid_event_id",
+                    ErrorCode::InvalidEventId,
                     format!("must be 1 to {MAX_VALUE_LEN} bytes"),
                 )
                 .at(at("id")));
@@ -490,7 +490,7 @@ impl Velocity {
             for (name, v) in &e.fields {
                 if v.text().len() > MAX_VALUE_LEN {
                     return Err(ValidationError::new(
-                        "invalid_field",
+                        ErrorCode::InvalidField,
                         format!("longer than {MAX_VALUE_LEN} bytes"),
                     )
                     .at(at(&format!("fields.{name}"))));
@@ -510,7 +510,7 @@ impl Velocity {
                             Amount::parse(v.text())
                                 .map_err(|why| {
                                     ValidationError::new(
-                                        "invalid_amount",
+                                        ErrorCode::InvalidAmount,
                                         format!("{why} (metric {})", m.id),
                                     )
                                     .at(at(&format!("fields.{f}")))
@@ -580,7 +580,7 @@ impl Velocity {
     pub async fn ingest(&self, events: &[EventInput]) -> Result<IngestOutcome, VelocityError> {
         if events.len() > MAX_EVENTS_PER_REQUEST {
             return Err(ValidationError::new(
-                "too_many_events",
+                ErrorCode::TooManyEvents,
                 format!(
                     "{} events in one request; at most {MAX_EVENTS_PER_REQUEST}",
                     events.len()
@@ -638,7 +638,7 @@ impl Velocity {
         for id in metrics {
             let m = defs.metrics.get(id).ok_or_else(|| {
                 VelocityError::Invalid(ValidationError::new(
-                    "unknown_metric",
+                    ErrorCode::UnknownMetric,
                     format!("metric {id} is not defined"),
                 ))
             })?;
@@ -650,7 +650,7 @@ impl Velocity {
                     .find(|g| !fields.contains_key(g.as_str()))
                     .expect("a missing field");
                 ValidationError::new(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     format!("fields.{missing} is needed by metric {id} (grouped by it)"),
                 )
             })?;
@@ -711,7 +711,7 @@ impl Velocity {
         for id in rules {
             let r = defs.rules.get(id).ok_or_else(|| {
                 VelocityError::Invalid(ValidationError::new(
-                    "unknown_rule",
+                    ErrorCode::UnknownRule,
                     format!("rule {id} is not defined"),
                 ))
             })?;
@@ -802,14 +802,14 @@ impl Velocity {
 
 fn unknown_metric(id: &MetricId) -> VelocityError {
     VelocityError::NotFound(ValidationError::new(
-        "unknown_metric",
+        ErrorCode::UnknownMetric,
         format!("metric {id} is not defined"),
     ))
 }
 
 fn unknown_rule(id: &RuleId) -> VelocityError {
     VelocityError::NotFound(ValidationError::new(
-        "unknown_rule",
+        ErrorCode::UnknownRule,
         format!("rule {id} is not defined"),
     ))
 }
