@@ -230,6 +230,9 @@ async fn failover(write_replicas: u32) {
     let mut settings = cluster_settings(&cluster);
     settings.write_replicas = write_replicas;
     settings.check_deadline_ms = CHECK_DEADLINE_MS;
+    if std::env::var_os("TIER_OFF").is_some() {
+        settings.local_memory_mb = 0.0;
+    }
     settings.write_deadline_ms = WRITE_DEADLINE_MS;
     settings.connect_timeout_ms = 300;
     let app = Arc::new(spawn_app(settings).await);

@@ -98,6 +98,12 @@ pub struct RedisStore {
     pubsub_next: AtomicUsize,
     /// Reads, and nothing that blocks on the server.
     conn: RedisConn,
+    /// The local tier's whole-bucket reads (`DUMP`/`HGETALL` of ~200-field buckets, 64 to a
+    /// pipeline), on a connection of their own: Redis answers one connection's commands in
+    /// order, so a reload of every bucket (start-up, a resubscription after a failover) on
+    /// the checks' connection put each check's `HGET`s behind thousands of `DUMP`s, and
+    /// checks missed their deadline for seconds (`tests/failover.rs` with the tier on).
+    bulk: RedisConn,
     /// Writes and their `WAIT`s.
     writes: WritePool,
     monitor: ReplicaMonitor,
@@ -251,6 +257,7 @@ impl RedisStore {
             }
             _ => unavailable(e),
         })?;
+        let (bulk, _) = RedisConn::connect(&connect).await.map_err(unavailable)?;
 
         let wanted = Layout::buckets_for(
             opts.expected_entries
@@ -358,6 +365,7 @@ impl RedisStore {
             pubsub_clients,
             pubsub_next: AtomicUsize::new(0),
             conn,
+            bulk,
             writes,
             monitor,
             layout,
@@ -755,7 +763,7 @@ impl RedisStore {
 
     /// Whole buckets by `HGETALL`.
     async fn hgetall_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
-        self.conn
+        self.bulk
             .run_all(self.on_buckets("HGETALL", buckets))
             .await
             .map_err(unavailable)?
@@ -820,7 +828,7 @@ impl Store for RedisStore {
             return self.hgetall_buckets(buckets).await;
         }
         let replies = self
-            .conn
+            .bulk
             .run(self.on_buckets("DUMP", buckets))
             .await
             .map_err(unavailable)?;
