@@ -422,32 +422,22 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Refuses, before anything is sent, a write to `keys` when a primary they live on
-    /// cannot give the guarantee (`replicas` online replicas, or answering at all); else the
-    /// slots they are in.
-    fn admit<'k>(
+    /// A write session for `keys`, refused before anything is sent when a primary they live
+    /// on cannot give the guarantee (`replicas` online replicas, or answering at all); it
+    /// gives up in flight when the monitor sees one of their primaries go.
+    async fn session<'k>(
         &self,
         topology: &Topology,
         keys: impl IntoIterator<Item = &'k [u8]>,
         replicas: u32,
-    ) -> StoreResult<Vec<u16>> {
+        deadline: Deadline,
+    ) -> StoreResult<WriteSession<'_>> {
         let mut slots: Vec<u16> = keys.into_iter().map(key_slot).collect();
         slots.sort_unstable();
         slots.dedup();
         topology
             .check(slots.iter().copied(), replicas, Instant::now())
             .map_err(StoreError::Refused)?;
-        Ok(slots)
-    }
-
-    /// A write session on `slots` (from `admit`) that gives up in flight when the monitor
-    /// sees one of their primaries go.
-    async fn session(
-        &self,
-        replicas: u32,
-        deadline: Deadline,
-        slots: Vec<u16>,
-    ) -> StoreResult<WriteSession<'_>> {
         let mut session = self.writes.session(replicas, deadline).await?;
         session.watching(self.monitor.subscribe(), slots);
         Ok(session)
@@ -479,9 +469,10 @@ impl RedisStore {
             })
             .unwrap_or(0);
         let cmd = self.xadd(self.layout.audit_part_key(part), record);
-        let slots = self.admit(&topology, [cmd.0.as_slice()], self.write_replicas)?;
         let deadline = Deadline::after(Duration::from_secs(10));
-        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let mut session = self
+            .session(&topology, [cmd.0.as_slice()], self.write_replicas, deadline)
+            .await?;
         let r = session.commit(vec![cmd], false).await;
         all_ok(self.noted(r)?).map(drop)
     }
@@ -576,8 +567,9 @@ impl RedisStore {
         let topology = self.monitor.topology();
         // Every key of an op shares the entity's hash tag: its slot is the op's key's.
         let keys = idx.iter().map(|&i| ops[i].key.as_bytes());
-        let slots = self.admit(&topology, keys, self.write_replicas)?;
-        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let mut session = self
+            .session(&topology, keys, self.write_replicas, deadline)
+            .await?;
         let r = async {
             let mut out = Vec::with_capacity(idx.len());
             let mut pending = idx;
@@ -646,7 +638,9 @@ impl RedisStore {
     ) -> StoreResult<redis::Value> {
         let key = self.layout.definitions_key(kind.as_str());
         let topology = self.monitor.topology();
-        let slots = self.admit(&topology, [key.as_bytes()], self.write_replicas)?;
+        let mut session = self
+            .session(&topology, [key.as_bytes()], self.write_replicas, deadline)
+            .await?;
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(script).arg(1).arg(&key);
         for a in args {
@@ -654,7 +648,6 @@ impl RedisStore {
         }
         cmd.arg(self.layout.channel())
             .arg(Invalidation::Definitions.encode());
-        let mut session = self.session(self.write_replicas, deadline, slots).await?;
         let r = async {
             first(session.commit(vec![(key.into_bytes(), cmd)], false).await?)?.map_err(unavailable)
         }
@@ -954,13 +947,14 @@ impl Store for RedisStore {
             route.as_deref(),
         ));
         let touched = registries.iter().chain(&buckets).chain(&last);
-        let slots = self.admit(
-            &topology,
-            touched.map(|(k, _)| k.as_slice()),
-            self.write_replicas,
-        )?;
-
-        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let mut session = self
+            .session(
+                &topology,
+                touched.map(|(k, _)| k.as_slice()),
+                self.write_replicas,
+                deadline,
+            )
+            .await?;
         let r = async {
             if self.conn.is_cluster() {
                 // No transaction across slots: the same order, step by step, then the WAITs.
@@ -992,13 +986,14 @@ impl Store for RedisStore {
         let route = last.first().or(scripts.first()).map(|(k, _)| k.clone());
         last.push(self.publish_cmd(&Invalidation::removed(keys), route.as_deref()));
         let touched = scripts.iter().chain(&last);
-        let slots = self.admit(
-            &topology,
-            touched.map(|(k, _)| k.as_slice()),
-            self.write_replicas,
-        )?;
-
-        let mut session = self.session(self.write_replicas, deadline, slots).await?;
+        let mut session = self
+            .session(
+                &topology,
+                touched.map(|(k, _)| k.as_slice()),
+                self.write_replicas,
+                deadline,
+            )
+            .await?;
         let r = async {
             let mut results = session.step(scripts, false).await?;
             if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
@@ -1064,7 +1059,9 @@ impl Store for RedisStore {
         // failover is harmless), but an unreachable primary is not tried.
         let bucket = self.layout.bucket_key(key.bucket);
         let topology = self.monitor.topology();
-        let slots = self.admit(&topology, [bucket.as_bytes()], 0)?;
+        let mut session = self
+            .session(&topology, [bucket.as_bytes()], 0, deadline)
+            .await?;
         let cmd = || {
             let mut c = redis::cmd("EVALSHA");
             c.arg(self.remove_if_unchanged.get_hash())
@@ -1074,7 +1071,6 @@ impl Store for RedisStore {
                 .arg(code);
             vec![(bucket.clone().into_bytes(), c)]
         };
-        let mut session = self.session(0, deadline, slots).await?;
         let r = async {
             let mut reply = first(session.commit(cmd(), false).await?)?;
             if reply.as_ref().is_err_and(is_noscript) {
