@@ -550,6 +550,10 @@ async fn failover(write_replicas: u32) {
             );
         }
     }
+    eprintln!(
+        "cluster connections rebuilt after a total silence: {}",
+        namelist::store::heal::rebuilds()
+    );
     if !missing.is_empty() {
         eprintln!(
             "write_replicas = 0: {} write(s) acknowledged just before the kill did not survive it: {missing:?}",

@@ -39,11 +39,11 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
 
+use super::heal::HealingCluster;
 use super::layout::key_slot;
 use super::replicas::Topology;
 use super::{Deadline, Refusal, StoreError, StoreResult};
@@ -76,7 +76,7 @@ impl std::fmt::Display for ScanTarget {
 #[derive(Clone)]
 pub enum RedisConn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(HealingCluster),
 }
 
 impl ConnectionLike for RedisConn {
@@ -154,8 +154,7 @@ impl RedisConn {
                 builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
             }
             let cluster = builder.build()?;
-            let conn = cluster.get_async_connection().await?;
-            return Ok(RedisConn::Cluster(conn));
+            return Ok(RedisConn::Cluster(HealingCluster::connect(cluster).await?));
         }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
@@ -285,7 +284,6 @@ impl RedisConn {
         match (self, target) {
             (RedisConn::Cluster(c), ScanTarget::Primary { host, port }) => {
                 let v = c
-                    .clone()
                     .route_command(
                         cmd.clone(),
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -744,7 +742,7 @@ impl WriteSession<'_> {
         let sent = self
             .guarded(async {
                 Ok(join_all(groups.into_iter().map(|(slot, (idx, cmds))| {
-                    let mut conn = cluster.clone();
+                    let conn = cluster.clone();
                     let len = cmds.len();
                     let pipe = self.pipeline(cmds, atomic, None);
                     // Routed by slot explicitly: a `PUBLISH` riding along names a channel, not a key
@@ -796,7 +794,7 @@ impl WriteSession<'_> {
         let waits = self
             .guarded(async {
                 Ok(join_all(self.written.iter().map(|(token, slot)| {
-                    let mut conn = cluster.clone();
+                    let conn = cluster.clone();
                     let mut pipe = redis::pipe();
                     pipe.cmd("CLIENT").arg("INFO");
                     pipe.add_command(self.wait_cmd(budget));

@@ -11,6 +11,7 @@ pub mod conn;
 pub mod dump;
 pub mod expiry;
 pub mod fingerprint;
+pub mod heal;
 pub mod layout;
 pub mod memory;
 pub mod redis;
