@@ -19,12 +19,13 @@ pub enum Dimension {
     Imei,
     WifiMac,
     Ip,
+    Email,
     /// A custom dimension name, `^[a-z][a-z0-9_]{0,31}$`, not one of the built-in names.
     Custom(String),
 }
 
 impl Dimension {
-    pub const BUILT_IN: [Dimension; 7] = [
+    pub const BUILT_IN: [Dimension; 8] = [
         Dimension::Uid,
         Dimension::Phone,
         Dimension::IdCard,
@@ -32,6 +33,7 @@ impl Dimension {
         Dimension::Imei,
         Dimension::WifiMac,
         Dimension::Ip,
+        Dimension::Email,
     ];
     pub const CUSTOM_MAX_LEN: usize = 32;
 
@@ -44,6 +46,7 @@ impl Dimension {
             Dimension::Imei => "imei",
             Dimension::WifiMac => "wifi_mac",
             Dimension::Ip => "ip",
+            Dimension::Email => "email",
             Dimension::Custom(name) => name,
         }
     }
@@ -73,7 +76,7 @@ impl TryFrom<String> for Dimension {
             return Err(ValidationError::new(
                 ErrorCode::UnknownDimension,
                 format!(
-                    "unknown dimension {s:?}: expected uid, phone, id_card, device, imei, wifi_mac, ip or a custom name matching ^[a-z][a-z0-9_]{{0,31}}$"
+                    "unknown dimension {s:?}: expected uid, phone, id_card, device, imei, wifi_mac, ip, email or a custom name matching ^[a-z][a-z0-9_]{{0,31}}$"
                 ),
             ));
         }

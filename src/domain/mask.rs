@@ -8,7 +8,13 @@
 //! | imei       | first 6 (part of the model code), last 2 | `490154*******18` |
 //! | wifi_mac   | the vendor (OUI) half                  | `aa:bb:cc:**:**:**` |
 //! | ip         | IPv4 without its last octet, IPv6 /48; a range of at most /24 (/48) as is | `10.1.2.*` |
+//! | phone segment | the first 3 digits (+ kept), each further digit `*`, then its `*` | `170*`, `+861***` (`+86170*`) |
+//! | email      | the local part's first character and `***` (whatever its length), the domain | `j***@example.com` |
+//! | email domain entry | as is: it names an organisation's domain, as a /24 names a network | `@example.com` |
 //! | others     | first 2 and last 2 characters of 8 or more, else all masked | `u1****89` |
+//!
+//! A segment of 3 digits or fewer is thus shown whole: it lists at least 10^8 numbers of an
+//! 11-digit plan. A longer one shows no more of itself than a phone's mask shows of a phone.
 
 use super::{Dimension, Value};
 
@@ -38,6 +44,23 @@ pub fn mask_value(dimension: &Dimension, value: &Value) -> String {
                 IpAddr::V6(_) => format!("{}/48*", ip.within(48).addr()),
             }
         }
+        (_, Value::PhoneSegment(s)) => {
+            let (plus, digits) = s.strip_prefix('+').map_or(("", s.as_str()), |d| ("+", d));
+            let shown = digits.len().min(3);
+            format!(
+                "{plus}{}{}*",
+                &digits[..shown],
+                "*".repeat(digits.len() - shown)
+            )
+        }
+        (_, Value::EmailDomain(_)) => value.to_string(),
+        (Dimension::Email, Value::Text(s)) => match s.rsplit_once('@') {
+            Some((local, domain)) => {
+                let first: String = local.chars().take(1).collect();
+                format!("{first}***@{domain}")
+            }
+            None => keep_ends(s, 2, 2),
+        },
         (Dimension::Phone, Value::Text(s)) => {
             let (plus, digits) = s.strip_prefix('+').map_or(("", s.as_str()), |d| ("+", d));
             format!("{plus}{}", keep_ends(digits, 3, 4))
@@ -71,5 +94,17 @@ mod tests {
         assert_eq!(m(Ip, "2001:db8:1:2::1"), "2001:db8:1::/48*");
         assert_eq!(m(Uid, "user-123456789"), "us**********89");
         assert_eq!(m(Device, "d1"), "**");
+        assert_eq!(m(Phone, "170*"), "170*");
+        assert_eq!(m(Phone, "1703*"), "170**");
+        assert_eq!(m(Phone, "+86 170*"), "+861***");
+        assert_eq!(m(Phone, "1*"), "1*");
+        assert_eq!(m(Email, "John.Smith+news@Example.COM"), "j***@example.com");
+        assert_eq!(
+            m(Email, "a@example.com"),
+            "a***@example.com",
+            "length hidden"
+        );
+        assert_eq!(m(Email, "Élodie@example.fr"), "é***@example.fr");
+        assert_eq!(m(Email, "@Example.com"), "@example.com");
     }
 }

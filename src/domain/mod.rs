@@ -16,4 +16,6 @@ pub use error::ValidationError;
 pub use expiry::{Expiry, LATEST_EXPIRY_MS, now_ms};
 pub use mask::mask_value;
 pub use names::{EventType, FieldName, ListName, MetricId, RuleId, Sandbox};
-pub use value::{IpFamily, IpValue, Value};
+pub use value::{
+    IpFamily, IpValue, MAX_DOMAIN_LABELS, MAX_DOMAIN_LEN, MAX_LOCAL_LEN, MAX_SEGMENT_DIGITS, Value,
+};

@@ -8,11 +8,41 @@
 //! | `imei`               | trim; drop spaces and `-`; 14–16 digits                           | `490154203237518`     |
 //! | `wifi_mac`           | 12 hex digits as `aa:bb:..`, `aa-bb-..`, `aabb.ccdd.eeff` or bare  | `aa:bb:cc:dd:ee:ff`   |
 //! | `ip`                 | IPv4/IPv6; IPv4-mapped IPv6 becomes IPv4; entries may be CIDR ranges with host bits masked off | `10.1.2.0/24`, `2001:db8::1` |
+//! | `email`              | see *E-mail* below                                               | `john@example.com`    |
 //! | `uid`, `device`, custom | trim; non-empty; ≤ 256 bytes; case-sensitive                   | as trimmed            |
 //!
 //! The `+` of a phone number is kept: `+8613800000000` and `8613800000000` are different
 //! strings as dialled, and guessing a country code would make two different numbers equal.
 //! Messages never echo the raw value: they may end up in logs.
+//!
+//! # Entries that match more than one value
+//! Entries (never checks) may list a set of values, each stored as one entry and found by a
+//! probe per length in use (`store::layout`, *Matching entries*), never by a scan:
+//!
+//! | dimension | entry | lists | canonical form |
+//! |---|---|---|---|
+//! | `ip` | `10.1.2.77/24` | every address in the network | `10.1.2.0/24` |
+//! | `phone` | `+86 170*`: a phone's normalisation, then 1–19 digits (after an optional `+`) and a final `*` | every phone whose canonical form starts with `+86170` | `+86170*` |
+//! | `email` | `@Example.COM`: `@`, then a domain normalised as an address's | every address at that domain or any subdomain | `@example.com` |
+//!
+//! A segment keeps its `+` like a phone: `170*` matches `17012345678`, not `+8617012345678`.
+//! A `*` anywhere but at the end, a segment of no digit or of more than 19, and a domain entry
+//! of more than [`MAX_DOMAIN_LABELS`] labels (a check never probes it) are refused.
+//!
+//! # E-mail
+//! An address is trimmed and must hold exactly one `@`; the local part (before it) is 1–64
+//! bytes with no whitespace or control character; then:
+//!
+//! 1. the domain is mapped to its IDNA ASCII form (UTS #46 with the STD3 rules: lower-cased,
+//!    Unicode mapped and Punycode-encoded: `Bücher.Example` → `xn--bcher-kva.example`), one
+//!    trailing `.` dropped; it must be 1–253 bytes in that form with at least one dot, every
+//!    label 1–63 bytes, no label starting or ending with `-`; `googlemail.com` is written
+//!    `gmail.com`;
+//! 2. a `+tag` is removed from the local part (`john+news` → `john`), and at `gmail.com` its
+//!    dots too (`j.o.h.n` → `john`);
+//! 3. the local part is lower-cased (Unicode), and must still be 1–64 bytes.
+//!
+//! Steps 2 and 3 run in that order so that a normalised address normalises to itself.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -21,12 +51,29 @@ use super::{Dimension, ErrorCode, ValidationError};
 
 /// Longest opaque value (uid, device, custom dimensions), in bytes.
 pub const MAX_TEXT_LEN: usize = 256;
+/// Most digits of a phone segment (`170*`): one fewer than the longest phone.
+pub const MAX_SEGMENT_DIGITS: usize = 19;
+/// Most labels of a domain entry (`@a.example.com` has 3): a check probes the suffixes of an
+/// address's domain of up to this many labels.
+pub const MAX_DOMAIN_LABELS: usize = 10;
+/// Longest local part of an address, in bytes (RFC 5321).
+pub const MAX_LOCAL_LEN: usize = 64;
+/// Longest domain, in bytes of its ASCII form (RFC 1035).
+pub const MAX_DOMAIN_LEN: usize = 253;
+/// Longest domain as typed that is converted at all: IDNA mapping may drop characters, so the
+/// typed form may be longer than the ASCII one, but not without bound.
+const MAX_DOMAIN_INPUT_LEN: usize = 1024;
 
-/// A normalised value, ready to be fingerprinted. `Display` gives the canonical text.
+/// A normalised value, ready to be fingerprinted. `Display` gives the canonical text, which
+/// is what is hashed: the four kinds never share a canonical text within a dimension.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Value {
     Text(String),
     Ip(IpValue),
+    /// A phone segment (entries only): the normalised prefix, without its `*` (shown with it).
+    PhoneSegment(String),
+    /// An e-mail domain entry (entries only): the ASCII domain, without its `@` (shown with it).
+    EmailDomain(String),
 }
 
 /// IPv4 or IPv6.
@@ -129,6 +176,8 @@ impl fmt::Display for Value {
         match self {
             Value::Text(s) => f.write_str(s),
             Value::Ip(ip) => ip.fmt(f),
+            Value::PhoneSegment(s) => write!(f, "{s}*"),
+            Value::EmailDomain(d) => write!(f, "@{d}"),
         }
     }
 }
@@ -141,24 +190,33 @@ fn invalid(dimension: &Dimension, why: &str) -> ValidationError {
 }
 
 impl Value {
-    /// Normalises the value of a list entry: IP ranges are allowed.
+    /// Normalises the value of a list entry: IP ranges, phone segments and e-mail domains are
+    /// allowed.
     pub fn parse_entry(dimension: &Dimension, raw: &str) -> Result<Self, ValidationError> {
         Self::parse(dimension, raw, true)
     }
 
-    /// Normalises a value to check: a single IP address, never a range.
+    /// Normalises a value to check: a single IP address, phone or address, never a range,
+    /// segment or domain.
     pub fn parse_check(dimension: &Dimension, raw: &str) -> Result<Self, ValidationError> {
         Self::parse(dimension, raw, false)
     }
 
-    fn parse(dimension: &Dimension, raw: &str, allow_range: bool) -> Result<Self, ValidationError> {
+    fn parse(dimension: &Dimension, raw: &str, in_entry: bool) -> Result<Self, ValidationError> {
         let raw = raw.trim();
         match dimension {
-            Dimension::Phone => phone(raw).map(Value::Text),
+            Dimension::Phone => match raw.strip_suffix('*') {
+                Some(_) if !in_entry => {
+                    Err("expected a single phone; segments (170*) are allowed only in entries")
+                }
+                Some(prefix) => phone_segment(prefix).map(Value::PhoneSegment),
+                None => phone(raw).map(Value::Text),
+            },
+            Dimension::Email => email(raw, in_entry),
             Dimension::IdCard => id_card(raw).map(Value::Text),
             Dimension::Imei => imei(raw).map(Value::Text),
             Dimension::WifiMac => wifi_mac(raw).map(Value::Text),
-            Dimension::Ip => ip(raw, allow_range).map(Value::Ip),
+            Dimension::Ip => ip(raw, in_entry).map(Value::Ip),
             Dimension::Uid | Dimension::Device | Dimension::Custom(_) => text(raw).map(Value::Text),
         }
         .map_err(|why| invalid(dimension, why))
@@ -167,8 +225,39 @@ impl Value {
     pub fn as_ip(&self) -> Option<&IpValue> {
         match self {
             Value::Ip(ip) => Some(ip),
-            Value::Text(_) => None,
+            _ => None,
         }
+    }
+
+    /// The segment of this phone's first `len` characters (its `+` included), if the phone is
+    /// that long and the segment holds a digit: what a check probes for a segment length in
+    /// use. `None` for anything but a plain value.
+    pub fn phone_segment(&self, len: usize) -> Option<Value> {
+        let Value::Text(phone) = self else {
+            return None;
+        };
+        let prefix = phone.get(..len)?;
+        (prefix.bytes().any(|b| b.is_ascii_digit())).then(|| Value::PhoneSegment(prefix.to_owned()))
+    }
+
+    /// The domain entry this address's domain would match with its last `labels` labels
+    /// (`a@x.b.example.com`, 2 → `@example.com`), if the domain has that many: what a check
+    /// probes for a domain length in use. `None` for anything but an address.
+    pub fn email_domain_suffix(&self, labels: usize) -> Option<Value> {
+        let Value::Text(address) = self else {
+            return None;
+        };
+        let (_, domain) = address.rsplit_once('@')?;
+        let total = domain.split('.').count();
+        if labels < 2 || labels > total {
+            return None;
+        }
+        let start = match total - labels {
+            0 => 0,
+            skip => domain.match_indices('.').nth(skip - 1)?.0 + 1,
+        };
+        let suffix = &domain[start..];
+        Some(Value::EmailDomain(suffix.to_owned()))
     }
 }
 
@@ -181,6 +270,7 @@ fn phone(raw: &str) -> Result<String, &'static str> {
             ' ' | '-' | '(' | ')' => {}
             '+' if out.is_empty() => out.push('+'),
             '0'..='9' => out.push(c),
+            '*' => return Err("a * may only end a segment (170*)"),
             _ => return Err(WHY),
         }
     }
@@ -189,6 +279,100 @@ fn phone(raw: &str) -> Result<String, &'static str> {
         return Err(WHY);
     }
     Ok(out)
+}
+
+/// The prefix of a phone segment (what precedes its `*`), normalised as a phone.
+fn phone_segment(prefix: &str) -> Result<String, &'static str> {
+    const WHY: &str = "a segment is 1-19 digits, optionally after a leading +, then a final * (170*, +86170*); spaces, -, ( and ) are removed";
+    let mut out = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        match c {
+            ' ' | '-' | '(' | ')' => {}
+            '+' if out.is_empty() => out.push('+'),
+            '0'..='9' => out.push(c),
+            '*' => return Err("a * may only end a segment (170*)"),
+            _ => return Err(WHY),
+        }
+    }
+    let digits = out.len() - usize::from(out.starts_with('+'));
+    if !(1..=MAX_SEGMENT_DIGITS).contains(&digits) {
+        return Err(WHY);
+    }
+    Ok(out)
+}
+
+/// An address (`Text`) or, in entries, a domain (`@example.com`); see the module docs.
+fn email(raw: &str, allow_domain: bool) -> Result<Value, &'static str> {
+    if let Some(domain) = raw.strip_prefix('@') {
+        if !allow_domain {
+            return Err("expected an address; domains (@example.com) are allowed only in entries");
+        }
+        if domain.contains('@') {
+            return Err("expected exactly one @");
+        }
+        let domain = email_domain(domain)?;
+        if domain.split('.').count() > MAX_DOMAIN_LABELS {
+            return Err("a domain entry has at most 10 labels (checks probe no longer suffix)");
+        }
+        return Ok(Value::EmailDomain(domain));
+    }
+    let mut parts = raw.split('@');
+    let (Some(local), Some(domain), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("expected exactly one @");
+    };
+    if local.is_empty() || local.len() > MAX_LOCAL_LEN {
+        return Err("the local part (before @) must be 1-64 bytes");
+    }
+    if local.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("the local part must not hold whitespace or control characters");
+    }
+    let domain = email_domain(domain)?;
+    let untagged = local.split('+').next().unwrap_or_default();
+    let local = if domain == "gmail.com" {
+        untagged.replace('.', "").to_lowercase()
+    } else {
+        untagged.to_lowercase()
+    };
+    if local.is_empty() {
+        return Err("the local part is empty once its +tag (and at gmail.com its dots) is removed");
+    }
+    if local.len() > MAX_LOCAL_LEN {
+        return Err("the local part must be 1-64 bytes");
+    }
+    Ok(Value::Text(format!("{local}@{domain}")))
+}
+
+/// A domain's normalised ASCII form (see the module docs).
+fn email_domain(raw: &str) -> Result<String, &'static str> {
+    use idna::uts46::{AsciiDenyList, DnsLength, Hyphens, Uts46};
+    if raw.len() > MAX_DOMAIN_INPUT_LEN {
+        return Err("the domain is longer than 253 bytes");
+    }
+    let raw = raw.strip_suffix('.').unwrap_or(raw);
+    if raw.is_empty() {
+        return Err("the domain (after @) is empty");
+    }
+    let ascii = Uts46::new()
+        .to_ascii(
+            raw.as_bytes(),
+            AsciiDenyList::STD3,
+            Hyphens::CheckFirstLast,
+            DnsLength::Ignore,
+        )
+        .map_err(|_| "the domain has no IDNA ASCII form (letters, digits and - in labels, no - at either end of one)")?;
+    if ascii.len() > MAX_DOMAIN_LEN {
+        return Err("the domain is longer than 253 bytes");
+    }
+    if !ascii.contains('.') {
+        return Err("the domain needs at least one dot");
+    }
+    if ascii.split('.').any(|l| l.is_empty() || l.len() > 63) {
+        return Err("every label of the domain must be 1-63 bytes");
+    }
+    Ok(match &*ascii {
+        "googlemail.com" => "gmail.com".to_owned(),
+        _ => ascii.into_owned(),
+    })
 }
 
 fn id_card(raw: &str) -> Result<String, &'static str> {
@@ -349,6 +533,86 @@ mod tests {
             (Uid, "   ", None),
             (Device, &"d".repeat(257), None),
             (Custom("merchant".into()), "商户 42", Some("商户 42")),
+            // Phone segments (entries only).
+            (Phone, "170*", Some("170*")),
+            (Phone, " +86 (170) *", Some("+86170*")),
+            (Phone, "1*", Some("1*")),
+            (Phone, "1234567890123456789*", Some("1234567890123456789*")),
+            (Phone, "12345678901234567890*", None),
+            (Phone, "*", None),
+            (Phone, "+*", None),
+            (Phone, "1*2", None),
+            (Phone, "17**", None),
+            (Phone, "17a*", None),
+            // E-mail addresses and domains.
+            (
+                Email,
+                " John.Smith@Example.COM ",
+                Some("john.smith@example.com"),
+            ),
+            (Email, "john+news@example.com", Some("john@example.com")),
+            (Email, "J.O.H.N+x@GoogleMail.com", Some("john@gmail.com")),
+            (Email, "j.o.h.n@gmail.com.", Some("john@gmail.com")),
+            (
+                Email,
+                "j.o.h.n@mail.gmail.com",
+                Some("j.o.h.n@mail.gmail.com"),
+            ),
+            (
+                Email,
+                "user@Bücher.Example",
+                Some("user@xn--bcher-kva.example"),
+            ),
+            (
+                Email,
+                "user@xn--bcher-kva.example",
+                Some("user@xn--bcher-kva.example"),
+            ),
+            (Email, "ÉLODIE@example.fr", Some("élodie@example.fr")),
+            (Email, "@Example.com", Some("@example.com")),
+            (
+                Email,
+                "@a.b.c.d.e.f.g.h.example.com",
+                Some("@a.b.c.d.e.f.g.h.example.com"),
+            ),
+            (Email, "@a.b.c.d.e.f.g.h.i.example.com", None),
+            (Email, "@googlemail.com", Some("@gmail.com")),
+            (Email, "a@b@example.com", None),
+            (Email, "@b@example.com", None),
+            (Email, "john.example.com", None),
+            (Email, "john@localhost", None),
+            (Email, "@com", None),
+            (Email, "@", None),
+            (Email, "john@", None),
+            (Email, "@.", None),
+            (Email, "+tag@example.com", None),
+            (Email, "...@gmail.com", None),
+            (Email, "jo hn@example.com", None),
+            (Email, "john@exa mple.com", None),
+            (Email, "john@-example.com", None),
+            (Email, "john@example..com", None),
+            (Email, "john@[10.1.2.3]", None),
+            (Email, "john@exa_mple.com", None),
+            (
+                Email,
+                &format!("{}@example.com", "a".repeat(64)),
+                Some(&*format!("{}@example.com", "a".repeat(64))),
+            ),
+            (Email, &format!("{}@example.com", "a".repeat(65)), None),
+            (Email, &format!("{}+tag@example.com", "a".repeat(61)), None),
+            (
+                Email,
+                &format!("a@{}.com", "b".repeat(63)),
+                Some(&*format!("a@{}.com", "b".repeat(63))),
+            ),
+            (Email, &format!("a@{}.com", "b".repeat(64)), None),
+            (
+                Email,
+                &format!("a@{}com", "b.".repeat(125)),
+                Some(&*format!("a@{}com", "b.".repeat(125))),
+            ),
+            (Email, &format!("a@{}com", "b.".repeat(126)), None),
+            (Email, "a@xn--a.com", None),
         ];
         for (d, raw, want) in cases {
             let got = entry(d.clone(), raw);
@@ -357,6 +621,54 @@ mod tests {
                 None => assert!(got.is_err(), "{d} {raw:?} should be rejected, got {got:?}"),
             }
         }
+    }
+
+    #[test]
+    fn checks_reject_segments_and_domains() {
+        for (d, raw, what) in [
+            (Dimension::Phone, "170*", "segments"),
+            (Dimension::Email, "@example.com", "domains"),
+        ] {
+            let err = Value::parse_check(&d, raw).unwrap_err();
+            assert_eq!(err.code, "invalid_value");
+            assert!(err.message.contains(what), "{}", err.message);
+            assert!(Value::parse_entry(&d, raw).is_ok());
+        }
+    }
+
+    #[test]
+    fn segment_and_domain_probes() {
+        let phone = Value::parse_check(&Dimension::Phone, "+8617012345678").unwrap();
+        assert_eq!(phone.phone_segment(6).unwrap().to_string(), "+86170*");
+        assert_eq!(
+            phone.phone_segment(14).unwrap().to_string(),
+            "+8617012345678*"
+        );
+        assert_eq!(phone.phone_segment(15), None, "longer than the phone");
+        assert_eq!(phone.phone_segment(1), None, "a + alone is no segment");
+        let plain = Value::parse_check(&Dimension::Phone, "17012345678").unwrap();
+        assert_eq!(plain.phone_segment(1).unwrap().to_string(), "1*");
+
+        let address = Value::parse_check(&Dimension::Email, "j@a.b.example.com").unwrap();
+        let suffixes: Vec<String> = (0..=6)
+            .filter_map(|n| address.email_domain_suffix(n))
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(
+            suffixes,
+            ["@example.com", "@b.example.com", "@a.b.example.com"],
+            "two labels and up, never the top-level domain alone"
+        );
+        // A probe is exactly the entry that lists it.
+        for s in &suffixes {
+            assert_eq!(
+                Value::parse_entry(&Dimension::Email, s)
+                    .unwrap()
+                    .to_string(),
+                *s
+            );
+        }
+        assert_eq!(Value::Text("x".into()).email_domain_suffix(2), None);
     }
 
     #[test]

@@ -1195,6 +1195,7 @@ impl Generator {
                 Dimension::Uid => (Kind::Uid, UID_SPACE),
                 Dimension::Device => (Kind::Device, DEVICE_SPACE),
                 Dimension::Ip => (Kind::Ip(Box::new(IpGen::new(opts.seed))), 1),
+                Dimension::Email => bail!("--mix: gen does not write email values yet"),
                 Dimension::Custom(n) => (
                     Kind::Custom {
                         merchant: n.starts_with("merchant"),
