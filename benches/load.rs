@@ -1023,7 +1023,8 @@ fn check_keys(layout: &Layout, registries: &[Vec<PrefixLen>], s: &Subject) -> Ve
             };
             probe(&value);
             if let Some(ip) = value.as_ip() {
-                for len in registries[li].iter().filter(|p| p.family == ip.family()) {
+                let family = namelist::store::PrefixKind::from(ip.family());
+                for len in registries[li].iter().filter(|p| p.kind == family) {
                     probe(&Value::Ip(ip.within(len.len)));
                 }
             }

@@ -41,7 +41,8 @@
 //!   known in sync (now, while trusted and current; when the subscription broke, or its
 //!   generation ended, or it turned dirty, otherwise).
 //!
-//! `RegistryCache` caches the IP prefix-length registries per scope (a TTL and an epoch).
+//! `RegistryCache` caches the prefix-length registries (IP prefixes, phone segment and e-mail
+//! domain lengths) per scope (a TTL and an epoch).
 
 mod copy;
 mod sketch;
@@ -987,7 +988,8 @@ impl LocalTier {
     }
 }
 
-/// Cached IP prefix-length registries, per (list, sandbox).
+/// Cached prefix-length registries (IP prefixes, phone segments, e-mail domains), per (list,
+/// sandbox).
 pub struct RegistryCache {
     entries: Cache<Scope, Arc<Vec<PrefixLen>>>,
     epoch: AtomicU64,

@@ -32,8 +32,8 @@ use crate::domain::{
 };
 use crate::metrics::Metrics;
 use crate::store::{
-    AuditOp, AuditRecord, Deadline, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch,
-    code_is_live,
+    AuditOp, AuditRecord, Deadline, EntryKey, PrefixKind, PrefixLen, Scope, Store, StoreError,
+    WriteBatch, code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -113,6 +113,8 @@ pub struct CheckQuery {
     lists: Vec<ListName>,
     /// Values per dimension, each normalised for a check and distinct within its dimension.
     subjects: Vec<(Dimension, Vec<Value>)>,
+    /// The allow-list precedence asked for, as indices into `lists`, distinct, in order.
+    precedence: Option<Vec<usize>>,
 }
 
 impl CheckQuery {
@@ -127,6 +129,43 @@ impl CheckQuery {
     /// Values per dimension, in the order given.
     pub fn subjects(&self) -> &[(Dimension, Vec<Value>)] {
         &self.subjects
+    }
+
+    /// Adds an allow-list precedence (`["white", "black"]`): the answer then says which
+    /// list decides, the first of this order with a hit. Every name must be one of the
+    /// check's lists; one given twice counts at its first place. Errors name the place
+    /// (`precedence[1]`).
+    pub fn with_precedence(mut self, raw: Vec<String>) -> Result<Self, ValidationError> {
+        if raw.is_empty() || raw.len() > MAX_CHECK_LISTS {
+            return Err(ValidationError::new(
+                ErrorCode::InvalidLists,
+                format!("precedence must name 1 to {MAX_CHECK_LISTS} of the lists checked"),
+            ));
+        }
+        let mut order = Vec::with_capacity(raw.len());
+        for (i, l) in raw.into_iter().enumerate() {
+            let at = || format!("precedence[{i}]");
+            let l = ListName::try_from(l).map_err(|e| e.at(at()))?;
+            let Some(index) = self.lists.iter().position(|x| *x == l) else {
+                return Err(ValidationError::new(
+                    ErrorCode::InvalidLists,
+                    format!("list {l} is not in lists: precedence orders lists the check names"),
+                )
+                .at(at()));
+            };
+            if !order.contains(&index) {
+                order.push(index);
+            }
+        }
+        self.precedence = Some(order);
+        Ok(self)
+    }
+
+    /// The precedence asked for, if any: list names, first first.
+    pub fn precedence(&self) -> Option<Vec<&ListName>> {
+        self.precedence
+            .as_ref()
+            .map(|order| order.iter().map(|&i| &self.lists[i]).collect())
     }
 }
 
@@ -185,6 +224,7 @@ impl TryFrom<RawCheck> for CheckQuery {
             sandbox,
             lists,
             subjects,
+            precedence: None,
         })
     }
 }
@@ -208,6 +248,18 @@ pub struct CheckOutcome {
     /// Degraded answers only: `stale_ms`.
     #[serde(flatten)]
     pub stale: Option<Staleness>,
+    /// Only when the check gave a `precedence`: the first list of that order with a hit
+    /// (`Some(None)`, sent as `null`, when none had one). Without one there is no `decision`
+    /// key at all, so such answers are byte for byte what they were before it existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Option<ListName>>,
+}
+
+impl CheckOutcome {
+    /// The decision as rules read it (`rules::Decision`).
+    pub fn decision(&self) -> Option<Option<&ListName>> {
+        self.decision.as_ref().map(Option::as_ref)
+    }
 }
 
 /// How old a fail-open answer may be.
@@ -325,12 +377,8 @@ impl NameLists {
         for e in &entries {
             let key = layout.entry_key(list, &e.dimension, &e.sandbox, &e.value);
             batch.entries.push((key, e.expiry.code()));
-            if let Some(ip) = e.value.as_ip().filter(|ip| ip.is_range()) {
+            if let Some(len) = PrefixLen::of(&e.value) {
                 let scope = (list.clone(), e.sandbox.clone());
-                let len = PrefixLen {
-                    family: ip.family(),
-                    len: ip.prefix(),
-                };
                 if !batch.prefixes.contains(&(scope.clone(), len)) {
                     batch.prefixes.push((scope.clone(), len));
                 }
@@ -461,17 +509,17 @@ impl NameLists {
         let trusted = self.cache.is_trusted();
         let mut degraded = false;
 
-        // The prefix lengths in use, for IP subjects only.
-        let has_ip = q
-            .subjects
-            .iter()
-            .any(|(d, v)| *d == Dimension::Ip && !v.is_empty());
+        // The lengths in use (IP prefixes, phone segments, e-mail domains), only for subjects
+        // of those dimensions.
+        let needs_registry = q.subjects.iter().any(|(d, v)| {
+            matches!(d, Dimension::Ip | Dimension::Phone | Dimension::Email) && !v.is_empty()
+        });
         let scopes: Vec<Scope> = q
             .lists
             .iter()
             .map(|l| (l.clone(), q.sandbox.clone()))
             .collect();
-        let registries = if has_ip {
+        let registries = if needs_registry {
             let fetched = tokio::time::timeout_at(
                 deadline,
                 self.registries.get(&self.store, &scopes, trusted),
@@ -582,14 +630,24 @@ impl NameLists {
                 });
             }
         }
+        let decision = q.precedence().map(|order| {
+            order
+                .into_iter()
+                .find(|l| hits.iter().any(|h| h.list == **l))
+                .cloned()
+        });
         Ok(CheckOutcome {
             hits,
             degraded,
             stale,
+            decision,
         })
     }
 
-    /// Every (list × dimension × value × prefix length) lookup of a check.
+    /// Every (list × dimension × value × length in use) lookup of a check: the value itself,
+    /// then for an IP address the network of each prefix length in use for its family, for a
+    /// phone the segment of each segment length in use, for an address the domain suffix of
+    /// each domain length in use (shortest first).
     fn probes(
         &self,
         q: &CheckQuery,
@@ -600,23 +658,35 @@ impl NameLists {
         for (li, list) in q.lists.iter().enumerate() {
             for (di, (dimension, values)) in q.subjects.iter().enumerate() {
                 for value in values {
-                    probes.push(Probe {
-                        list: li,
-                        dimension: di,
-                        shown: value.to_string(),
-                        key: layout.entry_key(list, dimension, &q.sandbox, value),
-                    });
-                    let (Some(ip), Some(lens)) = (value.as_ip(), registries.get(li)) else {
-                        continue;
-                    };
-                    for len in lens.iter().filter(|p| p.family == ip.family()) {
-                        let net = Value::Ip(ip.within(len.len));
+                    let mut probe = |v: &Value| {
                         probes.push(Probe {
                             list: li,
                             dimension: di,
-                            shown: net.to_string(),
-                            key: layout.entry_key(list, dimension, &q.sandbox, &net),
-                        });
+                            shown: v.to_string(),
+                            key: layout.entry_key(list, dimension, &q.sandbox, v),
+                        })
+                    };
+                    probe(value);
+                    let Some(lens) = registries.get(li) else {
+                        continue;
+                    };
+                    for len in lens.iter() {
+                        let wider = match (dimension, len.kind) {
+                            (Dimension::Ip, kind) => value
+                                .as_ip()
+                                .filter(|ip| PrefixKind::from(ip.family()) == kind)
+                                .map(|ip| Value::Ip(ip.within(len.len))),
+                            (Dimension::Phone, PrefixKind::PhoneSegment) => {
+                                value.phone_segment(usize::from(len.len))
+                            }
+                            (Dimension::Email, PrefixKind::EmailDomain) => {
+                                value.email_domain_suffix(usize::from(len.len))
+                            }
+                            _ => None,
+                        };
+                        if let Some(v) = wider {
+                            probe(&v);
+                        }
                     }
                 }
             }
@@ -625,7 +695,7 @@ impl NameLists {
             return Err(ValidationError::new(
                 ErrorCode::TooManyLookups,
                 format!(
-                    "this check fans out to {} lookups (values x lists x IP prefix lengths in use); at most {MAX_CHECK_PROBES}",
+                    "this check fans out to {} lookups (values x lists x IP prefix, phone segment and e-mail domain lengths in use); at most {MAX_CHECK_PROBES}",
                     probes.len()
                 ),
             ));

@@ -8,6 +8,11 @@
 
 mod common;
 
+// Cases of later issues live in modules of their own, run by the same macro.
+#[path = "conformance/matching.rs"]
+mod matching;
+use matching::*;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -925,4 +930,9 @@ conformance!(
     audit_trail_masks_values,
     own_writes_are_seen_through_the_cache,
     limits_change_nothing,
+    phone_segments,
+    email_addresses_and_domains,
+    precedence_decides,
+    audit_masks_segments_and_addresses,
+    segment_and_domain_probes_count_against_the_limit,
 );

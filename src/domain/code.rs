@@ -60,7 +60,8 @@ error_codes! {
     TooManyEntries = "too_many_entries", [400];
     /// Over 64 subject values in one check.
     TooManyValues = "too_many_values", [400];
-    /// No lists, or over 16, in one check.
+    /// No lists, or over 16, in one check; a `precedence` that is empty or names a list the
+    /// check does not.
     InvalidLists = "invalid_lists", [400];
     /// A check fanning out to over 4,096 lookups.
     TooManyLookups = "too_many_lookups", [400];

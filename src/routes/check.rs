@@ -17,6 +17,8 @@ pub struct CheckBody {
     lists: Vec<String>,
     #[serde(default)]
     subjects: BTreeMap<String, OneOrMany>,
+    /// Allow-list precedence: lists (each also in `lists`), first first.
+    precedence: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -29,7 +31,7 @@ enum OneOrMany {
 impl CheckBody {
     /// Parses and normalises the whole request (limits first, see `CheckQuery`).
     pub fn parse(self) -> Result<CheckQuery, ValidationError> {
-        CheckQuery::try_from(RawCheck {
+        let query = CheckQuery::try_from(RawCheck {
             sandbox: self.sandbox,
             lists: self.lists,
             subjects: self
@@ -43,7 +45,11 @@ impl CheckBody {
                     (name, values)
                 })
                 .collect(),
-        })
+        })?;
+        match self.precedence {
+            Some(order) => query.with_precedence(order),
+            None => Ok(query),
+        }
     }
 }
 

@@ -175,6 +175,8 @@ pub struct EvaluateBody {
     metrics: Vec<String>,
     #[serde(default)]
     rules: Vec<String>,
+    /// Allow-list precedence over `lists` (see `/v1/check`).
+    precedence: Option<Vec<String>>,
 }
 
 /// `POST /v1/evaluate`: list checks, the event, features and rules in one request. The list
@@ -189,18 +191,29 @@ pub async fn post_evaluate(
     let check = if body.lists.is_empty() {
         None
     } else {
-        let check: CheckBody = serde_json::from_value(json!({
+        let mut check = json!({
             "sandbox": body.sandbox,
             "lists": body.lists,
             "subjects": body.subjects,
-        }))
-        .map_err(|e| ApiError::InvalidBody(e.to_string()))?;
+        });
+        if let Some(order) = &body.precedence {
+            check["precedence"] = json!(order);
+        }
+        let check: CheckBody =
+            serde_json::from_value(check).map_err(|e| ApiError::InvalidBody(e.to_string()))?;
         Some(check.parse()?)
     };
     if check.is_none() && !body.subjects.is_empty() {
         return Err(
             ValidationError::new(ErrorCode::InvalidLists, "subjects need lists to check").into(),
         );
+    }
+    if check.is_none() && body.precedence.is_some() {
+        return Err(ValidationError::new(
+            ErrorCode::InvalidLists,
+            "precedence orders lists: give the lists to check",
+        )
+        .into());
     }
     let event = body.event.map(|e| e.parse("event.")).transpose()?;
     let mut fields = fields(body.fields, "")?;
@@ -247,7 +260,12 @@ pub async fn post_evaluate(
         .iter()
         .map(|m| (m, features.values.get(m).unwrap_or(&Json::Null)))
         .collect();
-    let rules = v.evaluate_rules(&rules, &features.numbers);
+    let decision = outcome.as_ref().and_then(|o| o.decision.clone());
+    let rules = v.evaluate_rules_deciding(
+        &rules,
+        &features.numbers,
+        decision.as_ref().map(Option::as_ref),
+    );
     let mut out = json!({
         "hits": outcome.map(|o| o.hits).unwrap_or_default(),
         "features": values,
@@ -260,6 +278,10 @@ pub async fn post_evaluate(
     // The list part answered from the local tier alone: how stale it may be.
     if let Some(s) = stale {
         out["stale_ms"] = json!(s.stale_ms);
+    }
+    // Only with a precedence: without one the answer is what it always was.
+    if let Some(d) = decision {
+        out["decision"] = json!(d);
     }
     Ok(HttpResponse::Ok().json(out))
 }

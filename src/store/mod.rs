@@ -25,7 +25,9 @@ use futures::stream::BoxStream;
 
 pub use expiry::ExpiryCode;
 pub use fingerprint::{FingerprintKey, Hashing, KeyError};
-pub use layout::{AuditRecord, AuditSummary, EntryKey, Invalidation, Layout, PrefixLen, Scope};
+pub use layout::{
+    AuditRecord, AuditSummary, EntryKey, Invalidation, Layout, PrefixKind, PrefixLen, Scope,
+};
 
 /// Why a store call failed. Every variant is the service's (or its store's) problem, never
 /// the caller's: the HTTP layer answers 503.

@@ -532,15 +532,7 @@ impl Validator<'_> {
         }
         write_canonical(&mut self.canonical, list, dimension, sandbox, &value);
         let key = self.layout.key_of(&self.canonical);
-        let prefix = value.as_ip().filter(|ip| ip.is_range()).map(|ip| {
-            (
-                (list.clone(), sandbox.clone()),
-                PrefixLen {
-                    family: ip.family(),
-                    len: ip.prefix(),
-                },
-            )
-        });
+        let prefix = PrefixLen::of(&value).map(|len| ((list.clone(), sandbox.clone()), len));
         Ok(Accepted {
             rec: Rec {
                 bucket: key.bucket,

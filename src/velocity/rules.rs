@@ -1,19 +1,35 @@
-//! Rules: comparisons of metric values against numbers, joined by `AND` / `OR` with
-//! parentheses (`AND` binds tighter), parsed by recursive descent with columns in errors:
+//! Rules: comparisons of metric values against numbers, and of the list `decision` against
+//! a list name, joined by `AND` / `OR` with parentheses (`AND` binds tighter), parsed by
+//! recursive descent with columns in errors:
 //!
 //! ```text
-//! or      := and ("OR" and)*
-//! and     := primary ("AND" primary)*
-//! primary := "(" or ")" | metric op number | number op metric
-//! op      := > | >= | < | <= | == | !=
+//! or       := and ("OR" and)*
+//! and      := primary ("AND" primary)*
+//! primary  := "(" or ")" | metric op number | number op metric
+//!           | "decision" eq choice | choice eq "decision"
+//! op       := > | >= | < | <= | == | !=
+//! eq       := == | !=
+//! choice   := '"' list name '"' | "null"
 //! ```
 //!
 //! A comparison with a metric that has no value (AVG, MIN or MAX over an empty window) is
 //! false, whatever the operator: "no data" never triggers a rule.
+//!
+//! `decision` is what `POST /v1/evaluate` decided from its `precedence`: the first list of
+//! that order with a hit, or `null` when none had one. `decision == "black"` holds when it is
+//! `black`, `decision != "white"` when it is anything else (`null` included), `decision ==
+//! null` when no list of the order had a hit. A request without `precedence` has no decision,
+//! so every comparison of it is false, as with a metric that has no value. `decision` is told
+//! from a metric of that name (a valid metric id) by what it is compared with: a number makes
+//! it the metric.
 
 use std::collections::BTreeSet;
 
-use crate::domain::{ErrorCode, MetricId, ValidationError};
+use crate::domain::{ErrorCode, ListName, MetricId, ValidationError};
+
+/// The decision a rule is evaluated with: `None` when the request gave no `precedence`,
+/// `Some(None)` when no list of it had a hit, `Some(Some(list))` for the first that had one.
+pub type Decision<'a> = Option<Option<&'a ListName>>;
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +71,11 @@ impl Op {
 pub enum Rule {
     /// `metric op value`.
     Cmp(MetricId, Op, f64),
+    /// `decision == "list"` (`equal`) or `!=`; `None`: `null`.
+    Decision {
+        equal: bool,
+        list: Option<ListName>,
+    },
     And(Vec<Rule>),
     Or(Vec<Rule>),
 }
@@ -72,16 +93,31 @@ impl Rule {
             Rule::Cmp(m, _, _) => {
                 out.insert(m.clone());
             }
+            Rule::Decision { .. } => {}
             Rule::And(v) | Rule::Or(v) => v.iter().for_each(|r| r.collect(out)),
         }
     }
 
-    /// Evaluates with `value(metric)`; `None` (no value) makes a comparison false.
+    /// Evaluates with `value(metric)` and no decision; `None` (no value) makes a comparison
+    /// false.
     pub fn eval(&self, value: &impl Fn(&MetricId) -> Option<f64>) -> bool {
+        self.eval_with(value, None)
+    }
+
+    /// Evaluates with `value(metric)` and the request's `decision`: a metric with no value,
+    /// or a decision the request did not ask for, makes its comparison false.
+    pub fn eval_with(
+        &self,
+        value: &impl Fn(&MetricId) -> Option<f64>,
+        decision: Decision<'_>,
+    ) -> bool {
         match self {
             Rule::Cmp(m, op, v) => value(m).is_some_and(|x| op.apply(x, *v)),
-            Rule::And(v) => v.iter().all(|r| r.eval(value)),
-            Rule::Or(v) => v.iter().any(|r| r.eval(value)),
+            Rule::Decision { equal, list } => {
+                decision.is_some_and(|d| (d == list.as_ref()) == *equal)
+            }
+            Rule::And(v) => v.iter().all(|r| r.eval_with(value, decision)),
+            Rule::Or(v) => v.iter().any(|r| r.eval_with(value, decision)),
         }
     }
 }
@@ -90,6 +126,8 @@ impl Rule {
 enum Tok {
     Word(String),
     Num(f64),
+    /// A double-quoted string (no escapes: it names a list).
+    Str(String),
     Op(Op),
     Open,
     Close,
@@ -154,6 +192,13 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
                 i += 1;
             }
             out.push((Tok::Word(chars[start..i].iter().collect()), col));
+        } else if c == '"' {
+            let start = i + 1;
+            let Some(len) = chars[start..].iter().position(|&c| c == '"') else {
+                return Err(err(col, "a string without its closing \""));
+            };
+            out.push((Tok::Str(chars[start..start + len].iter().collect()), col));
+            i = start + len + 1;
         } else if c == '=' {
             return Err(err(col, "use == to compare"));
         } else {
@@ -179,6 +224,7 @@ fn describe(t: &Tok) -> String {
     match t {
         Tok::Word(w) => format!("{w:?}"),
         Tok::Num(n) => format!("the number {n}"),
+        Tok::Str(_) => "a string".into(),
         Tok::Op(_) => "an operator".into(),
         Tok::Open => "'('".into(),
         Tok::Close => "')'".into(),
@@ -243,10 +289,16 @@ impl Parser {
                 }
             }
             (Tok::Word(w), col) => {
-                let metric = metric(w, col)?;
                 let op = self.op()?;
-                let value = self.number()?;
-                Ok(Rule::Cmp(metric, op, value))
+                match self.next() {
+                    (Tok::Num(n), _) => Ok(Rule::Cmp(metric(w, col)?, op, n)),
+                    (t, at) if w == DECISION => decision(op, col, t, at),
+                    (Tok::Word(d), _) if d == DECISION => decision(op, col, Tok::Word(w), col),
+                    (t, col) => Err(err(
+                        col,
+                        format!("expected a number, found {}", describe(&t)),
+                    )),
+                }
             }
             (Tok::Num(n), _) => {
                 let op = self.op()?;
@@ -255,6 +307,16 @@ impl Parser {
                     (t, col) => Err(err(
                         col,
                         format!("expected a metric id, found {}", describe(&t)),
+                    )),
+                }
+            }
+            (Tok::Str(s), col) => {
+                let op = self.op()?;
+                match self.next() {
+                    (Tok::Word(w), _) if w == DECISION => decision(op, col, Tok::Str(s), col),
+                    (t, col) => Err(err(
+                        col,
+                        format!("expected decision, found {}", describe(&t)),
                     )),
                 }
             }
@@ -274,16 +336,33 @@ impl Parser {
             )),
         }
     }
+}
 
-    fn number(&mut self) -> Result<f64, ValidationError> {
-        match self.next() {
-            (Tok::Num(n), _) => Ok(n),
-            (t, col) => Err(err(
-                col,
-                format!("expected a number, found {}", describe(&t)),
-            )),
+/// The name that compares with a list name rather than a number.
+const DECISION: &str = "decision";
+
+/// `decision op choice` (either way round): `choice` must be a quoted list name or `null`,
+/// `op` `==` or `!=`.
+fn decision(op: Op, col: usize, choice: Tok, at: usize) -> Result<Rule, ValidationError> {
+    let equal = match op {
+        Op::Eq => true,
+        Op::Ne => false,
+        _ => return Err(err(col, "decision compares only with == or !=")),
+    };
+    let list = match choice {
+        Tok::Word(w) if w.eq_ignore_ascii_case("null") => None,
+        Tok::Str(s) => Some(ListName::try_from(s).map_err(|e| err(at, e.message))?),
+        t => {
+            return Err(err(
+                at,
+                format!(
+                    "expected a list name in quotes (\"black\") or null, found {}",
+                    describe(&t)
+                ),
+            ));
         }
-    }
+    };
+    Ok(Rule::Decision { equal, list })
 }
 
 fn metric(w: String, col: usize) -> Result<MetricId, ValidationError> {
@@ -368,6 +447,63 @@ mod tests {
         ));
     }
 
+    fn decide(src: &str, decision: Decision<'_>) -> bool {
+        parse(src).unwrap().eval_with(&|_| Some(5.0), decision)
+    }
+
+    #[test]
+    fn decision_comparisons() {
+        let black: ListName = "black".parse().unwrap();
+        let white: ListName = "white".parse().unwrap();
+        let cases: &[(&str, [bool; 4])] = &[
+            // (rule, [no precedence, null, black, white])
+            (r#"decision == "black""#, [false, false, true, false]),
+            (r#""black" == decision"#, [false, false, true, false]),
+            (r#"decision != "black""#, [false, true, false, true]),
+            ("decision == null", [false, true, false, false]),
+            ("null != decision", [false, false, true, true]),
+            ("decision == NULL", [false, true, false, false]),
+            (
+                r#"decision == "white" OR decision == "black" AND m > 3"#,
+                [false, false, true, true],
+            ),
+            (
+                r#"decision != "white" AND m > 6"#,
+                [false, false, false, false],
+            ),
+        ];
+        for (src, want) in cases {
+            let got = [
+                decide(src, None),
+                decide(src, Some(None)),
+                decide(src, Some(Some(&black))),
+                decide(src, Some(Some(&white))),
+            ];
+            assert_eq!(&got, want, "{src}");
+        }
+        let rule = parse(r#"decision == "grey" and m > 1"#).unwrap();
+        assert_eq!(
+            rule.metrics()
+                .iter()
+                .map(MetricId::as_str)
+                .collect::<Vec<_>>(),
+            ["m"],
+            "decision is not a metric"
+        );
+        // A metric may still be called decision: a number makes it the metric.
+        let metric = parse("decision > 3").unwrap();
+        assert_eq!(
+            metric
+                .metrics()
+                .iter()
+                .map(MetricId::as_str)
+                .collect::<Vec<_>>(),
+            ["decision"]
+        );
+        assert!(!eval("decision > 3", &[("decision", Some(1.0))]));
+        assert!(eval("3 < decision", &[("decision", Some(4.0))]));
+    }
+
     #[test]
     fn errors_point_at_the_column() {
         for (src, col, what) in [
@@ -381,6 +517,13 @@ mod tests {
             ("a > x", 5, "expected a number"),
             ("a > 1..2", 5, "not a number"),
             ("a > 3 # b", 7, "unexpected character"),
+            (r#"decision > "black""#, 1, "only with == or !="),
+            (r#"decision == "Black""#, 13, "list"),
+            (r#"decision == "black"#, 13, "closing"),
+            ("decision == black", 13, "list name in quotes"),
+            ("decision == 3 and", 18, "comparison"),
+            (r#"m == "black""#, 6, "expected a number"),
+            (r#""black" == m"#, 12, "expected decision"),
             (
                 &format!("{}a > 1{}", "(".repeat(33), ")".repeat(33)),
                 33,

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
-use super::rules::{self, Rule};
+use super::rules::{self, Decision, Rule};
 use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
 use crate::lists::FailMode;
 use crate::metrics::Metrics;
@@ -687,17 +687,32 @@ impl Velocity {
         )))
     }
 
-    /// Evaluates rules on feature numbers.
+    /// Evaluates rules on feature numbers, without a list decision (a comparison of
+    /// `decision` is false).
     pub fn evaluate_rules(
         &self,
         rules: &[RuleId],
         numbers: &BTreeMap<MetricId, Option<f64>>,
     ) -> BTreeMap<RuleId, bool> {
+        self.evaluate_rules_deciding(rules, numbers, None)
+    }
+
+    /// Evaluates rules on feature numbers and the list `decision` of the request (`None`
+    /// when it gave no precedence; see `rules`).
+    pub fn evaluate_rules_deciding(
+        &self,
+        rules: &[RuleId],
+        numbers: &BTreeMap<MetricId, Option<f64>>,
+        decision: Decision<'_>,
+    ) -> BTreeMap<RuleId, bool> {
         let defs = self.defs();
         rules
             .iter()
             .filter_map(|id| defs.rules.get(id).map(|r| (id, r)))
-            .map(|(id, r)| (id.clone(), r.1.eval(&|m| numbers.get(m).copied().flatten())))
+            .map(|(id, r)| {
+                let value = |m: &MetricId| numbers.get(m).copied().flatten();
+                (id.clone(), r.1.eval_with(&value, decision))
+            })
             .collect()
     }
 
