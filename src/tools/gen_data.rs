@@ -23,6 +23,14 @@
 //! the block, so ranges are distinct too. Single IPv4 addresses avoid `0/8`, `10/8`, `127/8` and
 //! `224/3`; single IPv6 addresses sit under four Chinese ISP /20s.
 //!
+//! Phone segments (`--segment-share` of the phone rows) live under `12`, which no generated
+//! phone (all `1[3-9]…`) starts with: `12` and 2–6 more digits and a `*`, written with or
+//! without `+86`; each length has its own sequence, so segments are distinct. E-mail addresses
+//! sit at a fixed pool of real providers' domains (`qq.com`, `163.com`, `gmail.com`, ...), and
+//! e-mail domain entries (`--domain-share` of the email rows) under the reserved `.example`
+//! top-level domain (`@d17.example`, `@mx.d17.example`, `@a.mx.d17.example`), so no address,
+//! member or not, is at or below a member domain, and no non-member phone is in a segment.
+//!
 //! Expiries are never shorter than one hour (from `--now-ms`), so tests never see a generated
 //! entry expire under them.
 
@@ -76,9 +84,10 @@ const PROGRESS_EVERY: u64 = 1 << 16;
 /// ~2.3x smaller files at about half the speed). Output is what `import` reads
 /// (CSV header list,dimension,value,sandbox,expires_at,ttl_seconds,reason, or JSON Lines),
 /// byte-identical for the same --seed, --now-ms and flags. Members are distinct per dimension,
-/// IP ranges sit in 10.0.0.0/8 and 3fff::/20, and --non-members values are guaranteed to be
-/// listed by no member (not even through a range), for false-positive tests. Expiries are
-/// never shorter than one hour.
+/// IP ranges sit in 10.0.0.0/8 and 3fff::/20, phone segments under 12 (--segment-share), e-mail
+/// domain entries under .example (--domain-share), and --non-members values are guaranteed to
+/// be listed by no member (not even through a range, segment or domain), for false-positive
+/// tests. Expiries are never shorter than one hour.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Member rows to write.
@@ -103,6 +112,12 @@ pub struct Args {
     /// Share of ip rows that are IPv6 (0..1).
     #[arg(long, default_value_t = 0.3)]
     pub ipv6_share: f64,
+    /// Share of phone member rows that are segments (`12345*`, `+86 1234*`) (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub segment_share: f64,
+    /// Share of email member rows that are domain entries (`@d17.example`) (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub domain_share: f64,
     /// Weights of `never` (no expiry), `ttl` (ttl_seconds, 1 h..365 d) and `at` (expires_at,
     /// 1 h..365 d after --now-ms).
     #[arg(long, default_value = "never=20,ttl=60,at=20")]
@@ -163,6 +178,10 @@ pub struct Summary {
     pub per_dimension: Vec<(String, u64)>,
     /// Member rows that are IP ranges.
     pub ranges: u64,
+    /// Member rows that are phone segments.
+    pub segments: u64,
+    /// Member rows that are e-mail domain entries.
+    pub domains: u64,
     pub seconds: f64,
 }
 
@@ -171,9 +190,11 @@ impl fmt::Display for Summary {
         let total = (self.rows + self.non_members) as f64;
         write!(
             f,
-            "gen: {} rows ({} ip ranges), {} non-members in {:.2} s ({:.0} rows/s)",
+            "gen: {} rows ({} ip ranges, {} phone segments, {} email domains), {} non-members in {:.2} s ({:.0} rows/s)",
             self.rows,
             self.ranges,
+            self.segments,
+            self.domains,
             self.non_members,
             self.seconds,
             total / self.seconds.max(1e-9)
@@ -253,6 +274,8 @@ pub fn generate(
             .map(|d| (d.dimension.to_string(), d.members))
             .collect(),
         ranges: generator.ranges,
+        segments: generator.segments,
+        domains: generator.domains,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -1080,9 +1103,112 @@ impl IpGen {
     }
 }
 
+/// Phone segments: per total digit count (4..=8, all under `12`), its own sequence.
+#[derive(Debug, Clone)]
+struct SegmentGen {
+    by_len: Vec<(usize, Seq)>,
+}
+
+impl SegmentGen {
+    fn new(seed: u64) -> Self {
+        let by_len = (2..=6u32)
+            .map(|more| {
+                let digits = 2 + more as usize;
+                (
+                    digits,
+                    Seq::new(10u64.pow(more), seed, &format!("segment/{digits}")),
+                )
+            })
+            .collect();
+        Self { by_len }
+    }
+
+    /// Writes the next segment (`12…*`, spelt with or without `+86`); `false` when every
+    /// length is used up.
+    fn next(&mut self, buf: &mut String, rng: &mut Prng) -> anyhow::Result<bool> {
+        let open: Vec<usize> = (0..self.by_len.len())
+            .filter(|&i| self.by_len[i].1.has_next())
+            .collect();
+        if open.is_empty() {
+            return Ok(false);
+        }
+        let (digits, seq) = &mut self.by_len[open[below(rng, open.len() as u64) as usize]];
+        let v = seq.take("phone segment")?;
+        let mut d = vec![b'0'; *digits];
+        d[..2].copy_from_slice(b"12");
+        put_digits(&mut d[2..], v);
+        match below(rng, 4) {
+            0 => buf.push_str("+86 "),
+            1 => buf.push_str("+86"),
+            _ => {}
+        }
+        push_ascii(buf, &d);
+        buf.push('*');
+        Ok(true)
+    }
+}
+
+/// The domains of generated addresses: real providers, never under `.example`.
+const EMAIL_DOMAINS: [&str; 10] = [
+    "qq.com",
+    "163.com",
+    "126.com",
+    "gmail.com",
+    "sina.com",
+    "foxmail.com",
+    "outlook.com",
+    "yahoo.com.cn",
+    "aliyun.com",
+    "sohu.com",
+];
+const EMAIL_SPACE: u64 = 10_000_000_000;
+const EMAIL_NAMES: [&str; 16] = [
+    "wei", "fang", "lei", "jing", "min", "jun", "yan", "tao", "li", "hua", "ming", "xin", "ying",
+    "chen", "zhang", "wang",
+];
+/// Domain entries `d<n>.example` with 0-2 more labels in front.
+const DOMAIN_SPACE: u64 = 3_000_000_000;
+
+/// An address from index `v`: a name and `v`'s number (so distinct `v`, distinct
+/// normalised addresses), at one of `EMAIL_DOMAINS`, spelt with random case, a `+tag`, and at
+/// gmail a dot (which gmail ignores).
+fn write_email(buf: &mut String, rng: &mut Prng, v: u64) {
+    let domain = EMAIL_DOMAINS[(v % EMAIL_DOMAINS.len() as u64) as usize];
+    let n = v / EMAIL_DOMAINS.len() as u64;
+    let name = EMAIL_NAMES[(n % EMAIL_NAMES.len() as u64) as usize];
+    let upper = below(rng, 4) == 0;
+    let push = |buf: &mut String, s: &str| {
+        if upper {
+            buf.push_str(&s.to_ascii_uppercase());
+        } else {
+            buf.push_str(s);
+        }
+    };
+    push(buf, name);
+    if domain == "gmail.com" && below(rng, 2) == 0 {
+        buf.push('.');
+    }
+    push_u64(buf, n);
+    if below(rng, 5) == 0 {
+        buf.push_str("+promo");
+    }
+    buf.push('@');
+    push(buf, domain);
+}
+
+/// A domain entry from index `v`: `@d<n>.example`, `@mx.d<n>.example` or `@a.mx.d<n>.example`.
+fn write_email_domain(buf: &mut String, rng: &mut Prng, v: u64) {
+    buf.push('@');
+    buf.push_str(["", "mx.", "a.mx."][(v % 3) as usize]);
+    buf.push(if below(rng, 4) == 0 { 'D' } else { 'd' });
+    push_u64(buf, v / 3);
+    buf.push_str(".example");
+}
+
 #[derive(Debug, Clone)]
 enum Kind {
     Phone,
+    Email,
     IdCard,
     Imei,
     WifiMac,
@@ -1150,10 +1276,16 @@ pub struct Generator {
     cidr_share: f64,
     ipv6_share: f64,
     reason_share: f64,
+    segment_share: f64,
+    domain_share: f64,
+    segments_gen: SegmentGen,
+    domains_seq: Seq,
     now_ms: i64,
     cjk: CjkPools,
     value: String,
     ranges: u64,
+    segments: u64,
+    domains: u64,
     in_non_members: bool,
 }
 
@@ -1179,6 +1311,8 @@ impl Generator {
         check_share("cidr-share", opts.cidr_share)?;
         check_share("ipv6-share", opts.ipv6_share)?;
         check_share("reason-share", opts.reason_share)?;
+        check_share("segment-share", opts.segment_share)?;
+        check_share("domain-share", opts.domain_share)?;
 
         let mut dims = Vec::new();
         let mut weights = Vec::new();
@@ -1195,7 +1329,7 @@ impl Generator {
                 Dimension::Uid => (Kind::Uid, UID_SPACE),
                 Dimension::Device => (Kind::Device, DEVICE_SPACE),
                 Dimension::Ip => (Kind::Ip(Box::new(IpGen::new(opts.seed))), 1),
-                Dimension::Email => bail!("--mix: gen does not write email values yet"),
+                Dimension::Email => (Kind::Email, EMAIL_SPACE),
                 Dimension::Custom(n) => (
                     Kind::Custom {
                         merchant: n.starts_with("merchant"),
@@ -1233,6 +1367,10 @@ impl Generator {
             cidr_share: opts.cidr_share,
             ipv6_share: opts.ipv6_share,
             reason_share: opts.reason_share,
+            segment_share: opts.segment_share,
+            domain_share: opts.domain_share,
+            segments_gen: SegmentGen::new(opts.seed),
+            domains_seq: Seq::new(DOMAIN_SPACE, opts.seed, "email domain"),
             now_ms: opts.now_ms.unwrap_or_else(now_ms),
             cjk: CjkPools {
                 brands: MERCHANT_BRANDS.chars().collect(),
@@ -1240,6 +1378,8 @@ impl Generator {
             },
             value: String::with_capacity(128),
             ranges: 0,
+            segments: 0,
+            domains: 0,
             in_non_members: false,
         })
     }
@@ -1263,6 +1403,20 @@ impl Generator {
                 } else {
                     ip.single(&mut self.value, rng, v6)?;
                 }
+            }
+            // Shares of 0 draw nothing, so files made before segments and domains existed
+            // come out byte for byte the same.
+            Kind::Phone
+                if self.segment_share > 0.0
+                    && chance(rng, self.segment_share)
+                    && self.segments_gen.next(&mut self.value, rng)? =>
+            {
+                self.segments += 1;
+            }
+            Kind::Email if self.domain_share > 0.0 && chance(rng, self.domain_share) => {
+                let v = self.domains_seq.take("email domain")?;
+                write_email_domain(&mut self.value, rng, v);
+                self.domains += 1;
             }
             _ => {
                 let v = dim.seq.take(dim.dimension.as_str())?;
@@ -1335,6 +1489,7 @@ impl Generator {
 fn write_value(buf: &mut String, rng: &mut Prng, kind: &Kind, v: u64, cjk: &CjkPools) {
     match kind {
         Kind::Phone => write_phone(buf, rng, v),
+        Kind::Email => write_email(buf, rng, v),
         Kind::IdCard => write_id_card(buf, rng, v),
         Kind::Imei => write_imei(buf, rng, v),
         Kind::WifiMac => write_mac(buf, rng, v),
@@ -1537,6 +1692,78 @@ mod tests {
             }
         }
         assert!(g.member().is_err(), "members after non-members");
+    }
+
+    #[test]
+    fn no_non_member_is_in_a_segment_or_at_a_domain() {
+        let o = Args {
+            mix: "phone=1,email=1".into(),
+            segment_share: 0.3,
+            domain_share: 0.3,
+            non_member_rows: 60_000,
+            ..opts(60_000)
+        };
+        let mut g = Generator::new(&o).unwrap();
+        let mut listed = HashSet::new();
+        let (mut segments, mut domains) = (HashSet::new(), HashSet::new());
+        for _ in 0..o.rows {
+            let r = g.member().unwrap();
+            let v = Value::parse_entry(r.dimension, r.value)
+                .unwrap_or_else(|e| panic!("{} {:?}: {e}", r.dimension, r.value));
+            match &v {
+                Value::PhoneSegment(s) => {
+                    let digits = s.strip_prefix("+86").unwrap_or(s);
+                    assert!(
+                        digits.starts_with("12") && (4..=8).contains(&digits.len()),
+                        "{s}"
+                    );
+                    segments.insert(v.clone());
+                }
+                Value::EmailDomain(d) => {
+                    assert!(d.ends_with(".example") && d.split('.').count() <= 4, "{d}");
+                    domains.insert(v.clone());
+                }
+                Value::Text(t) if *r.dimension == Dimension::Email => {
+                    assert!(!t.ends_with(".example"), "{t}");
+                }
+                _ => {}
+            }
+            assert!(
+                listed.insert((r.dimension.clone(), v)),
+                "{} {:?} repeated",
+                r.dimension,
+                r.value
+            );
+        }
+        assert!(segments.len() > 5_000, "{}", segments.len());
+        assert!(domains.len() > 5_000, "{}", domains.len());
+        let seg_lens: HashSet<usize> = segments.iter().map(|s| s.to_string().len() - 1).collect();
+        assert!(
+            seg_lens.len() >= 8,
+            "several segment lengths in use: {seg_lens:?}"
+        );
+        for _ in 0..o.non_member_rows {
+            let r = g.non_member().unwrap();
+            let v = Value::parse_check(r.dimension, r.value).unwrap();
+            assert!(
+                !listed.contains(&(r.dimension.clone(), v.clone())),
+                "{}",
+                r.value
+            );
+            // Every probe a check of it would make, for every length.
+            for n in 0..=21 {
+                for probe in [v.phone_segment(n), v.email_domain_suffix(n)]
+                    .into_iter()
+                    .flatten()
+                {
+                    assert!(
+                        !segments.contains(&probe) && !domains.contains(&probe),
+                        "{} is listed through {probe}",
+                        r.value
+                    );
+                }
+            }
+        }
     }
 
     #[test]

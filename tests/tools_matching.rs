@@ -1,0 +1,214 @@
+//! Issue 14 through the operator tools: `gen` writes phone segments, addresses and domain
+//! entries; `import` loads them (registering their lengths); the running service lists every
+//! one of them (a segment through a phone inside it, a domain through an address below it)
+//! and none of `gen`'s non-members; `audit` counts them as entries like any other.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::process::Command;
+
+use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use namelist::domain::{Dimension, Value};
+use serde_json::{Value as Json, json};
+
+const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
+
+fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
+    let out = Command::new(TOOLS)
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+        .args(["--redis-url", &redis.url(), "--prefix", prefix])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A gen row to check: (list, sandbox, dimension, the value to check, the value a hit shows).
+struct Probe {
+    list: String,
+    sandbox: String,
+    dimension: String,
+    check: String,
+    shown: String,
+}
+
+/// Every row of a gen file, with a value inside each segment or domain to check it by.
+fn probes(path: &Path) -> Vec<Probe> {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    r.records()
+        .map(|rec| {
+            let rec = rec.unwrap();
+            let d: Dimension = rec[1].parse().unwrap();
+            let value = Value::parse_entry(&d, &rec[2]).unwrap();
+            let check = match &value {
+                // A phone of the segment's length plus enough digits to be 11 (after +86).
+                Value::PhoneSegment(s) => {
+                    let digits = s.strip_prefix("+86").unwrap_or(s).len();
+                    format!("{s}{}", "7".repeat(11 - digits))
+                }
+                Value::EmailDomain(domain) => format!("someone@deep.{domain}"),
+                _ => rec[2].to_owned(),
+            };
+            let sandbox = if rec[3].is_empty() {
+                "default"
+            } else {
+                &rec[3]
+            };
+            Probe {
+                list: rec[0].to_owned(),
+                sandbox: sandbox.to_owned(),
+                dimension: rec[1].to_owned(),
+                check,
+                shown: value.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Checks every probe (64 values a request); the probes whose value was not among the hits,
+/// and every hit.
+async fn check_all(app: &TestApp, rows: &[Probe]) -> (Vec<String>, Vec<Json>) {
+    let mut groups: BTreeMap<(&str, &str), Vec<&Probe>> = BTreeMap::new();
+    for r in rows {
+        groups.entry((&r.list, &r.sandbox)).or_default().push(r);
+    }
+    let (mut missing, mut all_hits) = (Vec::new(), Vec::new());
+    for ((list, sandbox), rows) in groups {
+        for chunk in rows.chunks(64) {
+            let mut subjects: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for r in chunk {
+                subjects.entry(&r.dimension).or_default().push(&r.check);
+            }
+            let body = app
+                .check(&json!({"sandbox": sandbox, "lists": [list], "subjects": subjects}))
+                .await;
+            assert_eq!(body["degraded"], false, "{body}");
+            let hits = body["hits"].as_array().unwrap();
+            let seen: HashSet<(&str, &str)> = hits
+                .iter()
+                .map(|h| {
+                    (
+                        h["dimension"].as_str().unwrap(),
+                        h["value"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            for r in chunk {
+                if !seen.contains(&(r.dimension.as_str(), r.shown.as_str())) {
+                    missing.push(format!("{list}/{sandbox}/{}={}", r.dimension, r.shown));
+                }
+            }
+            all_hits.extend(hits.iter().cloned());
+        }
+    }
+    (missing, all_hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gen_import_check_audit_with_segments_addresses_and_domains() {
+    let redis = RedisServer::start_with(&["--sanitize-dump-payload", "yes"]);
+    let settings = redis_settings(&redis);
+    let prefix = settings.key_prefix.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let (members, non_members) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
+    let out = Command::new(TOOLS)
+        .args([
+            "gen",
+            "--rows",
+            "20000",
+            "--non-member-rows",
+            "20000",
+            "--mix",
+            "phone=3,email=3,uid=1",
+            "--segment-share",
+            "0.2",
+            "--domain-share",
+            "0.2",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(&members)
+        .arg("--non-members")
+        .arg(&non_members)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("phone segments") && said.contains("email domains"),
+        "{said}"
+    );
+
+    let summary: Json = serde_json::from_str(&tools(
+        &redis,
+        &prefix,
+        &[
+            "--expected-entries",
+            "20000",
+            "import",
+            members.to_str().unwrap(),
+            "--quiet",
+            "--json",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(summary["rows_rejected"], 0, "{summary}");
+    assert_eq!(summary["entries_written"], 20_000, "{summary}");
+
+    // The import registered the lengths in use, beside the entries.
+    let mut conn = redis.conn();
+    let members_of: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{prefix}p:black:loan"))
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        members_of.iter().any(|m| m.starts_with("phone/"))
+            && members_of.iter().any(|m| m.starts_with("email/")),
+        "{members_of:?}"
+    );
+
+    let app = spawn_app(settings).await;
+    let rows = probes(&members);
+    let segments = rows.iter().filter(|r| r.shown.ends_with('*')).count();
+    let domains = rows.iter().filter(|r| r.shown.starts_with('@')).count();
+    assert!(
+        segments > 1_000 && domains > 1_000,
+        "{segments} segments, {domains} domains"
+    );
+    let (missing, _) = check_all(&app, &rows).await;
+    assert!(
+        missing.is_empty(),
+        "{} false negatives, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let outsiders = probes(&non_members);
+    let (_, hits) = check_all(&app, &outsiders).await;
+    assert!(
+        hits.is_empty(),
+        "{} false positives, e.g. {:?}",
+        hits.len(),
+        hits.first()
+    );
+
+    // Segments and domains are entries like any other to the audit.
+    let audit: Json = serde_json::from_str(&tools(
+        &redis,
+        &prefix,
+        &["audit", "--json", "--compare-sample", "0"],
+    ))
+    .unwrap();
+    assert_eq!(audit["entries"], 20_000, "{audit}");
+    assert_eq!(audit["hashtable_buckets"].as_array().map_or(0, Vec::len), 0);
+}
