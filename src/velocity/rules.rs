@@ -289,6 +289,11 @@ impl Parser {
                 }
             }
             (Tok::Word(w), col) => {
+                // A name that can only be a metric is checked as one before what follows,
+                // so its error points at it.
+                if w != DECISION && !w.eq_ignore_ascii_case("null") {
+                    metric(w.clone(), col)?;
+                }
                 let op = self.op()?;
                 match self.next() {
                     (Tok::Num(n), _) => Ok(Rule::Cmp(metric(w, col)?, op, n)),
