@@ -16,7 +16,9 @@
 //! (complete: lookups answered in the pod) and on Redis with the tier off (every lookup an
 //! `HGET` in one pipelined round trip), with 10,000 and 1,000,000 filler entries in the
 //! keyspace (written straight through the store as random fields, sized buckets): the cost
-//! must follow the lookups, never the entries. `NAMELIST_BENCH_MATCHING_SIZES` (e.g.
+//! must follow the lookups, never the entries. Each case is measured twice: end to end over
+//! HTTP, and `…/lib`, the service's `NameLists::check` alone (where a lookup's cost is not
+//! lost in HTTP's). `NAMELIST_BENCH_MATCHING_SIZES` (e.g.
 //! `10000`) changes the sizes.
 //!
 //! `cargo bench --bench check` (`-- matching` for issue 14's figures alone; the Redis cases
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use namelist::config::{LogFormat, Settings};
+use namelist::lists::{CheckQuery, RawCheck};
 use namelist::startup::Application;
 use namelist::store::{Deadline, EntryKey, WriteBatch};
 use secrecy::SecretString;
@@ -273,7 +276,7 @@ fn matching(c: &mut Criterion) {
                 Backend::Embedded => None,
                 _ => Some(common::RedisServer::start()),
             };
-            let (base, client, handle) = rt.block_on(async {
+            let (base, client, handle, lists) = rt.block_on(async {
                 let mut settings = Settings {
                     workers: Some(1),
                     expected_entries: Some(entries),
@@ -330,7 +333,7 @@ fn matching(c: &mut Criterion) {
                     .pool_max_idle_per_host(1)
                     .build()
                     .expect("HTTP client");
-                (format!("http://127.0.0.1:{port}"), client, handle)
+                (format!("http://127.0.0.1:{port}"), client, handle, lists)
             });
             let url = format!("{base}/v1/check");
             let add = |entries: Vec<Json>| {
@@ -345,6 +348,27 @@ fn matching(c: &mut Criterion) {
                 })
             };
             let mut bench = |name: String, body: &str| {
+                // The service's own check, without HTTP: where the lookups' cost shows.
+                let raw: Json = serde_json::from_str(body).expect("a check body");
+                let subjects = raw["subjects"]
+                    .as_object()
+                    .expect("subjects")
+                    .iter()
+                    .map(|(d, v)| (d.clone(), vec![v.as_str().expect("one value").to_owned()]))
+                    .collect();
+                let query = CheckQuery::try_from(RawCheck {
+                    sandbox: Some("loan".into()),
+                    lists: vec!["black".into(), "grey".into()],
+                    subjects,
+                })
+                .expect("a valid check");
+                group.bench_function(format!("{name}/lib"), |b| {
+                    b.to_async(&rt).iter(|| async {
+                        let out = lists.check(&query).await.expect("check succeeds");
+                        assert!(out.hits.is_empty() && !out.degraded);
+                        black_box(out)
+                    })
+                });
                 rt.block_on(async {
                     let (status, answer) = post(&client, &url, body.to_owned()).await;
                     assert_eq!(status, 200, "{answer}");
