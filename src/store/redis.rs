@@ -249,15 +249,18 @@ impl RedisStore {
             connect_timeout: opts.connect_timeout,
             response_timeout: opts.response_timeout,
         };
-        let (mut conn, pubsub_clients) = RedisConn::connect(&connect).await.map_err(|e| match e
-            .kind()
-        {
-            ErrorKind::InvalidClientConfig => {
-                StoreError::unavailable(format!("invalid Redis URL: {e}"))
-            }
-            _ => unavailable(e),
-        })?;
-        let (bulk, _) = RedisConn::connect(&connect).await.map_err(unavailable)?;
+        let (mut conn, pubsub_clients) =
+            RedisConn::connect(&connect, "reads")
+                .await
+                .map_err(|e| match e.kind() {
+                    ErrorKind::InvalidClientConfig => {
+                        StoreError::unavailable(format!("invalid Redis URL: {e}"))
+                    }
+                    _ => unavailable(e),
+                })?;
+        let (bulk, _) = RedisConn::connect(&connect, "bulk")
+            .await
+            .map_err(unavailable)?;
 
         let wanted = Layout::buckets_for(
             opts.expected_entries
