@@ -1,7 +1,7 @@
 //! The local tier in front of the store: whole buckets held in memory, so that a lookup whose
 //! bucket is held never leaves the process, whether the entry is listed or not.
 //!
-//! * **Unit.** A bucket (~200 entries) is read whole (`Store::get_buckets`) and kept as a
+//! * **Unit.** A bucket (~200 entries) is read whole (`EntryStore::get_buckets`) and kept as a
 //!   sorted copy (`copy`, 12 bytes an entry): every lookup that falls in it, hit or miss, is a
 //!   binary search. Copies live in a moka cache weighted by their bytes, capped at the memory
 //!   budget (and at `max_buckets` copies: each weighs at least `budget / max_buckets`), so
@@ -58,7 +58,7 @@ pub use copy::BucketCopy;
 
 use crate::domain::now_ms;
 use crate::metrics::TierGauges;
-use crate::store::{EntryKey, PrefixLen, Scope, Store, StoreError};
+use crate::store::{EntryKey, EntryStore, PrefixLen, Scope, StoreError};
 
 /// Buckets read per round trip.
 const BATCH: usize = 64;
@@ -558,7 +558,7 @@ impl LocalTier {
 
     /// Reads `buckets` from the store and installs them (with the changes heard meanwhile).
     /// Buckets already being read are skipped.
-    async fn fetch(&self, store: &Arc<dyn Store>, buckets: &[u32]) -> Result<(), StoreError> {
+    async fn fetch(&self, store: &Arc<dyn EntryStore>, buckets: &[u32]) -> Result<(), StoreError> {
         let read = self.begin_read(buckets);
         if read.buckets.is_empty() {
             return Ok(());
@@ -759,7 +759,7 @@ impl LocalTier {
 
     /// Reads a sample of buckets, installs them, and chooses complete or partial mode from
     /// their mean size.
-    async fn size_up(&self, store: &Arc<dyn Store>) -> Result<(), StoreError> {
+    async fn size_up(&self, store: &Arc<dyn EntryStore>) -> Result<(), StoreError> {
         let n = self.buckets.max(1);
         let sample: Vec<u32> = (0..SAMPLE.min(n))
             .map(|i| (u64::from(i) * u64::from(n) / u64::from(SAMPLE.min(n))) as u32)
@@ -852,7 +852,7 @@ impl LocalTier {
     /// The background worker: sizes the keyspace up, loads, refreshes and rereads buckets,
     /// paced, and exports the gauges; runs until aborted. Does nothing while untrusted (a
     /// read then could not be trusted either) or when the tier is off.
-    pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, gauges: Arc<TierGauges>) {
+    pub async fn run(self: Arc<Self>, store: Arc<dyn EntryStore>, gauges: Arc<TierGauges>) {
         if self.copies.is_none() {
             self.export(&gauges);
             return;
@@ -1007,7 +1007,7 @@ impl RegistryCache {
     /// The registries of `scopes`, from the cache or in one store call.
     pub async fn get(
         &self,
-        store: &Arc<dyn Store>,
+        store: &Arc<dyn EntryStore>,
         scopes: &[Scope],
         trusted: bool,
     ) -> Result<Vec<Arc<Vec<PrefixLen>>>, StoreError> {

@@ -16,11 +16,11 @@ use futures::StreamExt;
 
 use crate::cache::{LocalTier, RegistryCache};
 use crate::metrics::Metrics;
-use crate::store::{Invalidation, Store};
+use crate::store::{Invalidation, InvalidationBus};
 
 /// Listens for invalidations until the task is aborted.
 pub async fn listen(
-    store: Arc<dyn Store>,
+    bus: Arc<dyn InvalidationBus>,
     tier: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     metrics: Arc<Metrics>,
@@ -29,7 +29,7 @@ pub async fn listen(
     const MAX_BACKOFF: Duration = Duration::from_secs(1);
     let mut backoff = MIN_BACKOFF;
     loop {
-        match store.subscribe().await {
+        match bus.subscribe().await {
             Ok(mut stream) => {
                 // Anything held before now may have changed while nobody listened.
                 registries.invalidate_all();

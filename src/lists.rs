@@ -1,4 +1,4 @@
-//! The name-list service: upsert, delete, look up and check entries, on any `Store`.
+//! The name-list service: upsert, delete, look up and check entries, on any `EntryStore`.
 //!
 //! Everything that decides *what is listed* lives here, once for every backend: expiry (an
 //! expired field answers "absent" and is deleted off the request path by compare-and-delete,
@@ -32,8 +32,8 @@ use crate::domain::{
 };
 use crate::metrics::Metrics;
 use crate::store::{
-    AuditOp, AuditRecord, Deadline, EntryKey, PrefixLen, Scope, Store, StoreError, WriteBatch,
-    code_is_live,
+    AuditOp, AuditRecord, Deadline, EntryKey, EntryStore, InvalidationBus, PrefixLen, Scope,
+    StoreError, WriteBatch, code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -227,7 +227,7 @@ struct Probe {
 
 /// The name-list service of one instance.
 pub struct NameLists {
-    store: Arc<dyn Store>,
+    store: Arc<dyn EntryStore>,
     cache: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     settings: ListSettings,
@@ -247,8 +247,14 @@ impl Drop for NameLists {
 impl NameLists {
     /// Builds the service and starts its background tasks (invalidation listener, the local
     /// tier's worker, lazy expiry); they stop when it is dropped. Must run inside a Tokio
-    /// runtime. The embedded store gets no tier: it is in memory already.
-    pub fn new(store: Arc<dyn Store>, settings: ListSettings, metrics: Arc<Metrics>) -> Self {
+    /// runtime. The embedded store gets no tier: it is in memory already. `bus` is where the
+    /// tier hears of other instances' writes (outside tests, the same backend as `store`).
+    pub fn new(
+        store: Arc<dyn EntryStore>,
+        bus: Arc<dyn InvalidationBus>,
+        settings: ListSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let cache = LocalTier::new(
             store.layout().buckets(),
             TierSettings {
@@ -265,7 +271,7 @@ impl NameLists {
         let tasks = vec![
             tokio::spawn(cache.clone().run(store.clone(), metrics.tier.clone())),
             tokio::spawn(crate::invalidation::listen(
-                store.clone(),
+                bus,
                 cache.clone(),
                 registries.clone(),
                 metrics.clone(),
@@ -289,7 +295,8 @@ impl NameLists {
         }
     }
 
-    pub fn store(&self) -> &Arc<dyn Store> {
+    /// The store itself (readiness, tests).
+    pub fn store(&self) -> &Arc<dyn EntryStore> {
         &self.store
     }
 
@@ -644,7 +651,7 @@ fn too_many_entries(n: usize) -> ValidationError {
 /// Deletes expired fields that reads found, one compare-and-delete at a time (and from the
 /// tier's copy, so that later checks do not ask again).
 async fn reclaim_expired(
-    store: Arc<dyn Store>,
+    store: Arc<dyn EntryStore>,
     tier: Arc<LocalTier>,
     mut rx: mpsc::Receiver<(EntryKey, u32)>,
     deadline: Duration,

@@ -19,7 +19,7 @@ use crate::routes::limits::{Limits, limit_in_flight};
 use crate::store::fingerprint::{self, FingerprintKey, KeyError};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::{Hashing, Layout, Store, StoreError};
+use crate::store::{AuditReports, Hashing, Layout, Store, StoreError};
 use crate::velocity::Velocity;
 
 /// Why the service could not start.
@@ -214,7 +214,7 @@ pub struct Application {
 /// Reads the last audit's summary now and every `every`, into the audit gauges. A store that
 /// does not answer leaves the gauges as they were.
 fn spawn_audit_reader(
-    store: Arc<dyn Store>,
+    store: Arc<dyn AuditReports>,
     metrics: Arc<Metrics>,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
@@ -255,11 +255,19 @@ impl Application {
         );
         let lists = web::Data::new(NameLists::new(
             opened.store.clone(),
+            opened.store.clone(),
             settings.list_settings(),
             metrics.clone(),
         ));
         let velocity = web::Data::from(
-            Velocity::new(opened.store, settings.velocity_settings(), metrics.clone()).await?,
+            Velocity::new(
+                opened.store.clone(),
+                opened.store.clone(),
+                opened.store,
+                settings.velocity_settings(),
+                metrics.clone(),
+            )
+            .await?,
         );
         let listener =
             TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {

@@ -59,7 +59,12 @@ fn settings(tier: Tier) -> ListSettings {
 
 async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>, tier: Tier) -> Harness {
     let metrics = Arc::new(Metrics::new());
-    let lists = NameLists::new(store.clone(), settings(tier), metrics.clone());
+    let lists = NameLists::new(
+        store.clone(),
+        store.clone(),
+        settings(tier),
+        metrics.clone(),
+    );
     for _ in 0..500 {
         if lists.cache().is_trusted() {
             break;

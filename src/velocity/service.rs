@@ -24,8 +24,8 @@ use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, Validatio
 use crate::lists::FailMode;
 use crate::metrics::Metrics;
 use crate::store::{
-    Deadline, DefinitionKind, Invalidation, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    Store, StoreError,
+    Deadline, DefinitionKind, DefinitionStore, Invalidation, InvalidationBus, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, StoreError,
 };
 
 /// Events further in the future than this are refused.
@@ -140,7 +140,11 @@ type EventPath<'a> = &'a dyn Fn(usize) -> String;
 
 /// The velocity service of one instance.
 pub struct Velocity {
-    store: Arc<dyn Store>,
+    /// The counts: every update and read of a metric entity.
+    counts: Arc<dyn MetricStore>,
+    definitions: Arc<dyn DefinitionStore>,
+    /// Where definition changes made by any instance are heard.
+    bus: Arc<dyn InvalidationBus>,
     defs: RwLock<Arc<Definitions>>,
     /// Reloads are numbered as they start; a slower, older one never overwrites a newer one.
     reloads: std::sync::atomic::AtomicU64,
@@ -169,7 +173,7 @@ fn family(a: Aggregation) -> MetricFamily {
     }
 }
 
-async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
+async fn load(store: &dyn DefinitionStore) -> Result<Definitions, StoreError> {
     let mut d = Definitions::default();
     for stored in store.definitions(DefinitionKind::Metric).await? {
         let (Ok(id), Ok(spec)) = (
@@ -217,15 +221,19 @@ async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
 
 impl Velocity {
     /// Loads the definitions and starts listening for changes. Must run inside a Tokio
-    /// runtime.
+    /// runtime. The three stores are, outside tests, one backend seen through each trait.
     pub async fn new(
-        store: Arc<dyn Store>,
+        counts: Arc<dyn MetricStore>,
+        definitions: Arc<dyn DefinitionStore>,
+        bus: Arc<dyn InvalidationBus>,
         settings: VelocitySettings,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, StoreError> {
-        let defs = load(store.as_ref()).await?;
+        let defs = load(definitions.as_ref()).await?;
         let v = Arc::new(Self {
-            store,
+            counts,
+            definitions,
+            bus,
             defs: RwLock::new(Arc::new(defs)),
             reloads: std::sync::atomic::AtomicU64::new(0),
             applied_reload: std::sync::Mutex::new(0),
@@ -238,7 +246,7 @@ impl Velocity {
             let mut backoff = Duration::from_millis(20);
             loop {
                 let Some(this) = weak.upgrade() else { return };
-                let stream = this.store.subscribe().await;
+                let stream = this.bus.subscribe().await;
                 drop(this);
                 if let Ok(mut stream) = stream {
                     // Whatever changed while nobody listened.
@@ -276,7 +284,12 @@ impl Velocity {
             .reloads
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
             + 1;
-        match tokio::time::timeout(self.settings.write_deadline, load(self.store.as_ref())).await {
+        match tokio::time::timeout(
+            self.settings.write_deadline,
+            load(self.definitions.as_ref()),
+        )
+        .await
+        {
             Ok(Ok(d)) => {
                 let mut applied = self.applied_reload.lock().expect("reload lock");
                 if this > *applied {
@@ -306,7 +319,7 @@ impl Velocity {
             .store_call(
                 "define",
                 deadline,
-                self.store.put_definition(
+                self.definitions.put_definition(
                     DefinitionKind::Metric,
                     id.as_str(),
                     &spec.fingerprint(),
@@ -361,7 +374,7 @@ impl Velocity {
             .store_call(
                 "define",
                 deadline,
-                self.store
+                self.definitions
                     .delete_definition(DefinitionKind::Metric, id.as_str(), deadline),
             )
             .await?;
@@ -399,7 +412,7 @@ impl Velocity {
             .store_call(
                 "define",
                 deadline,
-                self.store.put_definition(
+                self.definitions.put_definition(
                     DefinitionKind::Rule,
                     id.as_str(),
                     &expr,
@@ -436,7 +449,7 @@ impl Velocity {
             .store_call(
                 "define",
                 deadline,
-                self.store
+                self.definitions
                     .delete_definition(DefinitionKind::Rule, id.as_str(), deadline),
             )
             .await?;
@@ -462,7 +475,7 @@ impl Velocity {
         let mut late = vec![false; events.len()];
         for (i, e) in events.iter().enumerate() {
             let at = |what: &str| format!("{}{what}", path(i));
-            let layout = self.store.layout();
+            let layout = self.counts.layout();
             // What an entity remembers of the event (keyed: an id may be an identifier).
             let hash =
                 e.id.as_ref()
@@ -600,7 +613,7 @@ impl Velocity {
         } else {
             let deadline = Deadline::after(self.settings.write_deadline);
             self.metrics
-                .store_call("events", deadline, self.store.metric_ops(&ops, deadline))
+                .store_call("events", deadline, self.counts.metric_ops(&ops, deadline))
                 .await?
         };
         let dup = Self::duplicates(events.len(), &planned, &answers);
@@ -655,7 +668,7 @@ impl Velocity {
                 )
             })?;
             let key = self
-                .store
+                .counts
                 .layout()
                 .metric_key(id.as_str(), m.version, &values);
             out.push((m.clone(), self.op(m, key, at, now)));
@@ -677,7 +690,7 @@ impl Velocity {
         let deadline = Deadline::after(self.settings.read_deadline);
         let readings: Vec<MetricReading> = self
             .metrics
-            .store_call("features", deadline, self.store.metric_ops(&ops, deadline))
+            .store_call("features", deadline, self.counts.metric_ops(&ops, deadline))
             .await?
             .into_iter()
             .map(|a| a.reading.unwrap_or(MetricReading::Sum(0)))
@@ -765,7 +778,7 @@ impl Velocity {
         }
         let answers = self
             .metrics
-            .store_call("evaluate", deadline, self.store.metric_ops(&ops, deadline))
+            .store_call("evaluate", deadline, self.counts.metric_ops(&ops, deadline))
             .await?;
         let dup = Self::duplicates(events.len(), &planned, &answers[..planned.len()]);
         let m = &self.metrics;
