@@ -17,6 +17,7 @@ pub mod cache;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod instrumented;
 pub mod invalidation;
 pub mod lists;
 pub mod metrics;
