@@ -20,7 +20,7 @@ use common::RedisServer;
 
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, Layout, Store, WriteBatch};
+use namelist::store::{Deadline, EntryStore, Layout, StoreBase, WriteBatch};
 use namelist::tools::audit;
 use serde_json::json;
 

@@ -4,8 +4,12 @@
 //! * `domain`: parsed, normalised input types, and `ErrorCode`, the one table of error codes.
 //! * `store`: everything that knows what a key, field or value looks like: the storage layout
 //!   (`store::layout`), expiry codes (`store::expiry`), the Lua scripts (`store::scripts`), the
-//!   `Store` trait with its Redis and embedded backends, and the typed bulk operations the
-//!   tools use (`store::bulk`).
+//!   store traits, one per concern (`StoreBase`; `EntryStore` for the lists and the tier,
+//!   `InvalidationBus`, `MetricStore` and `DefinitionStore` for velocity, `AuditReports`;
+//!   `Store` is all of them), their Redis and embedded backends, and the typed bulk operations
+//!   the tools use (`store::bulk`).
+//! * `instrumented`: every store call the service makes, with its deadline, `store` span and
+//!   metrics (`Instrumented::call`).
 //! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
 //! * `lists`: the name-list service.
 //! * `velocity`: velocity metrics and rules.
@@ -17,6 +21,7 @@ pub mod cache;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod instrumented;
 pub mod invalidation;
 pub mod lists;
 pub mod metrics;

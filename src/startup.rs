@@ -11,15 +11,16 @@ use secrecy::ExposeSecret;
 
 use crate::auth::Tokens;
 use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, LogFormat, Settings};
+use crate::instrumented::Instrumented;
 use crate::lists::NameLists;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreOp};
 use crate::routes;
 use crate::routes::json::BodyLimit;
 use crate::routes::limits::{Limits, limit_in_flight};
 use crate::store::fingerprint::{self, FingerprintKey, KeyError};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::{Hashing, Layout, Store, StoreError};
+use crate::store::{AuditReports, Deadline, Hashing, Layout, Store, StoreError};
 use crate::velocity::Velocity;
 
 /// Why the service could not start.
@@ -214,20 +215,24 @@ pub struct Application {
 /// Reads the last audit's summary now and every `every`, into the audit gauges. A store that
 /// does not answer leaves the gauges as they were.
 fn spawn_audit_reader(
-    store: Arc<dyn Store>,
+    store: Arc<dyn AuditReports>,
     metrics: Arc<Metrics>,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    let store = Instrumented::new(store, metrics.clone());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match tokio::time::timeout(Duration::from_secs(5), store.audit_summary()).await {
-                Ok(Ok(Some(s))) => metrics.set_audit(&s),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "reading the audit summary failed"),
-                Err(_) => tracing::debug!("reading the audit summary timed out"),
+            let deadline = Deadline::after(Duration::from_secs(5));
+            match store
+                .call(StoreOp::AuditSummary, deadline, |s| s.audit_summary())
+                .await
+            {
+                Ok(Some(s)) => metrics.set_audit(&s),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "reading the audit summary failed"),
             }
         }
     })
@@ -255,11 +260,19 @@ impl Application {
         );
         let lists = web::Data::new(NameLists::new(
             opened.store.clone(),
+            opened.store.clone(),
             settings.list_settings(),
             metrics.clone(),
         ));
         let velocity = web::Data::from(
-            Velocity::new(opened.store, settings.velocity_settings(), metrics.clone()).await?,
+            Velocity::new(
+                opened.store.clone(),
+                opened.store.clone(),
+                opened.store,
+                settings.velocity_settings(),
+                metrics.clone(),
+            )
+            .await?,
         );
         let listener =
             TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{RedisCluster, RedisServer};
 use namelist::domain::{Expiry, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, Store, WriteBatch};
+use namelist::store::{Deadline, EntryStore, StoreBase, WriteBatch};
 use namelist::tools::audit::{self, Args, AuditReport};
 
 const ENTRIES: u64 = 3000;

@@ -258,7 +258,7 @@ async fn restore_builds_what_hset_would() {
     // One audit record for the run, with its counts; the ranges' registry is untouched
     // (no CIDR rows here).
     let tail = {
-        use namelist::store::Store;
+        use namelist::store::EntryStore;
         restored.audit_tail(10).await.unwrap()
     };
     assert_eq!(tail.len(), 1);
@@ -273,7 +273,7 @@ async fn restore_builds_what_hset_would() {
 }
 
 fn restored_layout(store: &namelist::store::redis::RedisStore) -> &Layout {
-    use namelist::store::Store;
+    use namelist::store::StoreBase;
     store.layout()
 }
 

@@ -16,7 +16,7 @@ use namelist::domain::now_ms;
 use namelist::store::bulk::compare_and_delete;
 use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, EntryKey, Layout, Store, WriteBatch};
+use namelist::store::{Deadline, EntryKey, EntryStore, Layout, StoreBase, WriteBatch};
 use namelist::tools::sweep::{self, Args, Position, SweepReport};
 
 const HOUR_MS: i64 = 3_600_000;

@@ -46,9 +46,10 @@ use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditRecord, AuditSummary, Deadline, DefinitionKind, EntryKey, Invalidation,
-    InvalidationStream, Layout, MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen,
-    Scope, Store, StoreError, StoreResult, StoredDefinition, WriteBatch,
+    AuditRecord, AuditReports, AuditSummary, Deadline, DefinitionKind, DefinitionStore, EntryKey,
+    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Scope, StoreBase, StoreError,
+    StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::now_ms;
 
@@ -780,7 +781,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl StoreBase for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
@@ -797,7 +798,10 @@ impl Store for RedisStore {
             .map_err(unavailable)?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl EntryStore for RedisStore {
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
         let cmds = keys
             .iter()
@@ -1090,6 +1094,36 @@ impl Store for RedisStore {
         self.noted(r)
     }
 
+    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
+        let cmds: Vec<Keyed> = self
+            .layout
+            .audit_keys()
+            .into_iter()
+            .map(|key| {
+                Self::keyed(key, |c, key| {
+                    c.arg("XREVRANGE")
+                        .arg(key)
+                        .arg("+")
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(count);
+                })
+            })
+            .collect();
+        let parts = self
+            .conn
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(parse_stream)
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(newest(parts, count))
+    }
+}
+
+#[async_trait]
+impl InvalidationBus for RedisStore {
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
         // On a cluster any node delivers every PUBLISH: subscribe to the seeds in turn, so
         // a node that is down (or was failed over) is skipped next time.
@@ -1143,44 +1177,10 @@ impl Store for RedisStore {
             .map(drop)
             .map_err(unavailable)
     }
+}
 
-    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
-        let cmds: Vec<Keyed> = self
-            .layout
-            .audit_keys()
-            .into_iter()
-            .map(|key| {
-                Self::keyed(key, |c, key| {
-                    c.arg("XREVRANGE")
-                        .arg(key)
-                        .arg("+")
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(count);
-                })
-            })
-            .collect();
-        let parts = self
-            .conn
-            .run_all(cmds)
-            .await
-            .map_err(unavailable)?
-            .iter()
-            .map(parse_stream)
-            .collect::<StoreResult<Vec<_>>>()?;
-        Ok(newest(parts, count))
-    }
-
-    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
-        let mut conn = self.conn.clone();
-        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(self.layout.audit_summary_key())
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(AuditSummary::from_fields(&fields))
-    }
-
+#[async_trait]
+impl MetricStore for RedisStore {
     async fn metric_ops(
         &self,
         ops: &[MetricOp],
@@ -1204,7 +1204,10 @@ impl Store for RedisStore {
             .map(|r| r.ok_or_else(|| StoreError::unavailable("metric scripts not loaded".into())))
             .collect()
     }
+}
 
+#[async_trait]
+impl DefinitionStore for RedisStore {
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
         let mut conn = self.conn.clone();
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
@@ -1263,6 +1266,19 @@ impl Store for RedisStore {
         let n: i64 = redis::from_redis_value(v)
             .map_err(|e| StoreError::corrupt(format!("definition delete: {e}")))?;
         Ok(n == 1)
+    }
+}
+
+#[async_trait]
+impl AuditReports for RedisStore {
+    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
+        let mut conn = self.conn.clone();
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.layout.audit_summary_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(AuditSummary::from_fields(&fields))
     }
 }
 

@@ -27,7 +27,7 @@ pub use compare::{Comparison, LayoutCost};
 
 use super::Global;
 use crate::domain::now_ms;
-use crate::store::Store;
+use crate::store::StoreBase;
 use crate::store::bulk::BucketProbe;
 use crate::store::layout::{AuditSummary, MAX_MEAN_FILL};
 use crate::store::redis::RedisStore;

@@ -46,7 +46,8 @@ use crate::lists::MAX_REASON_LEN;
 use crate::store::layout::write_canonical;
 use crate::store::redis::RedisStore;
 use crate::store::{
-    AuditRecord, FingerprintKey, Hashing, Invalidation, Layout, PrefixLen, Scope, Store,
+    AuditRecord, FingerprintKey, Hashing, Invalidation, InvalidationBus, Layout, PrefixLen, Scope,
+    StoreBase,
 };
 
 /// Bulk-load entries from CSV or JSON Lines (optionally gzip), from FILE or stdin.

@@ -67,7 +67,7 @@ use super::Global;
 use crate::domain::now_ms;
 use crate::store::bulk::{BucketScan, CasOutcome};
 use crate::store::redis::RedisStore;
-use crate::store::{Layout, Store};
+use crate::store::{Layout, StoreBase};
 
 /// Default of `--max-ops-per-sec`.
 pub const DEFAULT_MAX_OPS_PER_SEC: u32 = 1000;
