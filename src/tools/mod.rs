@@ -20,9 +20,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
-use crate::config::{DEFAULT_EXPECTED_ENTRIES, Settings};
+use crate::config::Settings;
 use crate::store::redis::{RedisOptions, RedisStore};
 
 /// Options every tool shares.
@@ -80,25 +80,14 @@ impl Global {
                 "no Redis configured: set NAMELIST_REDIS_URL (or NAMELIST_REDIS_CLUSTER_NODES), or pass --redis-url (or --cluster-nodes)"
             );
         }
-        let (store, report) = RedisStore::open(RedisOptions {
-            url: settings
-                .redis_url
-                .as_ref()
-                .map(|u| u.expose_secret().to_owned())
-                .unwrap_or_default(),
-            cluster_nodes: settings.redis_cluster_nodes.clone(),
-            prefix: settings.key_prefix.clone(),
-            expected_entries: settings.expected_entries,
-            default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
-            connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+        // Bulk work: a pipeline of hundreds of buckets may take seconds to answer.
+        let options = RedisOptions {
             response_timeout: Duration::from_secs(60),
-            audit_max_len: settings.audit_max_len,
-            write_replicas: settings.write_replicas,
-            fingerprint_key: settings.fingerprint_key()?,
-            allow_unkeyed: settings.allow_unkeyed,
-        })
-        .await
-        .context("opening the keyspace")?;
+            ..RedisOptions::from_settings(&settings)?
+        };
+        let (store, report) = RedisStore::open(options)
+            .await
+            .context("opening the keyspace")?;
         if let Some(line) = &report.unkeyed {
             eprintln!("ERROR: {line}");
         }
