@@ -11,7 +11,8 @@
 //! What it does:
 //!
 //! 1. Starts its own `redis-server` (free port, `--save "" --appendonly no`), has
-//!    `namelist-tools gen` write `NAMELIST_LOAD_ENTRIES` (1,000,000) entries over the 7
+//!    `namelist-tools` (built first by `cargo build --release -p namelist-tools`: it is the
+//!    workspace's other package, so Cargo hands this bench no path to it) `gen` write `NAMELIST_LOAD_ENTRIES` (1,000,000) entries over the 7
 //!    built-in dimensions (uid, phone, id_card, device, imei, wifi_mac, ip; 30 % of IPs are
 //!    IPv6) in lists `black` and `grey`, sandbox `loan`, plus non-members (values listed
 //!    nowhere), and loads them with `namelist-tools import`. Four IP ranges are then added
@@ -99,7 +100,41 @@ use namelist::store::{Layout, PrefixLen};
 use serde_json::{Value as Json, json};
 
 const SERVICE: &str = env!("CARGO_BIN_EXE_namelist");
-const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
+/// The release `namelist-tools` binary, built now by cargo into this bench's target directory
+/// (`cargo build --release -p namelist-tools`; nothing to do when it is up to date). It belongs
+/// to the workspace's other package, so there is no `CARGO_BIN_EXE_namelist-tools` here, and a
+/// binary merely found in `target/` could be older than the source.
+fn tools_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the bench's own path");
+        // target/<profile>/deps/load-<hash>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the bench runs from target/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("a target directory");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(&cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "namelist-tools",
+                "--bin",
+                "namelist-tools",
+            ])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(built, "`{cargo} build --release -p namelist-tools` failed");
+        profile_dir.join("namelist-tools")
+    })
+    .clone()
+}
+
 const WRK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/load/wrk.lua");
 
 const DIMS: [&str; 7] = [
@@ -1168,7 +1203,7 @@ fn load_keyspace(
 ) -> (PathBuf, Json) {
     let members_csv = dir.join(format!("members-{entries}.csv"));
     let mix = DIMS.map(|d| format!("{d}=1")).join(",");
-    let mut generate = Command::new(TOOLS);
+    let mut generate = Command::new(tools_bin());
     generate.args([
         "gen",
         "--rows",
@@ -1196,7 +1231,7 @@ fn load_keyspace(
     }
     run(&mut generate);
     let imported: Json = serde_json::from_str(
-        run(Command::new(TOOLS).args([
+        run(Command::new(tools_bin()).args([
             "--redis-url",
             redis_url,
             "--fingerprint-key-file",

@@ -10,7 +10,6 @@
 //! * `lists`: the name-list service.
 //! * `velocity`: velocity metrics and rules.
 //! * `routes`, `error`, `auth`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
-//! * `tools`: the operator tools behind `namelist-tools` (never a Redis command of their own).
 
 pub mod auth;
 pub mod cache;
@@ -24,5 +23,4 @@ pub mod routes;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
-pub mod tools;
 pub mod velocity;

@@ -56,6 +56,79 @@ pub fn write_key_file(path: &Path, hex: &str) {
         .expect("writing a key file");
 }
 
+/// A valid fingerprint key that is not [`TEST_KEY_HEX`].
+pub const WRONG_KEY_HEX: &str = "c0ffee00112233445566778899aabbccddeeff00112233445566778899aabbcc";
+
+/// Key files for start-up tests: the right one, a wrong one, an exposed copy of the right one
+/// (mode 0644) and a placeholder; removed when dropped.
+pub struct KeyFiles {
+    _dir: tempfile::TempDir,
+    pub right: PathBuf,
+    pub wrong: PathBuf,
+    pub exposed: PathBuf,
+    pub placeholder: PathBuf,
+}
+
+impl KeyFiles {
+    pub fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = |n: &str| dir.path().join(n);
+        let (right, wrong, exposed, placeholder) = (
+            path("right.key"),
+            path("wrong.key"),
+            path("exposed.key"),
+            path("placeholder.key"),
+        );
+        write_key_file(&right, TEST_KEY_HEX);
+        write_key_file(&wrong, WRONG_KEY_HEX);
+        write_key_file(&exposed, TEST_KEY_HEX);
+        std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_key_file(&placeholder, "CHANGE-ME");
+        Self {
+            _dir: dir,
+            right,
+            wrong,
+            exposed,
+            placeholder,
+        }
+    }
+}
+
+/// How a start-up went (the service's or a tool's), with what the process wrote.
+#[derive(Debug)]
+pub enum Outcome {
+    Started(String),
+    Refused(String),
+}
+
+impl Outcome {
+    pub fn started(self) -> String {
+        match self {
+            Outcome::Started(s) => s,
+            Outcome::Refused(s) => panic!("expected a start, refused: {s}"),
+        }
+    }
+
+    pub fn refused(self) -> String {
+        match self {
+            Outcome::Refused(s) => s,
+            Outcome::Started(s) => panic!("expected a refusal, started: {s}"),
+        }
+    }
+}
+
+/// The `<prefix>meta` hash of a keyspace.
+pub fn keyspace_meta(
+    redis: &RedisServer,
+    prefix: &str,
+) -> std::collections::HashMap<String, String> {
+    redis::cmd("HGETALL")
+        .arg(format!("{prefix}meta"))
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
 /// A `redis-server` of the test's own, killed when dropped.
 pub struct RedisServer {
     pub port: u16,
@@ -160,6 +233,11 @@ impl RedisServer {
     }
 
     /// SIGKILL: the server vanishes mid-conversation, as in a crash.
+    /// `DBSIZE`: keys in the server.
+    pub fn dbsize(&self) -> u64 {
+        redis::cmd("DBSIZE").query(&mut self.conn()).unwrap()
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

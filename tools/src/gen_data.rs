@@ -40,7 +40,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
 
-use crate::domain::{Dimension, ListName, Sandbox, now_ms};
+use namelist::domain::{Dimension, ListName, Sandbox, now_ms};
 
 /// The seed used when `--seed` is not given.
 pub const DEFAULT_SEED: u64 = 20_240_601;
@@ -1350,7 +1350,7 @@ mod tests {
     use std::io::Read;
 
     use super::*;
-    use crate::domain::{IpValue, Value};
+    use namelist::domain::{IpValue, Value};
 
     const NOW: i64 = 1_780_000_000_000;
 
@@ -1451,8 +1451,8 @@ mod tests {
                     if ip.is_range() {
                         let p = ip.prefix();
                         match ip.family() {
-                            crate::domain::IpFamily::V4 => assert!((16..=28).contains(&p)),
-                            crate::domain::IpFamily::V6 => assert!((32..=64).contains(&p)),
+                            namelist::domain::IpFamily::V4 => assert!((16..=28).contains(&p)),
+                            namelist::domain::IpFamily::V6 => assert!((32..=64).contains(&p)),
                         }
                     }
                 }

@@ -1,6 +1,9 @@
-//! The operator tools behind `namelist-tools` (`tools/main.rs` only parses arguments). They
-//! live in the library so that they share the service's normalisation and storage layout
-//! (one implementation, never a copy) and so that tests and benches can drive them.
+//! `namelist-tools`: the operator tools, a crate of their own over the `namelist` library
+//! (`src/main.rs` only parses arguments and dispatches). They share the service's
+//! normalisation and storage layout (one implementation, never a copy) and never speak to Redis
+//! on their own: every Redis call is a typed operation of `namelist::store` (`store::bulk`),
+//! and this crate does not even depend on the `redis` crate. It is a library too, so that its
+//! tests and benches can drive the tools without the binary.
 //!
 //! Unlike the service, the tools report errors with `anyhow` and context: they end in a
 //! message to an operator, not in an HTTP status.
@@ -22,8 +25,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use secrecy::SecretString;
 
-use crate::config::Settings;
-use crate::store::redis::{RedisOptions, RedisStore};
+use namelist::config::Settings;
+use namelist::store::redis::{RedisOptions, RedisStore};
 
 /// Options every tool shares.
 #[derive(Debug, Clone, clap::Args)]

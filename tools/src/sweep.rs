@@ -58,16 +58,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::ScanTarget;
 use anyhow::{Context, bail};
-use redis::RedisResult;
+use namelist::store::conn::ScanTarget;
 use serde::{Deserialize, Serialize};
 
-use super::Global;
-use crate::domain::now_ms;
-use crate::store::bulk::{BucketScan, CasOutcome};
-use crate::store::redis::RedisStore;
-use crate::store::{Layout, Store};
+use crate::Global;
+use namelist::domain::now_ms;
+use namelist::store::bulk::{BucketScan, CasOutcome};
+use namelist::store::redis::RedisStore;
+use namelist::store::{Layout, Store};
 
 /// Default of `--max-ops-per-sec`.
 pub const DEFAULT_MAX_OPS_PER_SEC: u32 = 1000;
@@ -411,9 +410,9 @@ impl Sweeper<'_> {
         target: &ScanTarget,
         cursor: u64,
         count: u32,
-    ) -> RedisResult<BucketScan> {
+    ) -> anyhow::Result<BucketScan> {
         self.pace().await;
-        self.store.scan_buckets(target, cursor, count).await
+        Ok(self.store.scan_buckets(target, cursor, count).await?)
     }
 
     /// Sweeps one bucket; `None` if the key is not a hash.

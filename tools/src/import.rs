@@ -32,20 +32,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::store::bulk::BucketWrite;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use namelist::store::bulk::BucketWrite;
 use serde::{Deserialize, Serialize};
 
-use super::Global;
-use crate::domain::{
+use crate::Global;
+use namelist::domain::{
     Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
 };
-use crate::lists::MAX_REASON_LEN;
-use crate::store::layout::write_canonical;
-use crate::store::redis::RedisStore;
-use crate::store::{
+use namelist::lists::MAX_REASON_LEN;
+use namelist::store::layout::write_canonical;
+use namelist::store::redis::RedisStore;
+use namelist::store::{
     AuditRecord, FingerprintKey, Hashing, Invalidation, Layout, PrefixLen, Scope, Store,
 };
 
@@ -1157,7 +1157,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
         let buckets = Layout::buckets_for(
             settings
                 .expected_entries
-                .unwrap_or(crate::config::DEFAULT_EXPECTED_ENTRIES),
+                .unwrap_or(namelist::config::DEFAULT_EXPECTED_ENTRIES),
         );
         // Nothing is written: any key counts the same duplicates (the configured one is
         // still read, so a bad key file shows before the real run).

@@ -3,7 +3,7 @@
 //! it is safe against a live store.
 
 use clap::{Parser, Subcommand};
-use namelist::tools::{self, Global};
+use namelist_tools::{self as tools, Global};
 
 #[derive(Parser)]
 #[command(

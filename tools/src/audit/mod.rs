@@ -18,19 +18,19 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::store::conn::ScanTarget;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use namelist::store::conn::ScanTarget;
 use serde::Serialize;
 
 pub use compare::{Comparison, LayoutCost};
 
-use super::Global;
-use crate::domain::now_ms;
-use crate::store::Store;
-use crate::store::bulk::BucketProbe;
-use crate::store::layout::{AuditSummary, MAX_MEAN_FILL};
-use crate::store::redis::RedisStore;
+use crate::Global;
+use namelist::domain::now_ms;
+use namelist::store::Store;
+use namelist::store::bulk::BucketProbe;
+use namelist::store::layout::{AuditSummary, MAX_MEAN_FILL};
+use namelist::store::redis::RedisStore;
 
 /// How many problem buckets the JSON lists by name (the counts are always exact).
 pub const MAX_LISTED_BUCKETS: usize = 1000;
@@ -1069,7 +1069,7 @@ mod tests {
     #[test]
     fn glob_escaping() {
         assert_eq!(
-            crate::store::bulk::glob_escape("a*b?[c]\\"),
+            namelist::store::bulk::glob_escape("a*b?[c]\\"),
             "a\\*b\\?\\[c\\]\\\\"
         );
     }
