@@ -28,7 +28,7 @@
 
 use std::fmt::{self, Write as _};
 use std::fs::File;
-use std::io::{self, BufWriter, IsTerminal, Write};
+use std::io::{self, BufWriter, Write};
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,11 +36,13 @@ use std::time::Instant;
 use anyhow::{Context, bail, ensure};
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
 
 use namelist::domain::{Dimension, ListName, Sandbox, now_ms};
+
+use crate::progress;
 
 /// The seed used when `--seed` is not given.
 pub const DEFAULT_SEED: u64 = 20_240_601;
@@ -297,16 +299,11 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn progress_bar(opts: &Args, total: u64) -> ProgressBar {
-    if opts.quiet || total < PROGRESS_FROM || !io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
+    progress::bar(
+        opts.quiet || total < PROGRESS_FROM,
+        Some(total),
         "gen [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} rows ({per_sec}, eta {eta})",
-    ) {
-        bar.set_style(style);
-    }
-    bar
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

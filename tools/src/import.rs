@@ -34,11 +34,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use namelist::store::bulk::BucketWrite;
 use serde::{Deserialize, Serialize};
 
 use crate::Global;
+use crate::pace::Pace;
+use crate::progress;
 use namelist::domain::{
     Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
 };
@@ -859,23 +861,6 @@ fn save_checkpoint(path: &Path, cp: &Checkpoint) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bar(quiet: bool, len: u64, template: &str) -> ProgressBar {
-    let pb = ProgressBar::with_draw_target(
-        Some(len),
-        if quiet {
-            ProgressDrawTarget::hidden()
-        } else {
-            ProgressDrawTarget::stderr()
-        },
-    );
-    pb.set_style(
-        ProgressStyle::with_template(template)
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb
-}
-
 /// Runs an import against `store` (or, with `--dry-run`, against `layout` only).
 pub async fn import(
     store: Option<&RedisStore>,
@@ -938,9 +923,9 @@ pub async fn import(
         .input_path()
         .and_then(|p| std::fs::metadata(p).ok())
         .map_or(0, |m| m.len());
-    let read_bar = bar(
+    let read_bar = progress::bar(
         args.quiet || total == 0,
-        total,
+        Some(total),
         "reading {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
     );
     let bytes_read = Arc::new(AtomicU64::new(0));
@@ -1008,9 +993,9 @@ pub async fn import(
     };
     summary.restore_used = format.is_some();
     let write_started = Instant::now();
-    let write_bar = bar(
+    let write_bar = progress::bar(
         args.quiet,
-        u64::from(layout.buckets()),
+        Some(u64::from(layout.buckets())),
         "writing {bar:30} {pos}/{len} buckets eta {eta} {msg}",
     );
     let accepted = rows_read - rows_rejected;
@@ -1018,6 +1003,7 @@ pub async fn import(
     let mut last_publish = Instant::now();
     let mut last_checkpoint = Instant::now();
     let batch_buckets = args.batch_buckets.max(1);
+    let pace = Pace::per_sec(args.max_rows_per_sec);
     for p in 0..partitions.len() {
         let buckets = group(partitions.take(p)?);
         rows_done += buckets.iter().map(|b| b.pairs.len() as u64).sum::<u64>();
@@ -1030,19 +1016,12 @@ pub async fn import(
         while it.peek().is_some() {
             batches.push(it.by_ref().take(batch_buckets).collect::<Vec<_>>());
         }
-        let paced = Arc::new(tokio::sync::Mutex::new((Instant::now(), 0u64)));
         let mut writes = futures::stream::iter(batches.into_iter().map(|batch| {
-            let paced = paced.clone();
+            let pace = &pace;
             let last = batch.last().map_or(0, |b| b.bucket);
             let rows: u64 = batch.iter().map(|b| b.pairs.len() as u64).sum();
             async move {
-                if args.max_rows_per_sec > 0 {
-                    let mut p = paced.lock().await;
-                    p.1 += rows;
-                    let due =
-                        p.0 + Duration::from_secs_f64(p.1 as f64 / args.max_rows_per_sec as f64);
-                    tokio::time::sleep_until(due.into()).await;
-                }
+                pace.take(rows).await;
                 store.write_buckets(format, &batch).await.map(|o| (last, o))
             }
         }))

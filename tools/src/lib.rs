@@ -17,6 +17,8 @@ pub mod audit;
 pub mod gen_data;
 pub mod import;
 pub mod keygen;
+pub mod pace;
+pub mod progress;
 pub mod sweep;
 
 use std::path::PathBuf;

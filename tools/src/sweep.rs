@@ -52,7 +52,7 @@
 //! batch and writing the checkpoint).
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,6 +63,8 @@ use namelist::store::conn::ScanTarget;
 use serde::{Deserialize, Serialize};
 
 use crate::Global;
+use crate::pace::Pace;
+use crate::progress;
 use namelist::domain::now_ms;
 use namelist::store::bulk::{BucketScan, CasOutcome};
 use namelist::store::redis::RedisStore;
@@ -346,47 +348,17 @@ struct BucketOutcome {
     bytes_after: u64,
 }
 
-/// Spaces calls at least `1 / rate` apart; `rate` 0 = no limit.
-struct Pacer {
-    interval: Option<Duration>,
-    next: tokio::time::Instant,
-}
-
-impl Pacer {
-    fn new(per_sec: u32) -> Self {
-        Self {
-            interval: (per_sec > 0).then(|| Duration::from_secs(1) / per_sec),
-            next: tokio::time::Instant::now(),
-        }
-    }
-
-    /// Waits for the next slot.
-    async fn wait(&mut self) {
-        let Some(interval) = self.interval else {
-            return;
-        };
-        let now = tokio::time::Instant::now();
-        if self.next > now {
-            tokio::time::sleep_until(self.next).await;
-        } else {
-            // Idle time earns no burst.
-            self.next = now;
-        }
-        self.next += interval;
-    }
-}
-
 /// The store, the pacer and the command count of one run.
 struct Sweeper<'a> {
     store: &'a RedisStore,
-    pacer: Pacer,
+    pace: Pace,
     ops: u64,
 }
 
 impl Sweeper<'_> {
     /// Waits for the next command's slot and counts it.
     async fn pace(&mut self) {
-        self.pacer.wait().await;
+        self.pace.take(1).await;
         self.ops += 1;
     }
 
@@ -576,7 +548,7 @@ async fn sweep_with(
     let real_now = now_ms();
     let mut sw = Sweeper {
         store,
-        pacer: Pacer::new(opts.max_ops_per_sec),
+        pace: Pace::per_sec(u64::from(opts.max_ops_per_sec)),
         ops: 0,
     };
     let cluster = store.is_cluster();
@@ -852,14 +824,12 @@ struct Progress {
 
 impl Progress {
     fn new(buckets: u32) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(u64::from(buckets));
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
+        let bar = progress::drawn().then(|| {
+            progress::bar(
+                false,
+                Some(u64::from(buckets)),
                 "{elapsed_precise} [{bar:30}] {pos}/{len} buckets {msg}",
-            ) {
-                bar.set_style(style.progress_chars("=> "));
-            }
-            bar
+            )
         });
         Self {
             bar,

@@ -16,16 +16,18 @@ pub mod render;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use namelist::store::conn::ScanTarget;
 use serde::Serialize;
 
 pub use compare::{Comparison, LayoutCost};
 
 use crate::Global;
+use crate::pace::Pace;
+use crate::progress;
 use namelist::domain::now_ms;
 use namelist::store::Store;
 use namelist::store::bulk::BucketProbe;
@@ -608,16 +610,6 @@ pub fn combined_memory(nodes: &[ServerMemory]) -> ServerMemory {
     }
 }
 
-/// Sleeps as needed to keep `done` probes since `started` under `rate` per second.
-async fn pace(done: u64, started: Instant, rate: Option<u64>) {
-    if let Some(rate) = rate {
-        let due = Duration::from_secs_f64(done as f64 / rate as f64);
-        if let Some(wait) = due.checked_sub(started.elapsed()) {
-            tokio::time::sleep(wait).await;
-        }
-    }
-}
-
 /// The walk's state: totals plus what the probes found that is not a bucket.
 struct Walk<'a> {
     store: &'a RedisStore,
@@ -625,12 +617,14 @@ struct Walk<'a> {
     /// Per scan target.
     limits: Vec<Option<u64>>,
     totals: Totals,
-    started: Instant,
+    /// `--max-buckets-per-sec`.
+    pace: Pace,
     progress: &'a ProgressBar,
 }
 
 impl Walk<'_> {
     async fn probe(&mut self, keys: &[(usize, String)]) -> anyhow::Result<()> {
+        self.pace.take(keys.len() as u64).await;
         let outcomes = probe_batch(self.store, keys).await?;
         for o in outcomes {
             match o {
@@ -647,8 +641,6 @@ impl Walk<'_> {
             }
         }
         self.progress.inc(keys.len() as u64);
-        let done = self.progress.position();
-        pace(done, self.started, self.opts.max_buckets_per_sec).await;
         Ok(())
     }
 }
@@ -725,7 +717,7 @@ pub async fn audit_with_progress(
             nodes: vec![NodeTotals::default(); targets.len()],
             ..Totals::default()
         },
-        started,
+        pace: Pace::per_sec(opts.max_buckets_per_sec.unwrap_or(0)),
         progress,
     };
     let mut seen = Seen::new(layout.buckets());
@@ -1014,9 +1006,10 @@ pub async fn audit_with_progress(
 /// Runs the audit: the table (or `--json`) on stdout, `--html` to a file.
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
     let (store, _settings) = global.open().await?;
-    let progress = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} buckets, {per_sec}, eta {eta}")
-            .expect("a valid progress template"),
+    let progress = progress::bar(
+        false,
+        None,
+        "{msg} {bar:30} {pos}/{len} buckets, {per_sec}, eta {eta}",
     );
     let report = audit_with_progress(&store, &args, &progress).await?;
     if !args.no_summary {
