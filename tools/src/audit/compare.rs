@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use super::SplitMix;
+use super::walk::SplitMix;
 use namelist::store::ExpiryCode;
 use namelist::store::bulk::ScratchValue;
 use namelist::store::layout::Layout;

@@ -1,38 +1,42 @@
 //! `namelist-tools audit`: what the keyspace costs in Redis memory, measured bucket by bucket,
 //! and what the same entries would cost in the layouts of the service this one replaces.
 //!
-//! The walk (this module) SCANs `<prefix>b:*` on every scan target (the node, or each primary
-//! of a Redis Cluster in turn: `SCAN` only sees the keys of the node it runs on) and probes
-//! every bucket (or a reservoir sample of them, over all the nodes) with one batch of
-//! `MEMORY USAGE key SAMPLES 0`, `OBJECT ENCODING`, `HLEN` and an `EVALSHA` of a read-only
-//! script counting expired fields, `--batch` buckets per round trip (`RedisConn::run`: one
-//! pipeline on a node, per-slot pipelines sent together on a cluster). `INFO` and the listpack
-//! limit are read per node; the report sums them (the lowest limit) and keeps per-node lines.
-//! [`compare`] writes a scratch sample of real entries in each layout, measures and deletes it;
-//! [`render`] turns the [`AuditReport`] into the text table and the HTML page.
+//! An audit reads, in this order ([`audit_with_progress`]): every node's version and
+//! `hash-max-listpack-entries` (the node, or each primary of a Redis Cluster); the walk
+//! (`walk.rs`), which SCANs `<prefix>b:*` on every node and probes every bucket (or a
+//! reservoir sample of them, over all the nodes) with one batch of `MEMORY USAGE key SAMPLES
+//! 0`, `OBJECT ENCODING`, `HLEN` and an `EVALSHA` of a read-only script counting expired
+//! fields, `--batch` buckets per round trip (`RedisConn::run`: one pipeline on a node, per-slot
+//! pipelines sent together on a cluster); every node's `INFO memory`; then the layout
+//! comparison (`compare.rs`), which writes a scratch sample of real entries in each layout,
+//! measures and deletes it. The report sums the nodes (the lowest limit; the arithmetic is
+//! `stats.rs`) and keeps per-node lines; [`render`] turns it into the text table and the HTML
+//! page.
 
 mod compare;
 pub mod render;
+mod stats;
+mod walk;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use indicatif::ProgressBar;
+use namelist::domain::now_ms;
 use namelist::store::conn::ScanTarget;
+use namelist::store::layout::{AuditSummary, MAX_MEAN_FILL};
+use namelist::store::redis::RedisStore;
+use namelist::store::{Layout, Store};
 use serde::Serialize;
 
 pub use compare::{Comparison, LayoutCost};
+pub use stats::combined_memory;
 
 use crate::Global;
-use crate::pace::Pace;
 use crate::progress;
-use namelist::domain::now_ms;
-use namelist::store::Store;
-use namelist::store::bulk::BucketProbe;
-use namelist::store::layout::{AuditSummary, MAX_MEAN_FILL};
-use namelist::store::redis::RedisStore;
+use walk::{Totals, Walked};
 
 /// How many problem buckets the JSON lists by name (the counts are always exact).
 pub const MAX_LISTED_BUCKETS: usize = 1000;
@@ -264,226 +268,6 @@ pub struct AuditReport {
     pub warnings: Vec<String>,
 }
 
-/// One probed bucket.
-struct Probe {
-    /// Index of the scan target the key was found on.
-    node: usize,
-    key: String,
-    bytes: u64,
-    encoding: String,
-    fields: u64,
-    expired: u64,
-    never: u64,
-    unreadable: u64,
-}
-
-enum Outcome {
-    Probed(Probe),
-    /// Deleted between the SCAN and the probe.
-    Vanished,
-    /// Not a hash: (key, the error).
-    NotHash(String, String),
-}
-
-/// Running totals of one node.
-#[derive(Default, Clone)]
-struct NodeTotals {
-    buckets: u64,
-    entries: u64,
-    bytes: u64,
-    over_limit: u64,
-    hashtable: u64,
-}
-
-/// Running totals of the walk.
-#[derive(Default)]
-struct Totals {
-    /// Per scan target, in the order of `scan_targets`.
-    nodes: Vec<NodeTotals>,
-    buckets: u64,
-    entries: u64,
-    bytes: u64,
-    key_name_bytes: u64,
-    fills: BTreeMap<u64, u64>,
-    encodings: BTreeMap<String, EncodingStats>,
-    over_limit: (u64, Vec<ProblemBucket>),
-    hashtable: (u64, Vec<ProblemBucket>),
-    problems: u64,
-    expired: u64,
-    never: u64,
-    unreadable: u64,
-    vanished: u64,
-    not_hash: Vec<String>,
-    /// The first buckets probed, until they hold `--compare-sample` fields: the comparison's source.
-    compare_keys: Vec<String>,
-    compare_fields: u64,
-}
-
-impl Totals {
-    /// `limit` is the listpack limit of the bucket's own node.
-    fn add(&mut self, p: Probe, limit: Option<u64>, compare_sample: u64) {
-        if self.nodes.len() <= p.node {
-            self.nodes.resize(p.node + 1, NodeTotals::default());
-        }
-        let node = &mut self.nodes[p.node];
-        node.buckets += 1;
-        node.entries += p.fields;
-        node.bytes += p.bytes;
-        self.buckets += 1;
-        self.entries += p.fields;
-        self.bytes += p.bytes;
-        self.key_name_bytes += p.key.len() as u64;
-        *self.fills.entry(p.fields).or_default() += 1;
-        let enc = self.encodings.entry(p.encoding.clone()).or_default();
-        enc.buckets += 1;
-        enc.entries += p.fields;
-        enc.bytes += p.bytes;
-        self.expired += p.expired;
-        self.never += p.never;
-        self.unreadable += p.unreadable;
-        let over_limit = limit.is_some_and(|l| p.fields > l);
-        let hashtable = p.encoding == "hashtable";
-        node.over_limit += u64::from(over_limit);
-        node.hashtable += u64::from(hashtable);
-        if over_limit || hashtable {
-            self.problems += 1;
-            let problem = ProblemBucket {
-                key: p.key.clone(),
-                fields: p.fields,
-                encoding: p.encoding.clone(),
-                bytes: p.bytes,
-                over_limit,
-            };
-            for (flag, (count, list)) in [
-                (over_limit, &mut self.over_limit),
-                (hashtable, &mut self.hashtable),
-            ] {
-                if flag {
-                    *count += 1;
-                    if list.len() < MAX_LISTED_BUCKETS {
-                        list.push(problem.clone());
-                    }
-                }
-            }
-        }
-        if self.compare_fields < compare_sample && p.fields > 0 {
-            self.compare_fields += p.fields;
-            self.compare_keys.push(p.key);
-        }
-    }
-}
-
-/// Which bucket keys the SCAN already returned (SCAN may return a key twice).
-struct Seen {
-    bits: Vec<u64>,
-    others: HashSet<String>,
-}
-
-impl Seen {
-    fn new(buckets: u32) -> Self {
-        Self {
-            bits: vec![0; (buckets as usize).div_ceil(64)],
-            others: HashSet::new(),
-        }
-    }
-
-    /// Whether this is the first time; `n` is the bucket number parsed from `key`.
-    fn first(&mut self, n: u32, key: &str) -> bool {
-        let (word, bit) = (n as usize / 64, n % 64);
-        match self.bits.get_mut(word) {
-            Some(w) => {
-                let fresh = *w & (1 << bit) == 0;
-                *w |= 1 << bit;
-                fresh
-            }
-            _ => self.others.insert(key.to_owned()),
-        }
-    }
-}
-
-/// A splitmix64 stream (sampling and scratch names; no cryptographic use).
-pub(crate) struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-/// Nearest-rank percentile of a fill → count histogram.
-fn percentile(fills: &BTreeMap<u64, u64>, total: u64, p: f64) -> u64 {
-    if total == 0 {
-        return 0;
-    }
-    let rank = ((p * total as f64).ceil() as u64).clamp(1, total);
-    let mut seen = 0;
-    for (&fill, &count) in fills {
-        seen += count;
-        if seen >= rank {
-            return fill;
-        }
-    }
-    fills.keys().next_back().copied().unwrap_or(0)
-}
-
-/// Up to `HISTOGRAM_BINS` equal bins from the smallest fill to a little past the 99th
-/// percentile (and past the listpack limit when it is at most twice the largest fill, so the
-/// chart shows the headroom), then one overflow bin for anything larger: a single runaway
-/// bucket does not flatten the chart.
-fn histogram(fills: &BTreeMap<u64, u64>, limit: Option<u64>) -> Vec<FillBin> {
-    let (Some(&min), Some(&max)) = (fills.keys().next(), fills.keys().next_back()) else {
-        return Vec::new();
-    };
-    let total = fills.values().sum();
-    let p99 = percentile(fills, total, 0.99);
-    let mut lo = min;
-    let mut hi = (p99 + (p99 - min) / 4 + 1).min(max + 1);
-    if let Some(l) = limit
-        && l <= max.saturating_mul(2)
-    {
-        hi = hi.max(l + 2);
-        lo = lo.min(l);
-    }
-    let width = (hi - lo).div_ceil(HISTOGRAM_BINS).max(1);
-    let bins = (hi - lo).div_ceil(width);
-    let end = lo + bins * width;
-    let mut out: Vec<FillBin> = (0..bins)
-        .map(|i| FillBin {
-            from: lo + i * width,
-            to: lo + (i + 1) * width,
-            buckets: 0,
-            overflow: false,
-        })
-        .collect();
-    if max >= end {
-        out.push(FillBin {
-            from: end,
-            to: max + 1,
-            buckets: 0,
-            overflow: true,
-        });
-    }
-    for (&fill, &count) in fills {
-        let i = (((fill - lo) / width) as usize).min(out.len() - 1);
-        out[i].buckets += count;
-    }
-    out
-}
-
-/// Buckets from [`NEAR_LIMIT_PERCENT`] of the limit up to the limit (none when it is unknown).
-fn near_limit(fills: &BTreeMap<u64, u64>, limit: Option<u64>) -> u64 {
-    limit.map_or(0, |l| {
-        fills
-            .range((l * NEAR_LIMIT_PERCENT).div_ceil(100)..=l)
-            .map(|(_, n)| n)
-            .sum()
-    })
-}
-
 impl AuditReport {
     /// The summary the service exports as gauges; with `--sample`, bucket counts are scaled
     /// to every bucket found.
@@ -510,141 +294,6 @@ impl AuditReport {
     }
 }
 
-fn fill_stats(t: &Totals) -> FillStats {
-    FillStats {
-        min: t.fills.keys().next().copied().unwrap_or(0),
-        p50: percentile(&t.fills, t.buckets, 0.50),
-        p99: percentile(&t.fills, t.buckets, 0.99),
-        max: t.fills.keys().next_back().copied().unwrap_or(0),
-        mean: t.entries as f64 / t.buckets.max(1) as f64,
-    }
-}
-
-/// Probes a batch of bucket keys (node index, key) in one round trip (`RedisStore::bucket_stats`).
-async fn probe_batch(store: &RedisStore, keys: &[(usize, String)]) -> anyhow::Result<Vec<Outcome>> {
-    let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
-    let probes = store.bucket_stats(&names).await?;
-    Ok(keys
-        .iter()
-        .zip(probes)
-        .map(|((node, k), p)| match p {
-            BucketProbe::Stats(st) => Outcome::Probed(Probe {
-                node: *node,
-                key: k.clone(),
-                bytes: st.bytes,
-                encoding: st.encoding,
-                fields: st.fields,
-                expired: st.expired,
-                never: st.never,
-                unreadable: st.unreadable,
-            }),
-            BucketProbe::Vanished => Outcome::Vanished,
-            BucketProbe::NotHash(e) => Outcome::NotHash(k.clone(), e),
-        })
-        .collect())
-}
-
-fn server_memory(info: &BTreeMap<String, String>) -> ServerMemory {
-    let get = |k: &str| info.get(k).cloned();
-    let num = |k: &str| info.get(k).and_then(|v| v.parse::<u64>().ok());
-    let ratio = |k: &str| info.get(k).and_then(|v| v.parse::<f64>().ok());
-    ServerMemory {
-        used_memory: num("used_memory"),
-        used_memory_rss: num("used_memory_rss"),
-        mem_fragmentation_ratio: ratio("mem_fragmentation_ratio"),
-        allocator_frag_ratio: ratio("allocator_frag_ratio"),
-        mem_allocator: get("mem_allocator"),
-        maxmemory: num("maxmemory"),
-        maxmemory_policy: get("maxmemory_policy"),
-    }
-}
-
-/// Every distinct value, comma-separated (`None` if there is none).
-fn distinct(values: impl IntoIterator<Item = Option<String>>) -> Option<String> {
-    let mut seen: Vec<String> = Vec::new();
-    for v in values.into_iter().flatten() {
-        if !seen.contains(&v) {
-            seen.push(v);
-        }
-    }
-    (!seen.is_empty()).then(|| seen.join(", "))
-}
-
-/// The memory of several nodes as one: the node itself when there is one; else used_memory,
-/// used_memory_rss and maxmemory summed (each `None` unless every node answered; maxmemory 0,
-/// no limit, if any node has none), the fragmentation ratio of the sums (rss / used), the
-/// worst allocator fragmentation, every distinct allocator and policy.
-pub fn combined_memory(nodes: &[ServerMemory]) -> ServerMemory {
-    if let [one] = nodes {
-        return one.clone();
-    }
-    let sum = |f: fn(&ServerMemory) -> Option<u64>| -> Option<u64> {
-        if nodes.is_empty() {
-            return None;
-        }
-        nodes.iter().map(f).sum()
-    };
-    let used = sum(|m| m.used_memory);
-    let rss = sum(|m| m.used_memory_rss);
-    let maxmemory = sum(|m| m.maxmemory).map(|total| {
-        if nodes.iter().any(|m| m.maxmemory == Some(0)) {
-            0
-        } else {
-            total
-        }
-    });
-    ServerMemory {
-        used_memory: used,
-        used_memory_rss: rss,
-        mem_fragmentation_ratio: match (rss, used) {
-            (Some(r), Some(u)) if u > 0 => Some(((r as f64 / u as f64) * 100.0).round() / 100.0),
-            _ => None,
-        },
-        allocator_frag_ratio: nodes
-            .iter()
-            .filter_map(|m| m.allocator_frag_ratio)
-            .reduce(f64::max),
-        mem_allocator: distinct(nodes.iter().map(|m| m.mem_allocator.clone())),
-        maxmemory,
-        maxmemory_policy: distinct(nodes.iter().map(|m| m.maxmemory_policy.clone())),
-    }
-}
-
-/// The walk's state: totals plus what the probes found that is not a bucket.
-struct Walk<'a> {
-    store: &'a RedisStore,
-    opts: &'a Args,
-    /// Per scan target.
-    limits: Vec<Option<u64>>,
-    totals: Totals,
-    /// `--max-buckets-per-sec`.
-    pace: Pace,
-    progress: &'a ProgressBar,
-}
-
-impl Walk<'_> {
-    async fn probe(&mut self, keys: &[(usize, String)]) -> anyhow::Result<()> {
-        self.pace.take(keys.len() as u64).await;
-        let outcomes = probe_batch(self.store, keys).await?;
-        for o in outcomes {
-            match o {
-                Outcome::Probed(p) => {
-                    let limit = self.limits.get(p.node).copied().flatten();
-                    self.totals.add(p, limit, self.opts.compare_sample as u64)
-                }
-                Outcome::Vanished => self.totals.vanished += 1,
-                Outcome::NotHash(k, e) => {
-                    if self.totals.not_hash.len() < 20 {
-                        self.totals.not_hash.push(format!("{k} ({e})"));
-                    }
-                }
-            }
-        }
-        self.progress.inc(keys.len() as u64);
-        Ok(())
-    }
-}
-
 /// What one node says about itself before the walk.
 struct NodeInfo {
     target: ScanTarget,
@@ -657,7 +306,8 @@ pub async fn audit(store: &RedisStore, opts: &Args) -> anyhow::Result<AuditRepor
     audit_with_progress(store, opts, &ProgressBar::hidden()).await
 }
 
-/// [`audit`], reporting progress on `progress` (its length is set here).
+/// [`audit`], reporting progress on `progress` (its length is set here): the nodes, the walk,
+/// the servers' memory, the layout comparison, then the report.
 pub async fn audit_with_progress(
     store: &RedisStore,
     opts: &Args,
@@ -666,10 +316,48 @@ pub async fn audit_with_progress(
     let started_at_ms = now_ms();
     let started = Instant::now();
     let layout = store.layout().clone();
-    let cluster = store.is_cluster();
-    let batch = opts.batch.max(1);
     let mut warnings = Vec::new();
+    let nodes = read_nodes(store, &mut warnings).await?;
+    store
+        .load_count_expired()
+        .await
+        .context("loading the expiry-count script (SCRIPT LOAD)")?;
+    let targets: Vec<ScanTarget> = nodes.iter().map(|n| n.target.clone()).collect();
+    let limits = nodes.iter().map(|n| n.limit).collect();
+    let seed = started_at_ms as u64 ^ (u64::from(std::process::id()) << 32);
+    let walked = walk::walk(store, &layout, opts, &targets, limits, seed, progress).await?;
+    warnings.extend(walked.warnings(store, &layout));
+    let node_memory = read_memory(store, &targets, &mut warnings).await;
+    let comparison = compare_layouts(
+        store,
+        &layout,
+        opts,
+        &walked.totals,
+        &targets,
+        &node_memory,
+        &mut warnings,
+        progress,
+    )
+    .await;
+    Ok(Measured {
+        started_at_ms,
+        started,
+        layout,
+        cluster: store.is_cluster(),
+        nodes,
+        walked,
+        node_memory,
+        comparison,
+        warnings,
+    }
+    .report(opts))
+}
 
+/// Every scan target with its version and listpack limit; a warning when a limit is refused.
+async fn read_nodes(
+    store: &RedisStore,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Vec<NodeInfo>> {
     let targets = store
         .scan_targets()
         .await
@@ -678,16 +366,14 @@ pub async fn audit_with_progress(
         bail!("the cluster reports no primary serving slots: nothing to SCAN");
     }
     let mut nodes = Vec::with_capacity(targets.len());
-    for t in &targets {
-        let server = store.node_info(t, "server").await;
+    for t in targets {
+        let server = store.node_info(&t, "server").await;
         nodes.push(NodeInfo {
-            target: t.clone(),
             redis_version: server.get("redis_version").cloned(),
-            limit: store.listpack_limit(t).await,
+            limit: store.listpack_limit(&t).await,
+            target: t,
         });
     }
-    let limits: Vec<Option<u64>> = nodes.iter().map(|n| n.limit).collect();
-    let limit = limits.iter().flatten().copied().min();
     let refused: Vec<String> = nodes
         .iter()
         .filter(|n| n.limit.is_none())
@@ -697,181 +383,70 @@ pub async fn audit_with_progress(
         warnings.push(format!(
             "CONFIG GET hash-max-listpack-entries was refused{}: buckets over the limit cannot be \
              told (hashtable buckets are still found by their encoding)",
-            if cluster {
+            if store.is_cluster() {
                 format!(" by {}", refused.join(", "))
             } else {
                 String::new()
             }
         ));
     }
-    store
-        .load_count_expired()
-        .await
-        .context("loading the expiry-count script (SCRIPT LOAD)")?;
+    Ok(nodes)
+}
 
-    let mut walk = Walk {
-        store,
-        opts,
-        limits,
-        totals: Totals {
-            nodes: vec![NodeTotals::default(); targets.len()],
-            ..Totals::default()
-        },
-        pace: Pace::per_sec(opts.max_buckets_per_sec.unwrap_or(0)),
-        progress,
-    };
-    let mut seen = Seen::new(layout.buckets());
-    let mut found: u64 = 0;
-    let mut found_on: Vec<u64> = vec![0; targets.len()];
-    let mut foreign: (u64, Vec<String>) = (0, Vec::new());
-    let mut out_of_range: u64 = 0;
-    let mut pending: Vec<(usize, String)> = Vec::new();
-    let mut reservoir: Vec<(usize, String)> = Vec::new();
-    let mut rng = SplitMix(started_at_ms as u64 ^ (u64::from(std::process::id()) << 32));
-    match opts.sample {
-        Some(_) => {
-            progress.set_length(0);
-            progress.set_message("scanning bucket names");
-        }
-        None => {
-            progress.set_length(u64::from(layout.buckets()));
-            progress.set_message("probing buckets");
-        }
-    }
-
-    let count = u32::try_from(batch).unwrap_or(u32::MAX);
-    for (node, target) in targets.iter().enumerate() {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys) = store
-                .scan_bucket_keys(target, cursor, count)
-                .await
-                .with_context(|| {
-                    if cluster {
-                        format!("SCAN on {target}")
-                    } else {
-                        "SCAN".to_owned()
-                    }
-                })?;
-            for k in keys {
-                let k = match String::from_utf8(k) {
-                    Ok(k) => k,
-                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-                };
-                let Some(n) = layout.bucket_number(k.as_bytes()) else {
-                    foreign.0 += 1;
-                    if foreign.1.len() < 10 {
-                        foreign.1.push(k);
-                    }
-                    continue;
-                };
-                if !seen.first(n, &k) {
-                    continue;
-                }
-                found += 1;
-                found_on[node] += 1;
-                if n >= layout.buckets() {
-                    out_of_range += 1;
-                }
-                match opts.sample {
-                    // Algorithm R: after `found` keys each is kept with probability size/found.
-                    Some(size) => {
-                        if (reservoir.len() as u64) < size {
-                            reservoir.push((node, k));
-                        } else {
-                            let j = rng.next() % found;
-                            if j < size {
-                                reservoir[j as usize] = (node, k);
-                            }
-                        }
-                    }
-                    None => pending.push((node, k)),
-                }
-            }
-            while pending.len() as u64 >= batch {
-                let chunk: Vec<(usize, String)> = pending.drain(..batch as usize).collect();
-                walk.probe(&chunk).await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-    }
-    if opts.sample.is_some() {
-        progress.set_length(reservoir.len() as u64);
-        progress.set_message("probing sampled buckets");
-        pending = reservoir;
-    }
-    for chunk in pending.chunks(batch as usize) {
-        walk.probe(chunk).await?;
-    }
-    progress.finish_and_clear();
-    let totals = walk.totals;
-
-    if foreign.0 > 0 {
-        warnings.push(format!(
-            "{} keys match {} but are not bucket names (ignored), e.g. {}",
-            foreign.0,
-            store.bucket_scan_pattern(),
-            foreign.1.join(", ")
-        ));
-    }
-    if out_of_range > 0 {
-        warnings.push(format!(
-            "{out_of_range} bucket keys have a number >= the {} buckets recorded in {}: no entry \
-             hashes there (left from another sizing?)",
-            layout.buckets(),
-            layout.meta_key()
-        ));
-    }
-    if !totals.not_hash.is_empty() {
-        warnings.push(format!(
-            "bucket keys that are not hashes (skipped): {}",
-            totals.not_hash.join(", ")
-        ));
-    }
-    if totals.vanished > 0 {
-        warnings.push(format!(
-            "{} buckets vanished between the SCAN and the probe (emptied by deletes)",
-            totals.vanished
-        ));
-    }
-    if totals.unreadable > 0 {
-        warnings.push(format!(
-            "{} field values are not integer expiry codes",
-            totals.unreadable
-        ));
-    }
-
-    let bytes_per_entry = totals.bytes as f64 / totals.entries.max(1) as f64;
-    let sampled = opts.sample.is_some();
-    let scale = |v: u64| (v as f64 * found as f64 / totals.buckets.max(1) as f64).round() as u64;
+/// `INFO memory` of every target (empty figures, and a warning, where it is refused).
+async fn read_memory(
+    store: &RedisStore,
+    targets: &[ScanTarget],
+    warnings: &mut Vec<String>,
+) -> Vec<ServerMemory> {
     let mut node_memory = Vec::with_capacity(targets.len());
     let mut no_info = Vec::new();
-    for t in &targets {
+    for t in targets {
         let mem_info = store.node_info(t, "memory").await;
         if mem_info.is_empty() {
             no_info.push(t.to_string());
         }
-        node_memory.push(server_memory(&mem_info));
+        node_memory.push(stats::server_memory(&mem_info));
     }
-    let memory = combined_memory(&node_memory);
     if !no_info.is_empty() {
-        warnings.push(if cluster {
+        warnings.push(if store.is_cluster() {
             format!("INFO memory was refused by {}", no_info.join(", "))
         } else {
             "INFO memory was refused".to_owned()
         });
     }
+    node_memory
+}
+
+/// The layout comparison (`compare`), with this keyspace's own figures as its first row; `None`
+/// (with a warning saying why, when it is not simply off) when it is off, there is nothing to
+/// compare, a node is near its maxmemory, or it failed.
+#[allow(clippy::too_many_arguments)]
+async fn compare_layouts(
+    store: &RedisStore,
+    layout: &Layout,
+    opts: &Args,
+    totals: &Totals,
+    targets: &[ScanTarget],
+    node_memory: &[ServerMemory],
+    warnings: &mut Vec<String>,
+    progress: &ProgressBar,
+) -> Option<Comparison> {
+    if opts.compare_sample == 0 {
+        return None;
+    }
+    if totals.entries == 0 {
+        warnings.push("no entries: nothing to compare layouts with".to_owned());
+        return None;
+    }
     // The scratch sample lands on every node: any node near its maxmemory stops it.
     let crowded: Vec<String> = targets
         .iter()
-        .zip(&node_memory)
+        .zip(node_memory)
         .filter_map(|(t, m)| {
             let (max, used) = (m.maxmemory.filter(|&m| m > 0)?, m.used_memory?);
             (used as f64 > 0.9 * max as f64).then(|| {
-                if cluster {
+                if store.is_cluster() {
                     format!("used_memory {used} of {t} is within 10 % of its maxmemory {max}")
                 } else {
                     format!("used_memory {used} is within 10 % of maxmemory {max}")
@@ -879,128 +454,163 @@ pub async fn audit_with_progress(
             })
         })
         .collect();
-
-    let comparison = if opts.compare_sample == 0 {
-        None
-    } else if totals.entries == 0 {
-        warnings.push("no entries: nothing to compare layouts with".to_owned());
-        None
-    } else if !crowded.is_empty() {
+    if !crowded.is_empty() {
         warnings.push(format!("layout comparison skipped: {}", crowded.join("; ")));
-        None
-    } else {
-        progress.set_message("layout comparison");
-        let mean_fill = totals.entries as f64 / totals.buckets.max(1) as f64;
-        match compare::compare(
-            store,
-            &layout,
-            &totals.compare_keys,
-            opts.compare_sample,
-            mean_fill,
-            batch as usize,
-        )
-        .await
-        {
-            Ok(mut c) => {
-                c.layouts.insert(
-                    0,
-                    LayoutCost {
-                        layout: "ours".to_owned(),
-                        label: "ours: this keyspace, audited".to_owned(),
-                        keys: totals.buckets,
-                        entries: totals.entries,
-                        bytes: totals.bytes,
-                        bytes_per_entry,
-                        key_name_bytes: totals.key_name_bytes as f64 / totals.buckets.max(1) as f64,
-                        hashtable_keys: totals.hashtable.0,
-                        seed_reported_bytes_per_entry: None,
-                    },
-                );
-                Some(c)
-            }
-            Err(e) => {
-                warnings.push(format!("layout comparison failed: {e:#}"));
-                None
-            }
+        return None;
+    }
+    progress.set_message("layout comparison");
+    let mean_fill = totals.entries as f64 / totals.buckets.max(1) as f64;
+    let batch = opts.batch.max(1) as usize;
+    match compare::compare(
+        store,
+        layout,
+        &totals.compare_keys,
+        opts.compare_sample,
+        mean_fill,
+        batch,
+    )
+    .await
+    {
+        Ok(mut c) => {
+            c.layouts.insert(
+                0,
+                LayoutCost {
+                    layout: "ours".to_owned(),
+                    label: "ours: this keyspace, audited".to_owned(),
+                    keys: totals.buckets,
+                    entries: totals.entries,
+                    bytes: totals.bytes,
+                    bytes_per_entry: totals.bytes as f64 / totals.entries.max(1) as f64,
+                    key_name_bytes: totals.key_name_bytes as f64 / totals.buckets.max(1) as f64,
+                    hashtable_keys: totals.hashtable.0,
+                    seed_reported_bytes_per_entry: None,
+                },
+            );
+            Some(c)
         }
-    };
-
-    let projection = (opts.project > 0 && totals.entries > 0).then(|| {
-        let bytes = bytes_per_entry * opts.project as f64;
-        Projection {
-            entries: opts.project,
-            bytes,
-            gb: bytes / 1e9,
-            tb: bytes / 1e12,
-            buckets: opts.project.div_ceil(MAX_MEAN_FILL),
-            mean_fill: MAX_MEAN_FILL,
-            layouts: comparison
-                .iter()
-                .flat_map(|c| &c.layouts)
-                .map(|l| ProjectedLayout {
-                    layout: l.layout.clone(),
-                    bytes: l.bytes_per_entry * opts.project as f64,
-                })
-                .collect(),
+        Err(e) => {
+            warnings.push(format!("layout comparison failed: {e:#}"));
+            None
         }
-    });
+    }
+}
 
-    let node_reports: Vec<NodeReport> = nodes
-        .iter()
-        .zip(node_memory)
-        .zip(&totals.nodes)
-        .zip(&found_on)
-        .map(|(((n, memory), t), &found)| NodeReport {
-            node: n.target.to_string(),
-            redis_version: n.redis_version.clone(),
-            listpack_limit: n.limit,
+/// Everything the audit read, before it is summed up into an [`AuditReport`].
+struct Measured {
+    started_at_ms: i64,
+    started: Instant,
+    layout: Layout,
+    cluster: bool,
+    nodes: Vec<NodeInfo>,
+    walked: Walked,
+    node_memory: Vec<ServerMemory>,
+    comparison: Option<Comparison>,
+    warnings: Vec<String>,
+}
+
+impl Measured {
+    /// The report: totals, the per-node lines, the projection to `--project` entries.
+    fn report(self, opts: &Args) -> AuditReport {
+        let Measured {
+            started_at_ms,
+            started,
+            layout,
+            cluster,
+            nodes,
+            walked,
+            node_memory,
+            comparison,
+            warnings,
+        } = self;
+        let Walked {
+            totals,
+            found,
+            found_on,
+            ..
+        } = walked;
+        let limit = nodes.iter().filter_map(|n| n.limit).min();
+        let bytes_per_entry = totals.bytes as f64 / totals.entries.max(1) as f64;
+        let sampled = opts.sample.is_some();
+        let scale =
+            |v: u64| (v as f64 * found as f64 / totals.buckets.max(1) as f64).round() as u64;
+        let memory = stats::combined_memory(&node_memory);
+        let projection = (opts.project > 0 && totals.entries > 0).then(|| {
+            let bytes = bytes_per_entry * opts.project as f64;
+            Projection {
+                entries: opts.project,
+                bytes,
+                gb: bytes / 1e9,
+                tb: bytes / 1e12,
+                buckets: opts.project.div_ceil(MAX_MEAN_FILL),
+                mean_fill: MAX_MEAN_FILL,
+                layouts: comparison
+                    .iter()
+                    .flat_map(|c| &c.layouts)
+                    .map(|l| ProjectedLayout {
+                        layout: l.layout.clone(),
+                        bytes: l.bytes_per_entry * opts.project as f64,
+                    })
+                    .collect(),
+            }
+        });
+
+        let node_reports: Vec<NodeReport> = nodes
+            .iter()
+            .zip(node_memory)
+            .zip(&totals.nodes)
+            .zip(&found_on)
+            .map(|(((n, memory), t), &found)| NodeReport {
+                node: n.target.to_string(),
+                redis_version: n.redis_version.clone(),
+                listpack_limit: n.limit,
+                buckets_found: found,
+                buckets: t.buckets,
+                entries: t.entries,
+                bytes: t.bytes,
+                over_limit_bucket_count: t.over_limit,
+                hashtable_bucket_count: t.hashtable,
+                memory,
+            })
+            .collect();
+
+        let near_limit_bucket_count = stats::near_limit(&totals.fills, limit);
+        AuditReport {
+            prefix: layout.prefix().to_owned(),
+            redis_version: stats::distinct(nodes.iter().map(|n| n.redis_version.clone())),
+            cluster,
+            started_at_ms,
+            elapsed_seconds: started.elapsed().as_secs_f64(),
+            sampled,
+            keyspace_buckets: u64::from(layout.buckets()),
             buckets_found: found,
-            buckets: t.buckets,
-            entries: t.entries,
-            bytes: t.bytes,
-            over_limit_bucket_count: t.over_limit,
-            hashtable_bucket_count: t.hashtable,
+            buckets: totals.buckets,
+            entries: totals.entries,
+            bytes: totals.bytes,
+            bytes_per_entry,
+            estimated_keyspace_entries: sampled.then(|| scale(totals.entries)),
+            estimated_keyspace_bytes: sampled.then(|| scale(totals.bytes)),
+            key_name_bytes: totals.key_name_bytes as f64 / totals.buckets.max(1) as f64,
+            fill: stats::fill_stats(&totals),
+            fill_histogram: stats::histogram(&totals.fills, limit),
+            fill_counts: totals.fills,
+            encodings: totals.encodings,
+            listpack_limit: limit,
+            near_limit_bucket_count,
+            over_limit_bucket_count: totals.over_limit.0,
+            over_limit_buckets: totals.over_limit.1,
+            hashtable_bucket_count: totals.hashtable.0,
+            hashtable_buckets: totals.hashtable.1,
+            problem_bucket_count: totals.problems,
+            expired_entries: totals.expired,
+            never_expiring_entries: totals.never,
+            unreadable_values: totals.unreadable,
             memory,
-        })
-        .collect();
-
-    let near_limit_bucket_count = near_limit(&totals.fills, limit);
-    Ok(AuditReport {
-        prefix: layout.prefix().to_owned(),
-        redis_version: distinct(nodes.iter().map(|n| n.redis_version.clone())),
-        cluster,
-        started_at_ms,
-        elapsed_seconds: started.elapsed().as_secs_f64(),
-        sampled,
-        keyspace_buckets: u64::from(layout.buckets()),
-        buckets_found: found,
-        buckets: totals.buckets,
-        entries: totals.entries,
-        bytes: totals.bytes,
-        bytes_per_entry,
-        estimated_keyspace_entries: sampled.then(|| scale(totals.entries)),
-        estimated_keyspace_bytes: sampled.then(|| scale(totals.bytes)),
-        key_name_bytes: totals.key_name_bytes as f64 / totals.buckets.max(1) as f64,
-        fill: fill_stats(&totals),
-        fill_histogram: histogram(&totals.fills, limit),
-        fill_counts: totals.fills,
-        encodings: totals.encodings,
-        listpack_limit: limit,
-        near_limit_bucket_count,
-        over_limit_bucket_count: totals.over_limit.0,
-        over_limit_buckets: totals.over_limit.1,
-        hashtable_bucket_count: totals.hashtable.0,
-        hashtable_buckets: totals.hashtable.1,
-        problem_bucket_count: totals.problems,
-        expired_entries: totals.expired,
-        never_expiring_entries: totals.never,
-        unreadable_values: totals.unreadable,
-        memory,
-        nodes: node_reports,
-        projection,
-        comparison,
-        warnings,
-    })
+            nodes: node_reports,
+            projection,
+            comparison,
+            warnings,
+        }
+    }
 }
 
 /// Runs the audit: the table (or `--json`) on stdout, `--html` to a file.
@@ -1065,74 +675,5 @@ mod tests {
             namelist::store::bulk::glob_escape("a*b?[c]\\"),
             "a\\*b\\?\\[c\\]\\\\"
         );
-    }
-
-    #[test]
-    fn seen_dedups_in_and_out_of_range() {
-        let mut s = Seen::new(100);
-        assert!(s.first(5, "b:5"));
-        assert!(!s.first(5, "b:5"));
-        assert!(s.first(99, "b:99"));
-        assert!(s.first(100_000, "b:100000"));
-        assert!(!s.first(100_000, "b:100000"));
-    }
-
-    #[test]
-    fn memory_of_several_nodes() {
-        let node = |used, rss, max, frag| ServerMemory {
-            used_memory: Some(used),
-            used_memory_rss: Some(rss),
-            mem_fragmentation_ratio: Some(rss as f64 / used as f64),
-            allocator_frag_ratio: Some(frag),
-            mem_allocator: Some("jemalloc-5.3.0".to_owned()),
-            maxmemory: Some(max),
-            maxmemory_policy: Some("noeviction".to_owned()),
-        };
-        let one = node(100, 200, 0, 1.1);
-        let same = combined_memory(std::slice::from_ref(&one));
-        assert_eq!(same.used_memory, Some(100));
-        assert_eq!(same.mem_fragmentation_ratio, Some(2.0));
-        let both = combined_memory(&[node(100, 200, 1000, 1.1), node(300, 300, 3000, 1.3)]);
-        assert_eq!(both.used_memory, Some(400));
-        assert_eq!(both.used_memory_rss, Some(500));
-        assert_eq!(both.mem_fragmentation_ratio, Some(1.25));
-        assert_eq!(both.allocator_frag_ratio, Some(1.3), "the worst node");
-        assert_eq!(both.maxmemory, Some(4000));
-        assert_eq!(both.mem_allocator.as_deref(), Some("jemalloc-5.3.0"));
-        let unlimited = combined_memory(&[node(100, 200, 1000, 1.1), node(300, 300, 0, 1.3)]);
-        assert_eq!(unlimited.maxmemory, Some(0), "one node without a limit");
-        let refused = combined_memory(&[node(100, 200, 1000, 1.1), ServerMemory::default()]);
-        assert_eq!(refused.used_memory, None, "a node did not answer");
-        assert_eq!(
-            distinct([
-                Some("a".to_owned()),
-                None,
-                Some("b".to_owned()),
-                Some("a".to_owned())
-            ]),
-            Some("a, b".to_owned())
-        );
-    }
-
-    #[test]
-    fn percentiles_and_histogram() {
-        let fills: BTreeMap<u64, u64> = [(10, 50), (20, 49), (500, 1)].into_iter().collect();
-        assert_eq!(percentile(&fills, 100, 0.5), 10);
-        assert_eq!(percentile(&fills, 100, 0.51), 20);
-        assert_eq!(percentile(&fills, 100, 0.99), 20);
-        assert_eq!(percentile(&fills, 100, 1.0), 500);
-        let h = histogram(&fills, Some(512));
-        assert!(h.len() as u64 <= HISTOGRAM_BINS);
-        assert_eq!(h.iter().map(|b| b.buckets).sum::<u64>(), 100);
-        assert_eq!(h[0].from, 10);
-        assert!(
-            h.last().unwrap().to > 512,
-            "the chart reaches past the limit"
-        );
-        assert!(histogram(&BTreeMap::new(), None).is_empty());
-        let one: BTreeMap<u64, u64> = [(400, 3)].into_iter().collect();
-        let h = histogram(&one, Some(100_000));
-        assert_eq!(h.len(), 1);
-        assert_eq!(h[0].buckets, 3);
     }
 }
