@@ -12,6 +12,15 @@
 //! (defaults, then the `--config` file, then `NAMELIST_*` variables), and command-line flags
 //! override both; so a tool refuses a keyspace exactly when the service would (no key or the
 //! wrong key for a keyed keyspace, no key for a new one).
+//!
+//! * `import/`: bulk load (`input`, `partition`, `write`, `checkpoint`);
+//! * `gen_data/`: `gen`, synthetic entries and non-members (no store involved);
+//! * `audit/`: memory per entry, fill, problem buckets, the seed layouts compared (`walk`,
+//!   `stats`, `compare`, `render`);
+//! * `sweep`: expired fields reclaimed, paced and resumable;
+//! * `keygen`: a new fingerprint key file;
+//! * `pace`, `progress`: the one rate limiter and the one progress-bar setup they share;
+//! * [`Global`], here: the options every tool shares, and the store they open.
 
 pub mod audit;
 pub mod gen_data;
