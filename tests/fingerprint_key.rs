@@ -8,19 +8,16 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
-    KeyFiles, Outcome, RedisServer, TEST_KEY_HEX, WRONG_KEY_HEX, free_port, keyspace_meta,
+    KeyFiles, Outcome, RedisServer, ServiceProcess, TEST_KEY_HEX, WRONG_KEY_HEX, keyspace_meta,
     spawn_app, test_settings,
 };
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::layout::canonical;
 use namelist::store::{EntryKey, FingerprintKey, PrefixLen};
 use serde_json::json;
-
-const SERVICE: &str = env!("CARGO_BIN_EXE_namelist");
 
 fn wrong_id() -> String {
     FingerprintKey::from_hex(WRONG_KEY_HEX, "w")
@@ -32,50 +29,24 @@ fn wrong_id() -> String {
 /// Starts the service binary on `prefix` with `env` (and nothing else of ours): started once
 /// `/readyz` answers 200 (then stopped), refused when it exits first.
 async fn service(redis: &RedisServer, prefix: &str, env: &[(&str, &Path)]) -> Outcome {
-    let port = free_port();
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut cmd = Command::new(SERVICE);
-    cmd.env_clear()
-        .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
+    let started = ServiceProcess::builder()
         .env("NAMELIST_REDIS_URL", redis.url())
         .env("NAMELIST_KEY_PREFIX", prefix)
         .env("NAMELIST_WORKERS", "1")
-        .env("NAMELIST_LOG_FORMAT", "json");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    let outcome = loop {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "neither started nor refused"
-        );
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(!status.success(), "a refusal exits non-zero");
-            break false;
+        .env("NAMELIST_LOG_FORMAT", "json")
+        .envs(env.iter().copied())
+        .ready_within(Duration::from_secs(15))
+        .try_start()
+        .await;
+    match started {
+        Ok(mut service) => {
+            service.kill();
+            Outcome::Started(service.log())
         }
-        let ready = client
-            .get(format!("http://127.0.0.1:{port}/readyz"))
-            .send()
-            .await;
-        if ready.is_ok_and(|r| r.status() == 200) {
-            break true;
+        Err(exited) => {
+            assert!(!exited.status.success(), "a refusal exits non-zero");
+            Outcome::Refused(exited.log)
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    let stderr = std::fs::read_to_string(log.path()).unwrap();
-    if outcome {
-        Outcome::Started(stderr)
-    } else {
-        Outcome::Refused(stderr)
     }
 }
 

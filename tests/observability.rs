@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Logged, RedisServer, spawn_app, test_settings};
+use common::{RedisServer, ServiceProcess, spawn_app, test_settings};
 use serde_json::{Value, json};
 
 const PHONE: &str = "13812345678";
@@ -57,14 +57,14 @@ async fn every_answer_carries_a_request_id() {
 }
 
 /// The binary on a Redis, logging JSON at debug into a file; killed when dropped.
-async fn start_logged(redis: &RedisServer) -> Logged {
-    let url = redis.url();
-    let key = common::key_file().to_str().expect("UTF-8 path");
-    common::start_logged(
-        env!("CARGO_BIN_EXE_namelist"),
-        &[
-            ("NAMELIST_FINGERPRINT_KEY_FILE", key),
-            ("NAMELIST_REDIS_URL", &url),
+async fn start_logged(redis: &RedisServer) -> ServiceProcess {
+    ServiceProcess::builder()
+        .envs([
+            (
+                "NAMELIST_FINGERPRINT_KEY_FILE",
+                common::key_file().to_str().expect("UTF-8 path"),
+            ),
+            ("NAMELIST_REDIS_URL", redis.url().as_str()),
             ("NAMELIST_KEY_PREFIX", "obs:"),
             ("NAMELIST_WORKERS", "1"),
             ("NAMELIST_LOG_FORMAT", "json"),
@@ -72,9 +72,9 @@ async fn start_logged(redis: &RedisServer) -> Logged {
             ("NAMELIST_CHECK_DEADLINE_MS", "1000"),
             ("NAMELIST_WRITE_DEADLINE_MS", "300"),
             ("RUST_LOG", "debug"),
-        ],
-    )
-    .await
+        ])
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +82,7 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
     let redis = RedisServer::start();
     let service = start_logged(&redis).await;
     let client = reqwest::Client::new();
-    let url = |p: &str| format!("http://127.0.0.1:{}{p}", service.port);
+    let url = |p: &str| service.url(p);
 
     let res = client
         .post(url("/v1/lists/black/entries"))
@@ -136,7 +136,7 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
 
     // The request lines are written when the answer is; give the file a moment.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let log = std::fs::read_to_string(service.log.path()).unwrap();
+    let log = service.log();
     assert!(!log.is_empty());
     let mut request_lines = Vec::new();
     for line in log.lines() {

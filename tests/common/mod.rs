@@ -1,6 +1,15 @@
 //! Test support: real `redis-server` processes on free ports, and the real application on
-//! port 0. No mock Redis anywhere.
+//! port 0 (in-process, or the binary in a child process: `service.rs`). No mock Redis anywhere.
+//!
+//! The tools' crate includes this file by path (`tools/tests/*.rs`), so it must compile there
+//! too: it names no binary at compile time.
 #![allow(dead_code)]
+
+mod service;
+
+// Not every test binary starts the service (the tools' never do).
+#[allow(unused_imports)]
+pub use service::{Exited, ServiceBuilder, ServiceProcess, service_bin};
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -749,55 +758,6 @@ pub async fn spawn_app(settings: Settings) -> TestApp {
         lists,
         handle,
     }
-}
-
-/// The `namelist` binary (`bin`), logging to a file; killed when dropped.
-pub struct Logged {
-    pub child: Child,
-    pub port: u16,
-    pub log: tempfile::NamedTempFile,
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts the service binary `bin` with a free `NAMELIST_LISTEN` and `vars` as its whole
-/// environment, stderr into a file; returns once `/readyz` answers 200.
-pub async fn start_logged(bin: &str, vars: &[(&str, &str)]) -> Logged {
-    let client = reqwest::Client::new();
-    for _ in 0..5 {
-        let port = free_port();
-        let log = tempfile::NamedTempFile::new().expect("log file");
-        let child = Command::new(bin)
-            .env_clear()
-            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
-            .envs(vars.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log.reopen().expect("log file"))
-            .spawn()
-            .expect("spawning the namelist binary");
-        let mut s = Logged { child, port, log };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if s.child.try_wait().expect("child status").is_some() {
-                break;
-            }
-            let ready = client
-                .get(format!("http://127.0.0.1:{port}/readyz"))
-                .send()
-                .await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        drop(s);
-    }
-    panic!("the namelist binary did not start");
 }
 
 /// A command for the binary `bin` without the test's own `NAMELIST_*` variables.
