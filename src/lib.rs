@@ -10,6 +10,10 @@
 //! * `lists`: the name-list service.
 //! * `velocity`: velocity metrics and rules.
 //! * `routes`, `error`, `auth`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
+//!
+//! The binary `src/main.rs` serves. The operator tools (import, gen, audit, sweep, keygen) are
+//! the workspace's other crate, `namelist-tools` in `tools/`, a client of this library that
+//! reaches Redis only through `store` (`store::bulk`).
 
 pub mod auth;
 pub mod cache;
