@@ -14,7 +14,10 @@
 //! * `lists`: the name-list service.
 //! * `velocity`: velocity metrics and rules.
 //! * `routes`, `error`, `auth`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
-//! * `tools`: the operator tools behind `namelist-tools` (never a Redis command of their own).
+//!
+//! The binary `src/main.rs` serves. The operator tools (import, gen, audit, sweep, keygen) are
+//! the workspace's other crate, `namelist-tools` in `tools/`, a client of this library that
+//! reaches Redis only through `store` (`store::bulk`).
 
 pub mod auth;
 pub mod cache;
@@ -29,5 +32,4 @@ pub mod routes;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
-pub mod tools;
 pub mod velocity;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
-use secrecy::ExposeSecret;
 
 use crate::auth::Tokens;
 use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, LogFormat, Settings};
@@ -68,24 +67,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
     let cluster = !settings.redis_cluster_nodes.is_empty();
     match (&settings.redis_url, cluster) {
         (Some(_), _) | (None, true) => {
-            let (store, report) = RedisStore::open(RedisOptions {
-                url: settings
-                    .redis_url
-                    .as_ref()
-                    .map(|u| u.expose_secret().to_owned())
-                    .unwrap_or_default(),
-                cluster_nodes: settings.redis_cluster_nodes.clone(),
-                prefix: settings.key_prefix.clone(),
-                expected_entries: settings.expected_entries,
-                default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
-                connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
-                response_timeout: Duration::from_millis(settings.write_deadline_ms),
-                audit_max_len: settings.audit_max_len,
-                write_replicas: settings.write_replicas,
-                fingerprint_key: settings.fingerprint_key()?,
-                allow_unkeyed: settings.allow_unkeyed,
-            })
-            .await?;
+            let (store, report) = RedisStore::open(RedisOptions::from_settings(settings)?).await?;
             tracing::info!(
                 store = if cluster { "redis-cluster" } else { "redis" },
                 prefix = settings.key_prefix,

@@ -53,7 +53,8 @@ use super::{
 };
 use crate::domain::now_ms;
 
-/// How to reach Redis and which keyspace to open.
+/// How to reach Redis and which keyspace to open. Built from the settings by
+/// `RedisOptions::from_settings` (in `config`, which is above the store).
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     /// One Redis node (ignored when `cluster_nodes` is not empty).
