@@ -11,7 +11,8 @@
 //! What it does:
 //!
 //! 1. Starts its own `redis-server` (free port, `--save "" --appendonly no`), has
-//!    `namelist-tools gen` write `NAMELIST_LOAD_ENTRIES` (1,000,000) entries over the 7
+//!    `namelist-tools` (built first by `cargo build --release -p namelist-tools`: it is the
+//!    workspace's other package, so Cargo hands this bench no path to it) `gen` write `NAMELIST_LOAD_ENTRIES` (1,000,000) entries over the 7
 //!    built-in dimensions (uid, phone, id_card, device, imei, wifi_mac, ip; 30 % of IPs are
 //!    IPv6) in lists `black` and `grey`, sandbox `loan`, plus non-members (values listed
 //!    nowhere), and loads them with `namelist-tools import`. Four IP ranges are then added
@@ -21,7 +22,8 @@
 //! 2. Builds check bodies `{"sandbox": "loan", "lists": ["black", "grey"], "subjects": {7
 //!    dimensions}}` from non-members, 10 % of them carrying one listed value (a member, or an
 //!    address inside a listed range), so about one check in ten has hits.
-//! 3. Starts the release `namelist` binary (`CARGO_BIN_EXE_namelist`) as a child process:
+//! 3. Starts the release `namelist` binary as a child process (`tests/common`'s
+//!    `ServiceProcess`: only the variables below and `NAMELIST_LISTEN` in its environment):
 //!    `NAMELIST_WORKERS` from `NAMELIST_LOAD_WORKERS` (2), `NAMELIST_CHECK_DEADLINE_MS=20`,
 //!    `NAMELIST_LOG_FORMAT=json`, `RUST_LOG=warn`, everything else at its default, and waits
 //!    for `/readyz`, the invalidation subscription and the local tier to finish loading (the
@@ -93,13 +95,40 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, free_port};
+use common::{RedisServer, ServiceProcess};
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::{Layout, PrefixLen};
 use serde_json::{Value as Json, json};
 
-const SERVICE: &str = env!("CARGO_BIN_EXE_namelist");
-const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
+/// The release `namelist-tools` binary, built now by cargo into this bench's target directory
+/// (`cargo build --release -p namelist-tools`; nothing to do when it is up to date). It belongs
+/// to the workspace's other package, so there is no `CARGO_BIN_EXE_namelist-tools` here, and a
+/// binary merely found in `target/` could be older than the source.
+fn tools_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let target = target_dir();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(&cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "namelist-tools",
+                "--bin",
+                "namelist-tools",
+            ])
+            .arg("--target-dir")
+            .arg(&target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(built, "`{cargo} build --release -p namelist-tools` failed");
+        target.join("release").join("namelist-tools")
+    })
+    .clone()
+}
+
 const WRK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/load/wrk.lua");
 
 const DIMS: [&str; 7] = [
@@ -383,9 +412,8 @@ fn write_bodies(path: &Path, subjects: &[Subject]) {
 // The service as a child process
 
 struct Service {
-    child: Child,
+    process: ServiceProcess,
     base: String,
-    log: PathBuf,
 }
 
 impl Service {
@@ -396,42 +424,28 @@ impl Service {
         dir: &Path,
         http: &reqwest::Client,
     ) -> Self {
-        let port = free_port();
-        let log = dir.join(format!("service-{port}.log"));
-        let mut cmd = Command::new(SERVICE);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("NAMELIST_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("NAMELIST_REDIS_URL", redis_url)
-            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
+        let process = ServiceProcess::builder()
+            .env("NAMELIST_REDIS_URL", redis_url)
             .env("NAMELIST_LOG_FORMAT", "json")
             .env("RUST_LOG", "warn")
             .env("NAMELIST_WORKERS", workers.to_string())
             .env("NAMELIST_CHECK_DEADLINE_MS", "20")
-            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file());
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        let file = std::fs::File::create(&log).expect("service log");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log handle"))
-            .stderr(file)
-            .spawn()
-            .expect("spawning the namelist service");
-        let mut service = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            log,
+            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+            .envs(extra.iter().copied())
+            .log_dir(dir)
+            .ready_within(Duration::from_secs(20))
+            .start()
+            .await;
+        let service = Self {
+            base: process.url(""),
+            process,
         };
-        service.wait_ready(http).await;
+        service.wait_subscribed(http).await;
         service
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Resident memory of the process, from /proc (bytes).
@@ -485,30 +499,18 @@ impl Service {
         format!("{}{}", self.base, path)
     }
 
-    async fn wait_ready(&mut self, http: &reqwest::Client) {
+    /// Waits until the invalidation subscription is up (the process is ready already).
+    async fn wait_subscribed(&self, http: &reqwest::Client) {
         let started = Instant::now();
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "the service exited ({status}) at start-up:\n{}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-            }
-            let ready = match http.get(self.url("/readyz")).send().await {
-                Ok(r) if r.status() == 200 => {
-                    self.metric(http, "namelist_invalidation_subscription_up")
-                        .await
-                        == 1.0
-                }
-                _ => false,
-            };
-            if ready {
-                return;
-            }
+        while self
+            .metric(http, "namelist_invalidation_subscription_up")
+            .await
+            != 1.0
+        {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
-                "the service was not ready within 20 s:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
+                "the service's invalidation subscription was not up within 20 s:\n{}",
+                self.process.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -540,8 +542,7 @@ impl Service {
     }
 
     fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
     }
 }
 
@@ -1169,7 +1170,7 @@ fn load_keyspace(
 ) -> (PathBuf, Json) {
     let members_csv = dir.join(format!("members-{entries}.csv"));
     let mix = DIMS.map(|d| format!("{d}=1")).join(",");
-    let mut generate = Command::new(TOOLS);
+    let mut generate = Command::new(tools_bin());
     generate.args([
         "gen",
         "--rows",
@@ -1197,7 +1198,7 @@ fn load_keyspace(
     }
     run(&mut generate);
     let imported: Json = serde_json::from_str(
-        run(Command::new(TOOLS).args([
+        run(Command::new(tools_bin()).args([
             "--redis-url",
             redis_url,
             "--fingerprint-key-file",

@@ -649,6 +649,8 @@ async fn run(redis: &RedisServer) -> Res<Value> {
     let store = open_store(&settings).await?.store;
     let velocity = Velocity::new(
         store.clone(),
+        store.clone(),
+        store.clone(),
         VelocitySettings {
             read_deadline: Duration::from_millis(settings.check_deadline_ms),
             write_deadline: Duration::from_millis(settings.write_deadline_ms),

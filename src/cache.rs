@@ -1,7 +1,7 @@
 //! The local tier in front of the store: whole buckets held in memory, so that a lookup whose
 //! bucket is held never leaves the process, whether the entry is listed or not.
 //!
-//! * **Unit.** A bucket (~200 entries) is read whole (`Store::get_buckets`) and kept as a
+//! * **Unit.** A bucket (~200 entries) is read whole (`EntryStore::get_buckets`) and kept as a
 //!   sorted copy (`copy`, 12 bytes an entry): every lookup that falls in it, hit or miss, is a
 //!   binary search. Copies live in a moka cache weighted by their bytes, capped at the memory
 //!   budget (and at `max_buckets` copies: each weighs at least `budget / max_buckets`), so
@@ -58,8 +58,9 @@ use moka::notification::RemovalCause;
 pub use copy::BucketCopy;
 
 use crate::domain::now_ms;
-use crate::metrics::TierGauges;
-use crate::store::{EntryKey, PrefixLen, Scope, Store, StoreError};
+use crate::instrumented::Instrumented;
+use crate::metrics::{StoreOp, TierGauges};
+use crate::store::{Deadline, EntryKey, EntryStore, PrefixLen, Scope, StoreError};
 
 /// Buckets read per round trip.
 const BATCH: usize = 64;
@@ -559,22 +560,33 @@ impl LocalTier {
 
     /// Reads `buckets` from the store and installs them (with the changes heard meanwhile).
     /// Buckets already being read are skipped.
-    async fn fetch(&self, store: &Arc<dyn Store>, buckets: &[u32]) -> Result<(), StoreError> {
+    async fn fetch(
+        &self,
+        store: &Instrumented<dyn EntryStore>,
+        buckets: &[u32],
+    ) -> Result<(), StoreError> {
         let read = self.begin_read(buckets);
         if read.buckets.is_empty() {
             return Ok(());
         }
-        let pairs =
-            match tokio::time::timeout(FETCH_TIMEOUT, store.get_buckets(&read.buckets)).await {
-                Ok(Ok(r)) if r.len() == read.buckets.len() => Ok(r),
-                Ok(Ok(r)) => Err(StoreError::corrupt(format!(
-                    "asked for {} buckets, got {}",
-                    read.buckets.len(),
-                    r.len()
-                ))),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(StoreError::Timeout(FETCH_TIMEOUT)),
-            };
+        let wanted = &read.buckets;
+        let pairs = store
+            .call(
+                StoreOp::Buckets,
+                Deadline::after(FETCH_TIMEOUT),
+                |s| async move {
+                    let r = s.get_buckets(wanted).await?;
+                    if r.len() != wanted.len() {
+                        return Err(StoreError::corrupt(format!(
+                            "asked for {} buckets, got {}",
+                            wanted.len(),
+                            r.len()
+                        )));
+                    }
+                    Ok(r)
+                },
+            )
+            .await;
         self.finish_read(read, pairs)
     }
 
@@ -760,7 +772,7 @@ impl LocalTier {
 
     /// Reads a sample of buckets, installs them, and chooses complete or partial mode from
     /// their mean size.
-    async fn size_up(&self, store: &Arc<dyn Store>) -> Result<(), StoreError> {
+    async fn size_up(&self, store: &Instrumented<dyn EntryStore>) -> Result<(), StoreError> {
         let n = self.buckets.max(1);
         let sample: Vec<u32> = (0..SAMPLE.min(n))
             .map(|i| (u64::from(i) * u64::from(n) / u64::from(SAMPLE.min(n))) as u32)
@@ -853,7 +865,11 @@ impl LocalTier {
     /// The background worker: sizes the keyspace up, loads, refreshes and rereads buckets,
     /// paced, and exports the gauges; runs until aborted. Does nothing while untrusted (a
     /// read then could not be trusted either) or when the tier is off.
-    pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, gauges: Arc<TierGauges>) {
+    pub async fn run(
+        self: Arc<Self>,
+        store: Instrumented<dyn EntryStore>,
+        gauges: Arc<TierGauges>,
+    ) {
         if self.copies.is_none() {
             self.export(&gauges);
             return;
@@ -1006,12 +1022,13 @@ impl RegistryCache {
         })
     }
 
-    /// The registries of `scopes`, from the cache or in one store call.
+    /// The registries of `scopes`, from the cache or in one store call (by `deadline`).
     pub async fn get(
         &self,
-        store: &Arc<dyn Store>,
+        store: &Instrumented<dyn EntryStore>,
         scopes: &[Scope],
         trusted: bool,
+        deadline: Deadline,
     ) -> Result<Vec<Arc<Vec<PrefixLen>>>, StoreError> {
         let mut out: Vec<Option<Arc<Vec<PrefixLen>>>> = Vec::with_capacity(scopes.len());
         for s in scopes {
@@ -1029,7 +1046,9 @@ impl RegistryCache {
             .collect();
         if !missing.is_empty() {
             let started = self.epoch.load(Ordering::Acquire);
-            let fetched = store.prefix_lengths(&missing).await?;
+            let fetched = store
+                .call(StoreOp::Registry, deadline, |s| s.prefix_lengths(&missing))
+                .await?;
             let mut fetched = missing.into_iter().zip(fetched.into_iter().map(Arc::new));
             for slot in out.iter_mut().filter(|v| v.is_none()) {
                 let (scope, lens) = fetched.next().expect("one result per scope");
@@ -1352,6 +1371,10 @@ mod tests {
         assert!(t.held_stats().0 <= 3);
     }
 
+    fn instrumented(store: &Arc<MemoryStore>) -> Instrumented<dyn EntryStore> {
+        Instrumented::new(store.clone(), Arc::new(crate::metrics::Metrics::new()))
+    }
+
     fn memory_store() -> Arc<MemoryStore> {
         let key = FingerprintKey::generate("test").unwrap();
         Arc::new(MemoryStore::open(Layout::new("c:", 16, Hashing::Keyed(key)), 10, None).unwrap())
@@ -1388,7 +1411,10 @@ mod tests {
         let store = memory_store();
         fill(&store, 50).await;
         let t = LocalTier::new(16, settings(1 << 20, Duration::ZERO), true);
-        let worker = tokio::spawn(t.clone().run(store.clone(), Arc::new(TierGauges::new())));
+        let worker = tokio::spawn(
+            t.clone()
+                .run(instrumented(&store), Arc::new(TierGauges::new())),
+        );
         t.resynced();
         assert!(t.wait_settled(Duration::from_secs(5)).await);
         assert_eq!(t.mode(), Mode::Complete);
@@ -1426,7 +1452,10 @@ mod tests {
         fill(&store, 100).await;
         // 16 buckets of ~1.4 KB: room for about 4.
         let t = LocalTier::new(16, settings(6_000, Duration::ZERO), true);
-        let worker = tokio::spawn(t.clone().run(store.clone(), Arc::new(TierGauges::new())));
+        let worker = tokio::spawn(
+            t.clone()
+                .run(instrumented(&store), Arc::new(TierGauges::new())),
+        );
         t.resynced();
         assert!(t.wait_settled(Duration::from_secs(5)).await);
         assert_eq!(t.mode(), Mode::Partial);

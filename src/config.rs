@@ -18,6 +18,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::lists::{FailMode, ListSettings};
+use crate::store::redis::RedisOptions;
 use crate::store::{FingerprintKey, KeyError};
 
 /// Every setting of the service and the tools.
@@ -319,6 +320,32 @@ impl Settings {
             local_memory_bytes: (self.local_memory_mb * 1024.0 * 1024.0) as u64,
             local_fetch_rate: self.local_fetch_rate,
         }
+    }
+}
+
+impl RedisOptions {
+    /// The Redis store's options as the settings give them: the one place a `RedisOptions` is
+    /// built from `Settings` (the service at start-up, and every `namelist-tools` command, which
+    /// then only lengthens `response_timeout` for bulk work). It lives here rather than in
+    /// `store::redis` so that the store never imports the configuration above it.
+    pub fn from_settings(settings: &Settings) -> Result<Self, KeyError> {
+        Ok(Self {
+            url: settings
+                .redis_url
+                .as_ref()
+                .map(|u| u.expose_secret().to_owned())
+                .unwrap_or_default(),
+            cluster_nodes: settings.redis_cluster_nodes.clone(),
+            prefix: settings.key_prefix.clone(),
+            expected_entries: settings.expected_entries,
+            default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
+            connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+            response_timeout: Duration::from_millis(settings.write_deadline_ms),
+            audit_max_len: settings.audit_max_len,
+            write_replicas: settings.write_replicas,
+            fingerprint_key: settings.fingerprint_key()?,
+            allow_unkeyed: settings.allow_unkeyed,
+        })
     }
 }
 

@@ -15,12 +15,16 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::cache::{LocalTier, RegistryCache};
-use crate::metrics::Metrics;
-use crate::store::{Invalidation, Store};
+use crate::instrumented::Instrumented;
+use crate::metrics::{Metrics, StoreOp};
+use crate::store::{Deadline, Invalidation, InvalidationBus};
+
+/// How long subscribing may take before it is given up and tried again.
+pub const SUBSCRIBE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Listens for invalidations until the task is aborted.
 pub async fn listen(
-    store: Arc<dyn Store>,
+    bus: Instrumented<dyn InvalidationBus>,
     tier: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     metrics: Arc<Metrics>,
@@ -29,7 +33,14 @@ pub async fn listen(
     const MAX_BACKOFF: Duration = Duration::from_secs(1);
     let mut backoff = MIN_BACKOFF;
     loop {
-        match store.subscribe().await {
+        let subscribed = bus
+            .call(
+                StoreOp::Subscribe,
+                Deadline::after(SUBSCRIBE_DEADLINE),
+                |b| b.subscribe(),
+            )
+            .await;
+        match subscribed {
             Ok(mut stream) => {
                 // Anything held before now may have changed while nobody listened.
                 registries.invalidate_all();

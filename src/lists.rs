@@ -1,4 +1,4 @@
-//! The name-list service: upsert, delete, look up and check entries, on any `Store`.
+//! The name-list service: upsert, delete, look up and check entries, on any `EntryStore`.
 //!
 //! Everything that decides *what is listed* lives here, once for every backend: expiry (an
 //! expired field answers "absent" and is deleted off the request path by compare-and-delete,
@@ -24,16 +24,16 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::Instrument;
 
 use crate::cache::{LocalTier, Lookup, RegistryCache, TierSettings};
 use crate::domain::{
     Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, mask_value, now_ms,
 };
-use crate::metrics::Metrics;
+use crate::instrumented::Instrumented;
+use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
-    AuditOp, AuditRecord, Deadline, EntryKey, PrefixKind, PrefixLen, Scope, Store, StoreError,
-    WriteBatch, code_is_live,
+    AuditOp, AuditRecord, Deadline, EntryKey, EntryStore, InvalidationBus, PrefixKind, PrefixLen,
+    Scope, StoreError, WriteBatch, code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -279,7 +279,7 @@ struct Probe {
 
 /// The name-list service of one instance.
 pub struct NameLists {
-    store: Arc<dyn Store>,
+    store: Instrumented<dyn EntryStore>,
     cache: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     settings: ListSettings,
@@ -299,8 +299,16 @@ impl Drop for NameLists {
 impl NameLists {
     /// Builds the service and starts its background tasks (invalidation listener, the local
     /// tier's worker, lazy expiry); they stop when it is dropped. Must run inside a Tokio
-    /// runtime. The embedded store gets no tier: it is in memory already.
-    pub fn new(store: Arc<dyn Store>, settings: ListSettings, metrics: Arc<Metrics>) -> Self {
+    /// runtime. The embedded store gets no tier: it is in memory already. `bus` is where the
+    /// tier hears of other instances' writes (outside tests, the same backend as `store`).
+    pub fn new(
+        store: Arc<dyn EntryStore>,
+        bus: Arc<dyn InvalidationBus>,
+        settings: ListSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let store = Instrumented::new(store, metrics.clone());
+        let bus = Instrumented::new(bus, metrics.clone());
         let cache = LocalTier::new(
             store.layout().buckets(),
             TierSettings {
@@ -310,14 +318,14 @@ impl NameLists {
                 fetch_rate: settings.local_fetch_rate,
                 conflict_window: settings.write_deadline + Duration::from_secs(1),
             },
-            !store.in_process(),
+            !store.inner().in_process(),
         );
         let registries = RegistryCache::new(settings.cache_ttl);
         let (expired, rx) = mpsc::channel(4096);
         let tasks = vec![
             tokio::spawn(cache.clone().run(store.clone(), metrics.tier.clone())),
             tokio::spawn(crate::invalidation::listen(
-                store.clone(),
+                bus,
                 cache.clone(),
                 registries.clone(),
                 metrics.clone(),
@@ -341,8 +349,16 @@ impl NameLists {
         }
     }
 
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
+    /// The store itself, uninstrumented (tests; the service calls it through `Instrumented`).
+    pub fn store(&self) -> &Arc<dyn EntryStore> {
+        self.store.inner()
+    }
+
+    /// Whether the store answers within `within` (`/readyz`).
+    pub async fn ping(&self, within: Duration) -> Result<(), StoreError> {
+        self.store
+            .call(StoreOp::Ping, Deadline::after(within), |s| s.ping())
+            .await
     }
 
     /// The local tier (its trust state, mode and copies).
@@ -400,8 +416,8 @@ impl NameLists {
         let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
         let deadline = Deadline::after(self.settings.write_deadline);
         let result = self
-            .metrics
-            .store_call("write", deadline, self.store.write(batch, deadline))
+            .store
+            .call(StoreOp::Write, deadline, |s| s.write(batch, deadline))
             .await;
         self.cache.wrote(&keys);
         if !scopes.is_empty() {
@@ -454,12 +470,10 @@ impl NameLists {
         let unique: Vec<EntryKey> = keys.iter().copied().filter(|k| seen.insert(*k)).collect();
         let deadline = Deadline::after(self.settings.write_deadline);
         let result = self
-            .metrics
-            .store_call(
-                "remove",
-                deadline,
-                self.store.remove(&unique, now, audit, deadline),
-            )
+            .store
+            .call(StoreOp::Remove, deadline, |s| {
+                s.remove(&unique, now, audit, deadline)
+            })
             .await;
         self.cache.wrote(&unique);
         let flags = result?;
@@ -483,13 +497,11 @@ impl NameLists {
             self.store
                 .layout()
                 .entry_key(list, &entry.dimension, &entry.sandbox, &entry.value);
+        let deadline = Deadline::after(self.settings.check_deadline);
+        let keys = [key];
         let codes = self
-            .metrics
-            .store_call(
-                "get",
-                Deadline::after(self.settings.check_deadline),
-                self.store.get_many(&[key]),
-            )
+            .store
+            .call(StoreOp::Get, deadline, |s| s.get_many(&keys))
             .await?;
         match codes.first().copied().flatten() {
             Some(code) if code_is_live(code, now_ms()) => Ok(Some(Expiry::from_code(code))),
@@ -504,8 +516,7 @@ impl NameLists {
     /// Checks every subject value against every list (the query is within the limits by
     /// construction; only the fan-out over IP prefix lengths in use is checked here).
     pub async fn check(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
-        let started = Instant::now();
-        let deadline = tokio::time::Instant::now() + self.settings.check_deadline;
+        let deadline = Deadline::after(self.settings.check_deadline);
         let trusted = self.cache.is_trusted();
         let mut degraded = false;
 
@@ -520,14 +531,13 @@ impl NameLists {
             .map(|l| (l.clone(), q.sandbox.clone()))
             .collect();
         let registries = if needs_registry {
-            let fetched = tokio::time::timeout_at(
-                deadline,
-                self.registries.get(&self.store, &scopes, trusted),
-            )
-            .await;
-            match fetched {
-                Ok(Ok(r)) => r,
-                _ => {
+            match self
+                .registries
+                .get(&self.store, &scopes, trusted, deadline)
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => {
                     degraded = true;
                     self.registries.get_cached(&scopes).await
                 }
@@ -559,35 +569,26 @@ impl NameLists {
         self.metrics.cache_misses.inc_by(missing.len() as u64);
 
         if !missing.is_empty() && !degraded {
-            let read = tokio::time::timeout_at(deadline, self.store.get_many(&missing))
-                .instrument(tracing::info_span!("store", op = "check"))
+            let wanted = &missing;
+            let read = self
+                .store
+                .call(StoreOp::Check, deadline, |s| async move {
+                    let codes = s.get_many(wanted).await?;
+                    if codes.len() != wanted.len() {
+                        return Err(StoreError::corrupt(format!(
+                            "asked for {} fields, got {}",
+                            wanted.len(),
+                            codes.len()
+                        )));
+                    }
+                    Ok(codes)
+                })
                 .await;
             match read {
-                Ok(Ok(codes)) if codes.len() == missing.len() => {
-                    known.extend(missing.iter().copied().zip(codes));
-                }
-                failed => {
-                    let e = match failed {
-                        Ok(Ok(codes)) => StoreError::corrupt(format!(
-                            "asked for {} fields, got {}",
-                            missing.len(),
-                            codes.len()
-                        )),
-                        Ok(Err(e)) => e,
-                        Err(_) => StoreError::Timeout(self.settings.check_deadline),
-                    };
-                    self.metrics
-                        .store_errors
-                        .with_label_values(&["check"])
-                        .inc();
-                    tracing::warn!(error = %e, "check lookups failed");
-                    degraded = true;
-                }
+                Ok(codes) => known.extend(missing.iter().copied().zip(codes)),
+                // Logged and counted by the call; the answer is the tier's, or a refusal.
+                Err(_) => degraded = true,
             }
-            self.metrics
-                .store_calls
-                .with_label_values(&["check"])
-                .observe(started.elapsed().as_secs_f64());
         }
         let mut stale = None;
         if degraded {
@@ -714,7 +715,7 @@ fn too_many_entries(n: usize) -> ValidationError {
 /// Deletes expired fields that reads found, one compare-and-delete at a time (and from the
 /// tier's copy, so that later checks do not ask again).
 async fn reclaim_expired(
-    store: Arc<dyn Store>,
+    store: Instrumented<dyn EntryStore>,
     tier: Arc<LocalTier>,
     mut rx: mpsc::Receiver<(EntryKey, u32)>,
     deadline: Duration,
@@ -722,18 +723,20 @@ async fn reclaim_expired(
 ) {
     while let Some((key, code)) = rx.recv().await {
         let until = Deadline::after(deadline);
-        match tokio::time::timeout_at(until.instant(), store.remove_if_unchanged(key, code, until))
+        match store
+            .call(StoreOp::Reclaim, until, |s| {
+                s.remove_if_unchanged(key, code, until)
+            })
             .await
         {
-            Ok(Ok(true)) => {
+            Ok(true) => {
                 tier.forget_expired(&key, code);
                 metrics.expired_reclaimed.inc();
             }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => {
+            Ok(false) => {}
+            Err(e) => {
                 tracing::debug!(error = %e, fingerprint = %key.fingerprint(), "lazy expiry failed")
             }
-            Err(_) => tracing::debug!(fingerprint = %key.fingerprint(), "lazy expiry timed out"),
         }
     }
 }

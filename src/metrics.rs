@@ -7,20 +7,105 @@ use prometheus::{
 };
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use tracing::Instrument;
-
-use crate::store::{AuditSummary, Deadline, StoreError, StoreResult};
+use crate::store::AuditSummary;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-/// The store operations latency and errors are recorded under.
-pub const STORE_OPS: &[&str] = &[
-    "check", "get", "write", "remove", "events", "features", "evaluate", "define",
-];
+/// What a store call is for: the `op` label of `namelist_store_call_duration_seconds` and
+/// `namelist_store_errors_total`, and the `op` field of the call's `store` span
+/// (`instrumented`). Labels never change: dashboards and alerts read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    /// A check's lookups (pipelined `HGET`s of the buckets the tier does not answer).
+    Check,
+    /// One entry looked up by the operator's endpoint.
+    Get,
+    /// An upsert.
+    Write,
+    /// A delete.
+    Remove,
+    /// Events ingested (metric updates).
+    Events,
+    /// Feature reads.
+    Features,
+    /// `evaluate`: an event's updates and the reads, together.
+    Evaluate,
+    /// A metric or rule defined or deleted.
+    Define,
+    /// A check's IP prefix-length registries (those not cached).
+    Registry,
+    /// Lazy expiry's compare-and-delete of a field found expired.
+    Reclaim,
+    /// The local tier's whole-bucket reads (background).
+    Buckets,
+    /// Subscribing to the invalidation bus (the tier's listener, the velocity service's).
+    Subscribe,
+    /// Reading the metric and rule definitions (start-up, on every change, every 30 s).
+    Definitions,
+    /// `/readyz`.
+    Ping,
+    /// The audit gauges' read of the last audit's summary (background).
+    AuditSummary,
+}
+
+impl StoreOp {
+    /// Every operation, in the order their series are first exported.
+    pub const ALL: [StoreOp; 15] = [
+        StoreOp::Check,
+        StoreOp::Get,
+        StoreOp::Write,
+        StoreOp::Remove,
+        StoreOp::Events,
+        StoreOp::Features,
+        StoreOp::Evaluate,
+        StoreOp::Define,
+        StoreOp::Registry,
+        StoreOp::Reclaim,
+        StoreOp::Buckets,
+        StoreOp::Subscribe,
+        StoreOp::Definitions,
+        StoreOp::Ping,
+        StoreOp::AuditSummary,
+    ];
+
+    /// The `op` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreOp::Check => "check",
+            StoreOp::Get => "get",
+            StoreOp::Write => "write",
+            StoreOp::Remove => "remove",
+            StoreOp::Events => "events",
+            StoreOp::Features => "features",
+            StoreOp::Evaluate => "evaluate",
+            StoreOp::Define => "define",
+            StoreOp::Registry => "registry",
+            StoreOp::Reclaim => "reclaim",
+            StoreOp::Buckets => "buckets",
+            StoreOp::Subscribe => "subscribe",
+            StoreOp::Definitions => "definitions",
+            StoreOp::Ping => "ping",
+            StoreOp::AuditSummary => "audit_summary",
+        }
+    }
+
+    /// Whether the call is made for a request that waits for it. Its failure is then logged
+    /// where it happens (inside the request's span); background calls retry, and their
+    /// callers log what they make of a failure.
+    pub fn for_request(self) -> bool {
+        !matches!(
+            self,
+            StoreOp::Reclaim
+                | StoreOp::Buckets
+                | StoreOp::Subscribe
+                | StoreOp::Definitions
+                | StoreOp::AuditSummary
+        )
+    }
+}
 
 /// The `reason` labels of `namelist_write_refusals_total` (`Refusal::label`).
 pub const REFUSAL_REASONS: &[&str] = &["replicas", "unreachable", "deadline", "busy"];
@@ -312,8 +397,8 @@ impl Metrics {
         m.register_all();
         // Export a zero for every store operation from the start, so a dashboard's rate()
         // has a series before the first error.
-        for op in STORE_OPS {
-            m.store_errors.with_label_values(&[op]);
+        for op in StoreOp::ALL {
+            m.store_errors.with_label_values(&[op.label()]);
         }
         for outcome in ["applied", "duplicate", "late"] {
             m.events.with_label_values(&[outcome]);
@@ -328,36 +413,6 @@ impl Metrics {
             m.audit.buckets.with_label_values(&[state]);
         }
         m
-    }
-
-    /// Runs one store call until `deadline` in a `store` span, recording its latency, its
-    /// failure (a missed deadline is one) and, for a write refused before it was sent, why.
-    pub async fn store_call<T>(
-        &self,
-        op: &'static str,
-        deadline: Deadline,
-        fut: impl Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
-        let started = Instant::now();
-        let span = tracing::info_span!("store", op);
-        let r =
-            match tokio::time::timeout_at(deadline.instant(), fut.instrument(span.clone())).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(deadline.budget())),
-            };
-        self.store_calls
-            .with_label_values(&[op])
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = &r {
-            self.store_errors.with_label_values(&[op]).inc();
-            if let StoreError::Refused(refusal) = e {
-                self.write_refusals
-                    .with_label_values(&[refusal.label()])
-                    .inc();
-            }
-            span.in_scope(|| tracing::warn!(error = %e, "store call failed"));
-        }
-        r
     }
 
     /// Exports an audit summary read from the store.

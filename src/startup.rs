@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
-use secrecy::ExposeSecret;
 
 use crate::auth::Tokens;
 use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, LogFormat, Settings};
+use crate::instrumented::Instrumented;
 use crate::lists::NameLists;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreOp};
 use crate::routes;
 use crate::routes::json::BodyLimit;
 use crate::routes::limits::{Limits, limit_in_flight};
 use crate::store::fingerprint::{self, FingerprintKey, KeyError};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::{Hashing, Layout, Store, StoreError};
+use crate::store::{AuditReports, Deadline, Hashing, Layout, Store, StoreError};
 use crate::velocity::Velocity;
 
 /// Why the service could not start.
@@ -67,24 +67,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
     let cluster = !settings.redis_cluster_nodes.is_empty();
     match (&settings.redis_url, cluster) {
         (Some(_), _) | (None, true) => {
-            let (store, report) = RedisStore::open(RedisOptions {
-                url: settings
-                    .redis_url
-                    .as_ref()
-                    .map(|u| u.expose_secret().to_owned())
-                    .unwrap_or_default(),
-                cluster_nodes: settings.redis_cluster_nodes.clone(),
-                prefix: settings.key_prefix.clone(),
-                expected_entries: settings.expected_entries,
-                default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
-                connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
-                response_timeout: Duration::from_millis(settings.write_deadline_ms),
-                audit_max_len: settings.audit_max_len,
-                write_replicas: settings.write_replicas,
-                fingerprint_key: settings.fingerprint_key()?,
-                allow_unkeyed: settings.allow_unkeyed,
-            })
-            .await?;
+            let (store, report) = RedisStore::open(RedisOptions::from_settings(settings)?).await?;
             tracing::info!(
                 store = if cluster { "redis-cluster" } else { "redis" },
                 prefix = settings.key_prefix,
@@ -214,20 +197,24 @@ pub struct Application {
 /// Reads the last audit's summary now and every `every`, into the audit gauges. A store that
 /// does not answer leaves the gauges as they were.
 fn spawn_audit_reader(
-    store: Arc<dyn Store>,
+    store: Arc<dyn AuditReports>,
     metrics: Arc<Metrics>,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    let store = Instrumented::new(store, metrics.clone());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match tokio::time::timeout(Duration::from_secs(5), store.audit_summary()).await {
-                Ok(Ok(Some(s))) => metrics.set_audit(&s),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "reading the audit summary failed"),
-                Err(_) => tracing::debug!("reading the audit summary timed out"),
+            let deadline = Deadline::after(Duration::from_secs(5));
+            match store
+                .call(StoreOp::AuditSummary, deadline, |s| s.audit_summary())
+                .await
+            {
+                Ok(Some(s)) => metrics.set_audit(&s),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "reading the audit summary failed"),
             }
         }
     })
@@ -255,11 +242,19 @@ impl Application {
         );
         let lists = web::Data::new(NameLists::new(
             opened.store.clone(),
+            opened.store.clone(),
             settings.list_settings(),
             metrics.clone(),
         ));
         let velocity = web::Data::from(
-            Velocity::new(opened.store, settings.velocity_settings(), metrics.clone()).await?,
+            Velocity::new(
+                opened.store.clone(),
+                opened.store.clone(),
+                opened.store,
+                settings.velocity_settings(),
+                metrics.clone(),
+            )
+            .await?,
         );
         let listener =
             TcpListener::bind(&settings.listen).map_err(|source| StartupError::Bind {

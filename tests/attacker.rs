@@ -12,7 +12,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{Logged, RedisServer};
+use common::{RedisServer, ServiceProcess};
 use namelist::store::{FingerprintKey, Hashing, Layout};
 use serde_json::{Value as Json, json};
 
@@ -23,23 +23,23 @@ const SANDBOX: &str = "loan";
 const METRIC: &str = "ids_per_phone_7d";
 
 /// The service binary, JSON logs at trace level into a file; killed when dropped.
-async fn start(redis: &RedisServer) -> Logged {
-    let url = redis.url();
-    let key = common::key_file().to_str().expect("UTF-8 path");
-    common::start_logged(
-        env!("CARGO_BIN_EXE_namelist"),
-        &[
-            ("NAMELIST_REDIS_URL", &url),
+async fn start(redis: &RedisServer) -> ServiceProcess {
+    ServiceProcess::builder()
+        .envs([
+            ("NAMELIST_REDIS_URL", redis.url().as_str()),
             ("NAMELIST_KEY_PREFIX", PREFIX),
-            ("NAMELIST_FINGERPRINT_KEY_FILE", key),
+            (
+                "NAMELIST_FINGERPRINT_KEY_FILE",
+                common::key_file().to_str().expect("UTF-8 path"),
+            ),
             ("NAMELIST_EXPECTED_ENTRIES", "2000"),
             ("NAMELIST_WORKERS", "1"),
             ("NAMELIST_LOG_FORMAT", "json"),
             ("NAMELIST_CHECK_DEADLINE_MS", "1000"),
             ("RUST_LOG", "trace"),
-        ],
-    )
-    .await
+        ])
+        .start()
+        .await
 }
 
 /// Every maximal run of `[A-Za-z0-9_-]` in `text`: how a fingerprint (hex), a field (signed
@@ -228,7 +228,7 @@ async fn masks_logs_and_a_redis_dump_give_nothing_back_without_the_key() {
     let redis = RedisServer::start();
     let mut service = start(&redis).await;
     let client = reqwest::Client::new();
-    let url = |p: &str| format!("http://127.0.0.1:{}{p}", service.port);
+    let url = |p: &str| service.url(p);
     let ok = |res: reqwest::Response| {
         assert!(res.status().is_success(), "{res:?}");
     };
@@ -282,9 +282,8 @@ async fn masks_logs_and_a_redis_dump_give_nothing_back_without_the_key() {
         .text()
         .await
         .unwrap();
-    let _ = service.child.kill();
-    let _ = service.child.wait();
-    let logs = std::fs::read_to_string(service.log.path()).unwrap() + &metrics;
+    service.kill();
+    let logs = service.log() + &metrics;
     assert!(
         logs.lines().count() > 20,
         "trace logs were captured: {logs}"

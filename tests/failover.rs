@@ -223,6 +223,15 @@ fn p99(mut v: Vec<Duration>) -> Duration {
 }
 
 async fn failover(write_replicas: u32) {
+    // The service's WARN lines about its cluster connections (a rebuild after a silence),
+    // on the same clock as the test's own events below.
+    // FAILOVER_LOG replaces the filter (e.g. `redis=debug` for the client's own log).
+    let filter = std::env::var("FAILOVER_LOG")
+        .unwrap_or_else(|_| "namelist::store::heal=warn,failover=info".to_owned());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
     let mut cluster = tokio::task::block_in_place(RedisCluster::start);
     assert!(tokio::task::block_in_place(
         || cluster.wait_replicas_online(Duration::from_secs(30))
@@ -296,17 +305,20 @@ async fn failover(write_replicas: u32) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let killed_at = Instant::now();
+    tracing::info!(victim, "killing a primary");
     tokio::task::block_in_place(|| cluster.nodes[victim].kill());
     assert!(
         tokio::task::block_in_place(|| cluster.wait_failover(Duration::from_secs(30))),
         "the replica was promoted"
     );
     let promoted_at = Instant::now();
+    tracing::info!("its replica was promoted");
     tokio::time::sleep(WITHOUT_REPLICA).await;
 
     // The killed node comes back (as Kubernetes would restart it) and rejoins as a replica
     // of its successor, after a full resync.
     let restarted_at = Instant::now();
+    tracing::info!("restarting the killed node");
     tokio::task::block_in_place(|| cluster.nodes[victim].restart());
     let rejoined_at = loop {
         let acked = log

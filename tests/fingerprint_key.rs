@@ -1,168 +1,53 @@
-//! The fingerprint key at start-up, for the service (the real binary) and each tool that opens
-//! a keyspace (`import`, `audit`, `sweep`): a new keyspace is keyed, or refused without a key
-//! (unless `NAMELIST_ALLOW_UNKEYED=true`, said at ERROR level); a keyed keyspace opens with its
-//! key only; an unkeyed (format 1) one keeps working, loudly; a bad key file stops start-up.
-//! Also `keygen`, `gen` without a key, and the embedded store's own key.
+//! The fingerprint key at start-up of the service (the real binary): a new keyspace is keyed,
+//! or refused without a key (unless `NAMELIST_ALLOW_UNKEYED=true`, said at ERROR level); a
+//! keyed keyspace opens with its key only; an unkeyed (format 1) one keeps working, loudly; a
+//! bad key file stops start-up. Also the embedded store's own key. The same for each tool that
+//! opens a keyspace, and `keygen` and `gen`, is `tools/tests/fingerprint_key.rs`.
 
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use common::{RedisServer, TEST_KEY_HEX, free_port, spawn_app, test_settings, write_key_file};
+use common::{
+    KeyFiles, Outcome, RedisServer, ServiceProcess, TEST_KEY_HEX, WRONG_KEY_HEX, keyspace_meta,
+    spawn_app, test_settings,
+};
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::layout::canonical;
 use namelist::store::{EntryKey, FingerprintKey, PrefixLen};
 use serde_json::json;
 
-const SERVICE: &str = env!("CARGO_BIN_EXE_namelist");
-const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
-const WRONG_HEX: &str = "c0ffee00112233445566778899aabbccddeeff00112233445566778899aabbcc";
-
-/// Key files of the test: the right one, a wrong one, an exposed copy of the right one and a
-/// placeholder.
-struct Keys {
-    _dir: tempfile::TempDir,
-    right: PathBuf,
-    wrong: PathBuf,
-    exposed: PathBuf,
-    placeholder: PathBuf,
-}
-
-fn keys() -> Keys {
-    let dir = tempfile::tempdir().unwrap();
-    let path = |n: &str| dir.path().join(n);
-    let (right, wrong, exposed, placeholder) = (
-        path("right.key"),
-        path("wrong.key"),
-        path("exposed.key"),
-        path("placeholder.key"),
-    );
-    write_key_file(&right, TEST_KEY_HEX);
-    write_key_file(&wrong, WRONG_HEX);
-    write_key_file(&exposed, TEST_KEY_HEX);
-    std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
-    write_key_file(&placeholder, "CHANGE-ME");
-    Keys {
-        _dir: dir,
-        right,
-        wrong,
-        exposed,
-        placeholder,
-    }
-}
-
 fn wrong_id() -> String {
-    FingerprintKey::from_hex(WRONG_HEX, "w")
+    FingerprintKey::from_hex(WRONG_KEY_HEX, "w")
         .unwrap()
         .id()
         .to_owned()
 }
 
-/// How a start-up went, with what the process wrote on stderr.
-#[derive(Debug)]
-enum Outcome {
-    Started(String),
-    Refused(String),
-}
-
-impl Outcome {
-    fn started(self) -> String {
-        match self {
-            Outcome::Started(s) => s,
-            Outcome::Refused(s) => panic!("expected a start, refused: {s}"),
-        }
-    }
-
-    fn refused(self) -> String {
-        match self {
-            Outcome::Refused(s) => s,
-            Outcome::Started(s) => panic!("expected a refusal, started: {s}"),
-        }
-    }
-}
-
 /// Starts the service binary on `prefix` with `env` (and nothing else of ours): started once
 /// `/readyz` answers 200 (then stopped), refused when it exits first.
 async fn service(redis: &RedisServer, prefix: &str, env: &[(&str, &Path)]) -> Outcome {
-    let port = free_port();
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut cmd = Command::new(SERVICE);
-    cmd.env_clear()
-        .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
+    let started = ServiceProcess::builder()
         .env("NAMELIST_REDIS_URL", redis.url())
         .env("NAMELIST_KEY_PREFIX", prefix)
         .env("NAMELIST_WORKERS", "1")
-        .env("NAMELIST_LOG_FORMAT", "json");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    let outcome = loop {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "neither started nor refused"
-        );
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(!status.success(), "a refusal exits non-zero");
-            break false;
+        .env("NAMELIST_LOG_FORMAT", "json")
+        .envs(env.iter().copied())
+        .ready_within(Duration::from_secs(15))
+        .try_start()
+        .await;
+    match started {
+        Ok(mut service) => {
+            service.kill();
+            Outcome::Started(service.log())
         }
-        let ready = client
-            .get(format!("http://127.0.0.1:{port}/readyz"))
-            .send()
-            .await;
-        if ready.is_ok_and(|r| r.status() == 200) {
-            break true;
+        Err(exited) => {
+            assert!(!exited.status.success(), "a refusal exits non-zero");
+            Outcome::Refused(exited.log)
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    let stderr = std::fs::read_to_string(log.path()).unwrap();
-    if outcome {
-        Outcome::Started(stderr)
-    } else {
-        Outcome::Refused(stderr)
     }
-}
-
-/// Runs `namelist-tools` on `prefix` with `env` only: started (and succeeded) or refused.
-fn tool(redis: &RedisServer, prefix: &str, env: &[(&str, &Path)], args: &[&str]) -> Outcome {
-    let mut cmd = common::without_namelist_env(TOOLS);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd
-        .args(["--redis-url", &redis.url(), "--prefix", prefix])
-        .args(args)
-        .output()
-        .unwrap();
-    let stderr =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    if out.status.success() {
-        Outcome::Started(stderr)
-    } else {
-        Outcome::Refused(stderr)
-    }
-}
-
-fn meta(redis: &RedisServer, prefix: &str) -> std::collections::HashMap<String, String> {
-    redis::cmd("HGETALL")
-        .arg(format!("{prefix}meta"))
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
-fn dbsize(redis: &RedisServer) -> u64 {
-    redis::cmd("DBSIZE").query(&mut redis.conn()).unwrap()
 }
 
 /// The ERROR line of an unkeyed keyspace is in these JSON logs.
@@ -183,7 +68,7 @@ const ALLOW: &str = "NAMELIST_ALLOW_UNKEYED";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_creates_keyed_keyspaces_and_opens_them_with_their_key_only() {
     let redis = RedisServer::start();
-    let k = keys();
+    let k = KeyFiles::new();
     let right_id = common::test_key().id().to_owned();
 
     // A new keyspace without a key: refused, with how to make one; nothing created.
@@ -191,12 +76,12 @@ async fn the_service_creates_keyed_keyspaces_and_opens_them_with_their_key_only(
     assert!(msg.contains("namelist-tools keygen --out"), "{msg}");
     assert!(msg.contains("NAMELIST_FINGERPRINT_KEY_FILE"), "{msg}");
     assert!(msg.contains("NAMELIST_ALLOW_UNKEYED"), "{msg}");
-    assert_eq!(dbsize(&redis), 0, "no keyspace was created");
+    assert_eq!(redis.dbsize(), 0, "no keyspace was created");
 
     // With a key: format 2, the key's id recorded, no loud line.
     let log = service(&redis, "a:", &[(KEY, &k.right)]).await.started();
     assert!(!log.contains("UNKEYED"), "{log}");
-    let m = meta(&redis, "a:");
+    let m = keyspace_meta(&redis, "a:");
     assert_eq!(m["format"], "2");
     assert_eq!(m["key_id"], right_id);
     assert!(
@@ -212,7 +97,7 @@ async fn the_service_creates_keyed_keyspaces_and_opens_them_with_their_key_only(
         msg.contains(&right_id) && msg.contains(&wrong_id()),
         "{msg}"
     );
-    assert!(!msg.contains(&WRONG_HEX[..16]) && !msg.contains(&TEST_KEY_HEX[..16]));
+    assert!(!msg.contains(&WRONG_KEY_HEX[..16]) && !msg.contains(&TEST_KEY_HEX[..16]));
     let msg = service(&redis, "a:", &[]).await.refused();
     assert!(msg.contains("no fingerprint key is configured"), "{msg}");
     assert!(msg.contains(&right_id), "{msg}");
@@ -234,12 +119,12 @@ async fn the_service_creates_keyed_keyspaces_and_opens_them_with_their_key_only(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unkeyed_keyspaces_are_made_only_when_allowed_and_always_said_loudly() {
     let redis = RedisServer::start();
-    let k = keys();
+    let k = KeyFiles::new();
     let yes = Path::new("true");
 
     let log = service(&redis, "u:", &[(ALLOW, yes)]).await.started();
     assert!(says_unkeyed_at_error(&log), "{log}");
-    let m = meta(&redis, "u:");
+    let m = keyspace_meta(&redis, "u:");
     assert_eq!(m["format"], "1");
     assert!(!m.contains_key("key_id"), "{m:?}");
 
@@ -300,132 +185,6 @@ async fn a_format_1_keyspace_of_an_older_build_keeps_answering() {
         .unwrap();
     assert_eq!(code, Some(0));
     app.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_tool_reads_the_key_as_the_service_does() {
-    let redis = RedisServer::start();
-    let k = keys();
-    let yes = Path::new("true");
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("rows.csv");
-    std::fs::write(
-        &csv,
-        "list,dimension,value,sandbox\nblack,phone,13800000001,loan\n",
-    )
-    .unwrap();
-    let csv = csv.to_str().unwrap();
-    let import = ["import", csv, "--quiet"];
-    let audit = ["audit", "--compare-sample", "0", "--json"];
-    let sweep = ["sweep"];
-
-    // A new keyspace: no key, refused by every tool, nothing created.
-    for args in [&import[..], &audit, &sweep] {
-        let msg = tool(&redis, "t:", &[], args).refused();
-        assert!(
-            msg.contains("namelist-tools keygen --out"),
-            "{args:?}: {msg}"
-        );
-    }
-    assert_eq!(dbsize(&redis), 0);
-
-    // Keyed: made by import with the key, then each tool with the key, the wrong key, none.
-    tool(&redis, "t:", &[(KEY, &k.right)], &import).started();
-    assert_eq!(meta(&redis, "t:")["format"], "2");
-    for args in [&import[..], &audit, &sweep] {
-        let log = tool(&redis, "t:", &[(KEY, &k.right)], args).started();
-        assert!(!log.contains("UNKEYED"), "{args:?}: {log}");
-        let msg = tool(&redis, "t:", &[(KEY, &k.wrong)], args).refused();
-        assert!(msg.contains("key ids differ"), "{args:?}: {msg}");
-        assert!(!msg.contains(&TEST_KEY_HEX[..16]) && !msg.contains(&WRONG_HEX[..16]));
-        let msg = tool(&redis, "t:", &[], args).refused();
-        assert!(
-            msg.contains("no fingerprint key is configured"),
-            "{args:?}: {msg}"
-        );
-        let msg = tool(&redis, "t:", &[(KEY, &k.exposed)], args).refused();
-        assert!(msg.contains("chmod 600"), "{args:?}: {msg}");
-    }
-    // The import the service reads: the entry is where the key puts it.
-    let mut settings = common::redis_settings(&redis);
-    settings.key_prefix = "t:".into();
-    let app = spawn_app(settings).await;
-    let body = app
-        .check(
-            &json!({"sandbox": "loan", "lists": ["black"], "subjects": {"phone": "13800000001"}}),
-        )
-        .await;
-    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
-    app.stop().await;
-
-    // Unkeyed: only with the permission, then loud in every tool.
-    tool(&redis, "u:", &[(ALLOW, yes)], &import).started();
-    assert_eq!(meta(&redis, "u:")["format"], "1");
-    for args in [&import[..], &audit, &sweep] {
-        let log = tool(&redis, "u:", &[], args).started();
-        assert!(
-            log.contains("ERROR: UNKEYED FINGERPRINTS"),
-            "{args:?}: {log}"
-        );
-    }
-}
-
-#[test]
-fn gen_needs_no_key_and_keygen_makes_private_keys_it_never_replaces() {
-    let dir = tempfile::tempdir().unwrap();
-    let clean = || common::without_namelist_env(TOOLS);
-    let (members, outsiders) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
-    let out = clean()
-        .args(["gen", "--rows", "10", "--quiet", "--out"])
-        .arg(&members)
-        .arg("--non-members")
-        .arg(&outsiders)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(std::fs::read_to_string(&outsiders).unwrap().lines().count() > 1);
-
-    let key = dir.path().join("fingerprint.key");
-    let out = clean()
-        .args(["keygen", "--out"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let made = FingerprintKey::from_file(&key).unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(stdout.contains(made.id()), "{stdout}");
-    let text = std::fs::read_to_string(&key).unwrap();
-    let hex = text.trim();
-    assert_eq!(hex.len(), 64, "32 bytes as hex");
-    assert!(!stdout.contains(hex) && !String::from_utf8_lossy(&out.stderr).contains(hex));
-    assert_eq!(
-        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
-    let out = clean()
-        .args(["keygen", "--out"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "refuses to overwrite");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
-    assert_eq!(std::fs::read_to_string(&key).unwrap(), text, "unchanged");
-    let again = dir.path().join("again.key");
-    clean()
-        .args(["keygen", "--out"])
-        .arg(&again)
-        .output()
-        .unwrap();
-    assert_ne!(
-        std::fs::read_to_string(&again).unwrap(),
-        text,
-        "random keys"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{RedisServer, redis_settings, spawn_app, test_settings};
 use namelist::startup::{Application, StartupError};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Store, StoreError};
+use namelist::store::{StoreBase, StoreError};
 use serde_json::json;
 
 fn options(redis: &RedisServer, prefix: &str, expected: Option<u64>) -> RedisOptions {

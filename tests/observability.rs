@@ -1,12 +1,12 @@
-//! What operators see: request ids, JSON log lines inside `request` and `store` spans with
-//! no raw identifier in them, and the last audit's findings as gauges on `/metrics`.
+//! What operators see: request ids, and JSON log lines inside `request` and `store` spans with
+//! no raw identifier in them. (The last audit's findings as gauges on `/metrics` need
+//! `namelist-tools audit`: `tools/tests/audit.rs`.)
 
 mod common;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Logged, RedisServer, redis_settings, spawn_app, test_settings};
+use common::{RedisServer, ServiceProcess, spawn_app, test_settings};
 use serde_json::{Value, json};
 
 const PHONE: &str = "13812345678";
@@ -57,14 +57,14 @@ async fn every_answer_carries_a_request_id() {
 }
 
 /// The binary on a Redis, logging JSON at debug into a file; killed when dropped.
-async fn start_logged(redis: &RedisServer) -> Logged {
-    let url = redis.url();
-    let key = common::key_file().to_str().expect("UTF-8 path");
-    common::start_logged(
-        env!("CARGO_BIN_EXE_namelist"),
-        &[
-            ("NAMELIST_FINGERPRINT_KEY_FILE", key),
-            ("NAMELIST_REDIS_URL", &url),
+async fn start_logged(redis: &RedisServer) -> ServiceProcess {
+    ServiceProcess::builder()
+        .envs([
+            (
+                "NAMELIST_FINGERPRINT_KEY_FILE",
+                common::key_file().to_str().expect("UTF-8 path"),
+            ),
+            ("NAMELIST_REDIS_URL", redis.url().as_str()),
             ("NAMELIST_KEY_PREFIX", "obs:"),
             ("NAMELIST_WORKERS", "1"),
             ("NAMELIST_LOG_FORMAT", "json"),
@@ -72,9 +72,9 @@ async fn start_logged(redis: &RedisServer) -> Logged {
             ("NAMELIST_CHECK_DEADLINE_MS", "1000"),
             ("NAMELIST_WRITE_DEADLINE_MS", "300"),
             ("RUST_LOG", "debug"),
-        ],
-    )
-    .await
+        ])
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +82,7 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
     let redis = RedisServer::start();
     let service = start_logged(&redis).await;
     let client = reqwest::Client::new();
-    let url = |p: &str| format!("http://127.0.0.1:{}{p}", service.port);
+    let url = |p: &str| service.url(p);
 
     let res = client
         .post(url("/v1/lists/black/entries"))
@@ -136,7 +136,7 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
 
     // The request lines are written when the answer is; give the file a moment.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let log = std::fs::read_to_string(service.log.path()).unwrap();
+    let log = service.log();
     assert!(!log.is_empty());
     let mut request_lines = Vec::new();
     for line in log.lines() {
@@ -180,74 +180,4 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
         .map(|s| s["name"].as_str().unwrap())
         .collect();
     assert_eq!(spans, ["request", "store"], "{failed}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_last_audit_is_exported_as_gauges() {
-    let redis = RedisServer::start();
-    let mut settings = redis_settings(&redis);
-    // One bucket: 470 entries put it at 92 % of the default listpack limit of 512.
-    settings.expected_entries = Some(200);
-    settings.audit_refresh_secs = 1;
-    let prefix = settings.key_prefix.clone();
-    let app = spawn_app(settings).await;
-    assert_eq!(
-        app.metric("namelist_audit_last_run_timestamp_seconds")
-            .await,
-        Some(0.0),
-        "no audit yet"
-    );
-    let entries: Vec<Value> = (0..470)
-        .map(|i| json!({"dimension": "uid", "value": format!("u{i}")}))
-        .collect();
-    let res = app
-        .post("/v1/lists/black/entries", &json!({"entries": entries}))
-        .await;
-    assert_eq!(res.status(), 200);
-
-    let before = namelist::domain::now_ms() as f64 / 1000.0;
-    let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
-        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-        .args(["--redis-url", &redis.url(), "--prefix", &prefix, "audit"])
-        .args(["--compare-sample", "0", "--project", "0"])
-        .env_remove("NAMELIST_CONFIG")
-        .env_remove("NAMELIST_EXPECTED_ENTRIES")
-        .output()
-        .expect("namelist-tools runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("buckets near the limit"), "{table}");
-
-    let started = Instant::now();
-    loop {
-        let at = app
-            .metric("namelist_audit_last_run_timestamp_seconds")
-            .await
-            .unwrap();
-        if at > 0.0 {
-            assert!(at >= before - 1.0, "{at} {before}");
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the gauges never showed the audit"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for (series, want) in [
-        ("namelist_audit_buckets{state=\"all\"}", 1.0),
-        ("namelist_audit_buckets{state=\"near_limit\"}", 1.0),
-        ("namelist_audit_buckets{state=\"over_limit\"}", 0.0),
-        ("namelist_audit_buckets{state=\"hashtable\"}", 0.0),
-        ("namelist_audit_entries", 470.0),
-        ("namelist_audit_expired_entries", 0.0),
-    ] {
-        assert_eq!(app.metric(series).await, Some(want), "{series}");
-    }
-    let bpe = app.metric("namelist_audit_bytes_per_entry").await.unwrap();
-    assert!((10.0..40.0).contains(&bpe), "{bpe}");
 }

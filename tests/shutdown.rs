@@ -6,67 +6,51 @@
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::free_port;
+use common::ServiceProcess;
 
 /// The drain limit (`shutdown_timeout(25)`) with a margin.
 const DRAIN_LIMIT: Duration = Duration::from_secs(25);
 
 /// The service, run as its binary on the embedded store, killed when dropped.
-struct Service {
-    addr: SocketAddr,
-    child: Child,
-    log: PathBuf,
+struct Service(ServiceProcess);
+
+impl std::ops::Deref for Service {
+    type Target = ServiceProcess;
+
+    fn deref(&self) -> &ServiceProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Service {
+    fn deref_mut(&mut self) -> &mut ServiceProcess {
+        &mut self.0
+    }
 }
 
 impl Service {
-    /// Starts the binary with a snapshot file; returns once `/healthz` answers.
+    /// Starts the binary with a snapshot file, logging into `dir`; returns once it is ready.
     fn start(dir: &Path, snapshot: &Path) -> Self {
-        for attempt in 0..5 {
-            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let log = dir.join(format!("service-{attempt}-{}.log", addr.port()));
-            let out = std::fs::File::create(&log).expect("log file");
-            let child = Command::new(env!("CARGO_BIN_EXE_namelist"))
-                .env_clear()
+        Self(
+            ServiceProcess::builder()
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-                .env("NAMELIST_LISTEN", addr.to_string())
                 .env("NAMELIST_SNAPSHOT_PATH", snapshot)
                 // Only the snapshot written on shutdown can be there when the test looks.
                 .env("NAMELIST_SNAPSHOT_INTERVAL_SECS", "3600")
                 .env("NAMELIST_EXPECTED_ENTRIES", "4000")
                 .env("NAMELIST_WORKERS", "2")
                 .env("NAMELIST_LOG_FORMAT", "text")
-                .stdin(Stdio::null())
-                .stdout(out.try_clone().expect("log file"))
-                .stderr(out)
-                .spawn()
-                .expect("spawning the namelist binary");
-            let mut service = Self { addr, child, log };
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(status)) = service.child.try_wait() {
-                    eprintln!("exited {status} at start:\n{}", service.log_text());
-                    break; // the port was taken, most likely: try another
-                }
-                if matches!(service.try_request("GET", "/healthz", ""), Ok((200, _))) {
-                    return service;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        panic!("the namelist binary did not start");
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+                .log_dir(dir)
+                .start_blocking(),
+        )
     }
 
     fn try_request(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2))?;
+        let mut s = TcpStream::connect_timeout(&self.addr(), Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         s.write_all(head(method, path, body.len()).as_bytes())?;
         s.write_all(body.as_bytes())?;
@@ -76,35 +60,7 @@ impl Service {
     /// A whole request; panics unless it is answered.
     fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         self.try_request(method, path, body)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log_text()))
-    }
-
-    fn sigterm(&self) {
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -TERM failed");
-    }
-
-    /// Waits for the process to exit; `None` if it is still running after `limit`.
-    fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
     }
 }
 
@@ -153,7 +109,7 @@ fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
     // A request in flight: its head and half its body sent, the rest held back.
     let body = upsert_body("in-flight");
     let (first, rest) = body.as_bytes().split_at(body.len() / 2);
-    let mut in_flight = TcpStream::connect(service.addr).unwrap();
+    let mut in_flight = TcpStream::connect(service.addr()).unwrap();
     in_flight
         .set_read_timeout(Some(DRAIN_LIMIT + Duration::from_secs(5)))
         .unwrap();
@@ -167,16 +123,16 @@ fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
     service.sigterm();
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        service.child.try_wait().unwrap().is_none(),
+        service.try_wait().is_none(),
         "the process exited with a request in flight:\n{}",
-        service.log_text()
+        service.log()
     );
 
     // New connections are refused (or closed unanswered) while the drain goes on.
     match service.try_request("GET", "/healthz", "") {
         Ok((status, _)) => panic!(
             "a new connection was served ({status}) after SIGTERM:\n{}",
-            service.log_text()
+            service.log()
         ),
         Err(e) => {
             eprintln!("a new connection after SIGTERM: {e}");
@@ -197,27 +153,16 @@ fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
 
     // The rest of the body: the request is answered, not dropped.
     in_flight.write_all(rest).unwrap();
-    let (status, answer) = read_response(&mut in_flight).unwrap_or_else(|e| {
-        panic!(
-            "the in-flight request was dropped: {e}\n{}",
-            service.log_text()
-        )
-    });
+    let (status, answer) = read_response(&mut in_flight)
+        .unwrap_or_else(|e| panic!("the in-flight request was dropped: {e}\n{}", service.log()));
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains(r#""written":1"#), "{answer}");
 
-    let status = service.wait_exit(DRAIN_LIMIT).unwrap_or_else(|| {
-        panic!(
-            "still running after the drain limit:\n{}",
-            service.log_text()
-        )
-    });
+    let status = service
+        .wait_exit(DRAIN_LIMIT)
+        .unwrap_or_else(|| panic!("still running after the drain limit:\n{}", service.log()));
     let took = signalled.elapsed();
-    assert!(
-        status.success(),
-        "exit status {status}:\n{}",
-        service.log_text()
-    );
+    assert!(status.success(), "exit status {status}:\n{}", service.log());
     assert!(
         took < Duration::from_secs(5),
         "shutdown took {took:?} although the request in flight finished at once"
@@ -249,11 +194,7 @@ fn sigterm_with_no_traffic_exits_at_once() {
     service.sigterm();
     let status = service
         .wait_exit(Duration::from_secs(2))
-        .unwrap_or_else(|| panic!("not exited 2 s after SIGTERM:\n{}", service.log_text()));
-    assert!(
-        status.success(),
-        "exit status {status}:\n{}",
-        service.log_text()
-    );
+        .unwrap_or_else(|| panic!("not exited 2 s after SIGTERM:\n{}", service.log()));
+    assert!(status.success(), "exit status {status}:\n{}", service.log());
     eprintln!("exited in {:?} after SIGTERM", signalled.elapsed());
 }

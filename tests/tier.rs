@@ -5,7 +5,7 @@
 //! * A write from an older build (a `Keys` message without the codes trailer) is seen at once.
 //! * A keyspace larger than the budget: answers exact, memory within the budget, a bucket
 //!   checked again and again ends up held.
-//! * `Store::get_buckets` reads what `HGET` reads: listpacks by `DUMP`, a bucket past the
+//! * `EntryStore::get_buckets` reads what `HGET` reads: listpacks by `DUMP`, a bucket past the
 //!   listpack limit and a server refusing `DUMP` by `HGETALL`.
 
 mod common;
@@ -16,7 +16,7 @@ use common::{RedisServer, TestApp, redis_settings, spawn_app};
 use namelist::cache::Mode;
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{EntryKey, Invalidation, Layout, Store};
+use namelist::store::{EntryKey, EntryStore, Invalidation, Layout, StoreBase};
 use serde_json::json;
 
 async fn listed(app: &TestApp, device: &str) -> bool {

@@ -19,7 +19,7 @@ use common::{free_port, spawn_app, test_settings};
 use namelist::config::Settings;
 use namelist::startup::{Application, StartupError};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, EntryKey, Store, StoreError, WriteBatch};
+use namelist::store::{Deadline, EntryKey, EntryStore, StoreBase, StoreError, WriteBatch};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use secrecy::SecretString;
 use serde_json::json;

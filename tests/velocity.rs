@@ -82,9 +82,15 @@ async fn cluster_store(cluster: &RedisCluster) -> Arc<dyn Store> {
 }
 
 async fn velocity(store: Arc<dyn Store>) -> Arc<Velocity> {
-    Velocity::new(store, settings(), Arc::new(Metrics::new()))
-        .await
-        .unwrap()
+    Velocity::new(
+        store.clone(),
+        store.clone(),
+        store,
+        settings(),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .unwrap()
 }
 
 fn fields(pairs: &[(&str, &str)]) -> Fields {
@@ -797,6 +803,8 @@ async fn empty_windows_answer_zero_or_null(store: Arc<dyn Store>) {
 
 async fn the_distinct_cap_is_reported(store: Arc<dyn Store>) {
     let v = Velocity::new(
+        store.clone(),
+        store.clone(),
         store,
         VelocitySettings {
             distinct_cap: 5,

@@ -33,8 +33,7 @@ use namelist::lists::FailMode;
 use namelist::metrics::Metrics;
 use namelist::startup::open_store;
 use namelist::store::{
-    AuditRecord, Deadline, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
-    MetricAnswer, MetricOp, PrefixLen, Scope, Store, StoreResult, StoredDefinition, WriteBatch,
+    Deadline, Layout, MetricAnswer, MetricOp, MetricStore, StoreBase, StoreResult,
 };
 use namelist::velocity::{
     EventInput, FieldValue, Fields, Velocity, VelocityError, VelocitySettings,
@@ -1672,17 +1671,17 @@ async fn an_event_refused_with_503_is_applied_by_its_retry() {
     );
 }
 
-/// The real Redis store, except that the answer to a metric update arrives late (after
-/// Redis applied it) while `late` is set: a network stall or a slow Redis as the service
-/// sees it. Everything else goes straight through.
+/// The real Redis store's metric state, except that the answer to a metric update arrives
+/// late (after Redis applied it) while `late` is set: a network stall or a slow Redis as the
+/// service sees it. Definitions and the bus are the real store's, untouched.
 struct LateAnswers {
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn MetricStore>,
     late: AtomicBool,
     delay: Duration,
 }
 
 #[async_trait::async_trait]
-impl Store for LateAnswers {
+impl StoreBase for LateAnswers {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
@@ -1692,44 +1691,10 @@ impl Store for LateAnswers {
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
     }
-    async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
-        self.inner.get_many(keys).await
-    }
-    async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
-        self.inner.get_buckets(buckets).await
-    }
-    async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
-        self.inner.prefix_lengths(scopes).await
-    }
-    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()> {
-        self.inner.write(batch, deadline).await
-    }
-    async fn remove(
-        &self,
-        keys: &[EntryKey],
-        now_ms: i64,
-        audit: Vec<AuditRecord>,
-        deadline: Deadline,
-    ) -> StoreResult<Vec<bool>> {
-        self.inner.remove(keys, now_ms, audit, deadline).await
-    }
-    async fn remove_if_unchanged(
-        &self,
-        key: EntryKey,
-        code: u32,
-        deadline: Deadline,
-    ) -> StoreResult<bool> {
-        self.inner.remove_if_unchanged(key, code, deadline).await
-    }
-    async fn subscribe(&self) -> StoreResult<InvalidationStream> {
-        self.inner.subscribe().await
-    }
-    async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
-        self.inner.publish(message).await
-    }
-    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
-        self.inner.audit_tail(count).await
-    }
+}
+
+#[async_trait::async_trait]
+impl MetricStore for LateAnswers {
     async fn metric_ops(
         &self,
         ops: &[MetricOp],
@@ -1740,29 +1705,6 @@ impl Store for LateAnswers {
             tokio::time::sleep(self.delay).await;
         }
         answer
-    }
-    async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
-        self.inner.definitions(kind).await
-    }
-    async fn put_definition(
-        &self,
-        kind: DefinitionKind,
-        id: &str,
-        fingerprint: &str,
-        body: &str,
-        deadline: Deadline,
-    ) -> StoreResult<u64> {
-        self.inner
-            .put_definition(kind, id, fingerprint, body, deadline)
-            .await
-    }
-    async fn delete_definition(
-        &self,
-        kind: DefinitionKind,
-        id: &str,
-        deadline: Deadline,
-    ) -> StoreResult<bool> {
-        self.inner.delete_definition(kind, id, deadline).await
     }
 }
 
@@ -1778,12 +1720,14 @@ async fn an_update_answered_after_the_deadline_is_not_applied_twice() {
         .await
         .expect("store opens");
     let store = Arc::new(LateAnswers {
-        inner: opened.store,
+        inner: opened.store.clone(),
         late: AtomicBool::new(false),
         delay: Duration::from_millis(300),
     });
     let velocity = Velocity::new(
         store.clone(),
+        opened.store.clone(),
+        opened.store,
         VelocitySettings {
             read_deadline: Duration::from_secs(2),
             write_deadline: Duration::from_millis(100),

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use redis::{FromRedisValue, RedisResult, ToRedisArgs, Value};
 use serde::Serialize;
 
-use super::Store;
+use super::StoreBase;
 use super::conn::{Keyed, RedisConn, ScanTarget};
 use super::dump::{DumpError, DumpFormat};
 use super::expiry::ExpiryCode;

@@ -130,16 +130,25 @@ pub struct ConnectOptions {
 
 impl RedisConn {
     /// Connects; also returns a client per URL for pub/sub (which needs its own connection).
-    pub async fn connect(opts: &ConnectOptions) -> RedisResult<(Self, Vec<Client>)> {
+    /// `role` names the connection in logs (`reads`, `bulk`, `writes`).
+    pub async fn connect(
+        opts: &ConnectOptions,
+        role: &'static str,
+    ) -> RedisResult<(Self, Vec<Client>)> {
         let clients = clients(opts)?;
-        Ok((Self::open(opts, &clients, false).await?, clients))
+        Ok((Self::open(opts, &clients, false, role).await?, clients))
     }
 
     /// One more connection (a node) or connection set (a cluster) to the same Redis. With
     /// `resp3` a node's connection notices a disconnection at once and reconnects in the
     /// background, used or not (the write pool's members are often idle when Redis restarts
     /// or drops them).
-    async fn open(opts: &ConnectOptions, clients: &[Client], resp3: bool) -> RedisResult<Self> {
+    async fn open(
+        opts: &ConnectOptions,
+        clients: &[Client],
+        resp3: bool,
+        role: &'static str,
+    ) -> RedisResult<Self> {
         if opts.cluster {
             // The client's default wait before a retry is 1.28 s or more: a request that meets
             // a `CLUSTERDOWN` or a dead node during a failover would sit out most of a write's
@@ -154,7 +163,9 @@ impl RedisConn {
                 builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
             }
             let cluster = builder.build()?;
-            return Ok(RedisConn::Cluster(HealingCluster::connect(cluster).await?));
+            return Ok(RedisConn::Cluster(
+                HealingCluster::connect(cluster, role).await?,
+            ));
         }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
@@ -501,7 +512,7 @@ impl WritePool {
     pub async fn connect(opts: &ConnectOptions, size: usize, exclusive: bool) -> RedisResult<Self> {
         let clients = clients(opts)?;
         let size = size.max(1);
-        let members = join_all((0..size).map(|_| RedisConn::open(opts, &clients, true)))
+        let members = join_all((0..size).map(|_| RedisConn::open(opts, &clients, true, "writes")))
             .await
             .into_iter()
             .collect::<RedisResult<Vec<_>>>()?;

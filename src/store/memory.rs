@@ -28,8 +28,9 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditRecord, Deadline, DefinitionKind, EntryKey, Invalidation, InvalidationStream, Layout,
-    MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen, Scope, Store, StoreError,
+    AuditRecord, AuditReports, AuditSummary, Deadline, DefinitionKind, DefinitionStore, EntryKey,
+    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Scope, StoreBase, StoreError,
     StoreResult, StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
@@ -454,7 +455,7 @@ fn read_snapshot(path: &Path) -> StoreResult<Snapshot> {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl StoreBase for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
@@ -466,7 +467,10 @@ impl Store for MemoryStore {
     async fn ping(&self) -> StoreResult<()> {
         Ok(())
     }
+}
 
+#[async_trait]
+impl EntryStore for MemoryStore {
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
         let st = self.lock();
         Ok(keys.iter().map(|k| st.entries.get(k).copied()).collect())
@@ -572,6 +576,15 @@ impl Store for MemoryStore {
         Ok(false)
     }
 
+    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
+        let st = self.lock();
+        let skip = st.audit.len().saturating_sub(count);
+        Ok(st.audit.iter().skip(skip).cloned().collect())
+    }
+}
+
+#[async_trait]
+impl InvalidationBus for MemoryStore {
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
         let rx = self.invalidations.subscribe();
         // A lagging receiver has missed messages: end the stream so the cache is dropped.
@@ -586,13 +599,10 @@ impl Store for MemoryStore {
         let _ = self.invalidations.send(message.clone());
         Ok(())
     }
+}
 
-    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
-        let st = self.lock();
-        let skip = st.audit.len().saturating_sub(count);
-        Ok(st.audit.iter().skip(skip).cloned().collect())
-    }
-
+#[async_trait]
+impl MetricStore for MemoryStore {
     async fn metric_ops(
         &self,
         ops: &[MetricOp],
@@ -623,7 +633,10 @@ impl Store for MemoryStore {
             })
             .collect())
     }
+}
 
+#[async_trait]
+impl DefinitionStore for MemoryStore {
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
         let st = self.lock();
         Ok(st
@@ -686,5 +699,13 @@ impl Store for MemoryStore {
             let _ = self.invalidations.send(Invalidation::Definitions);
         }
         Ok(existed)
+    }
+}
+
+/// The embedded store is never audited (the audit tool reads Redis).
+#[async_trait]
+impl AuditReports for MemoryStore {
+    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
+        Ok(None)
     }
 }

@@ -1,6 +1,10 @@
-//! The `Store` trait: the operations the service needs from its state, in terms of the
-//! storage layout (`layout`). One implementation per backend, `redis` and the embedded
-//! `memory`, and one conformance suite (`tests/conformance.rs`) both must pass.
+//! The store traits: the operations the service needs from its state, in terms of the
+//! storage layout (`layout`), one trait per concern. `StoreBase` (kind, keyspace, ping) is
+//! extended by `EntryStore` (entries, prefix registries, audit trail), `InvalidationBus`
+//! (pub/sub between instances), `MetricStore` (velocity counts), `DefinitionStore` (metric and
+//! rule definitions) and `AuditReports` (what the bucket audit left); `Store` is all of them.
+//! One implementation per backend, `redis` and the embedded `memory`, and one conformance
+//! module per trait (`tests/conformance/`) that both must pass.
 //!
 //! A store knows nothing of normalisation, expiry semantics or caching: it moves fields and
 //! their raw expiry codes. Deciding what is listed is the service's job (`lists`), done once
@@ -334,18 +338,39 @@ pub struct StoredDefinition {
 /// since have changed unseen.
 pub type InvalidationStream = BoxStream<'static, Invalidation>;
 
-/// What the service needs from its state.
+// ---- The store traits ----
+//
+// One trait per concern, each extending `StoreBase`. A backend implements them all (and so is
+// a `Store`); a consumer holds only the one it uses, and a wrapper implements only the one it
+// changes. Every caller in the service reaches them through `crate::instrumented`, which puts
+// a deadline, a `store` span and metrics around each call.
+
+/// What every store trait extends: which backend this is, the keyspace it was opened with and
+/// whether it answers. Nothing here changes state.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// `redis` or `memory`, for logs and metrics.
+pub trait StoreBase: Send + Sync + 'static {
+    /// `redis` or `memory`, for logs and `/readyz`.
     fn kind(&self) -> &'static str;
 
-    /// The keyspace this store was opened with.
+    /// The keyspace this store was opened with. Callers build entry and metric keys with it;
+    /// the store maps them to its own keys with the same one.
     fn layout(&self) -> &Layout;
 
     /// Whether the store answers.
     async fn ping(&self) -> StoreResult<()>;
+}
 
+/// The name-list entries: each entry's raw expiry code in its bucket, the IP prefix-length
+/// registry of each scope, and the audit trail every change to them appends to. What the
+/// name-list service (`lists`) and its local tier (`cache`) use.
+///
+/// Invariants: the store moves fields and raw codes and never decides what is listed (only
+/// `remove` compares codes with a time, to report what was live); a write or a removal is
+/// acknowledged only once all of it (entries, registries, audit records) is stored and its
+/// invalidation published on the `InvalidationBus`, so an instance that hears the message and
+/// reads again sees the change.
+#[async_trait]
+pub trait EntryStore: StoreBase {
     /// The raw expiry codes stored at `keys`, in order (`None` = absent). Expired entries are
     /// returned as stored: the caller decides.
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>>;
@@ -355,8 +380,8 @@ pub trait Store: Send + Sync + 'static {
     /// (`cache`) fetches: a whole bucket answers every lookup that falls in it.
     async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>>;
 
-    /// Whether the store already lives in this process (the embedded one), so that a local
-    /// copy in front of it would only cost memory.
+    /// Whether the entries already live in this process (the embedded store), so that a
+    /// local copy in front of them would only cost memory.
     fn in_process(&self) -> bool {
         false
     }
@@ -381,7 +406,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<bool>>;
 
     /// Deletes the field only if it still holds `code` (lazy expiry: a refresh that raced the
-    /// deletion survives). Whether it was deleted.
+    /// deletion survives). Whether it was deleted. Housekeeping: no audit record, no
+    /// invalidation (the field was already answered as absent).
     async fn remove_if_unchanged(
         &self,
         key: EntryKey,
@@ -389,35 +415,56 @@ pub trait Store: Send + Sync + 'static {
         deadline: Deadline,
     ) -> StoreResult<bool>;
 
+    /// The newest `count` audit records, oldest first.
+    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
+}
+
+/// The invalidation bus: how every instance hears of a change another one made (entries and
+/// their codes, registries, bulk imports, definitions). Entry writes and definition changes
+/// publish their own messages; `publish` is for the bulk tools.
+///
+/// Invariant: every message published while a subscription is up reaches it; a stream that
+/// ends may have missed messages, so its subscriber must treat whatever it holds as changed.
+#[async_trait]
+pub trait InvalidationBus: StoreBase {
     /// Subscribes to the invalidations every writer publishes.
     async fn subscribe(&self) -> StoreResult<InvalidationStream>;
 
-    /// Publishes an invalidation (writes publish their own; this is for bulk tools).
+    /// Publishes an invalidation.
     async fn publish(&self, message: &Invalidation) -> StoreResult<()>;
+}
 
-    /// The newest `count` audit records, oldest first.
-    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
-
-    /// The last audit's summary (`<prefix>audit:last`), if an audit left one. The embedded
-    /// store is never audited.
-    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
-        Ok(None)
-    }
-
+/// Velocity counts: per metric entity, the sub-window aggregates of one `MetricFamily`
+/// (`layout` says how each is kept). What the velocity service (`velocity`) updates and reads.
+///
+/// Invariants: an update carrying an event hash is applied at most once per entity (the
+/// check and the update are one atomic step), and a read aggregates exactly the sub-windows
+/// `[read_hi - slots + 1, read_hi]`; an entity's data expires by itself once no window can
+/// read it.
+#[async_trait]
+pub trait MetricStore: StoreBase {
     /// Runs metric updates and reads, in one round trip; one answer per op, in order. Ops
-    /// with an update are writes (bounded by `deadline` like `write`); reads only read.
+    /// with an update are writes (bounded by `deadline` like `EntryStore::write`); reads only
+    /// read.
     async fn metric_ops(
         &self,
         ops: &[MetricOp],
         deadline: Deadline,
     ) -> StoreResult<Vec<MetricAnswer>>;
+}
 
+/// Metric and rule definitions: id → (version, body), shared by every instance.
+///
+/// Invariants: a version is kept while the definition's fingerprint is unchanged and is
+/// otherwise one more than any earlier version of the id, deleted ones included (so counts
+/// kept under an old version are never read again); every change is published as
+/// `Invalidation::Definitions` on the `InvalidationBus`.
+#[async_trait]
+pub trait DefinitionStore: StoreBase {
     /// Every live definition of a kind.
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>>;
 
-    /// Stores a definition and tells every instance. Its version is kept when the
-    /// fingerprint is unchanged, else it is one more than any earlier version of the id
-    /// (deleted ones included). Returns the version.
+    /// Stores a definition and tells every instance. Returns its version.
     async fn put_definition(
         &self,
         kind: DefinitionKind,
@@ -434,6 +481,27 @@ pub trait Store: Send + Sync + 'static {
         id: &str,
         deadline: Deadline,
     ) -> StoreResult<bool>;
+}
+
+/// What the bucket audit (`namelist-tools audit`) left in the keyspace for the service's
+/// gauges. Read only: the tool writes it through the Redis store's own methods.
+#[async_trait]
+pub trait AuditReports: StoreBase {
+    /// The last audit's summary (`<prefix>audit:last`), if an audit left one. The embedded
+    /// store is never audited: always `None`.
+    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>>;
+}
+
+/// A whole backend: every store trait. What `startup` opens and hands, one trait at a time,
+/// to the services; implemented by every type that implements them all.
+pub trait Store:
+    EntryStore + InvalidationBus + MetricStore + DefinitionStore + AuditReports
+{
+}
+
+impl<T> Store for T where
+    T: EntryStore + InvalidationBus + MetricStore + DefinitionStore + AuditReports
+{
 }
 
 /// Expiry code comparison shared by both stores: is the entry with `code` live at `now_ms`?

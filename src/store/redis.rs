@@ -46,13 +46,15 @@ use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditRecord, AuditSummary, Deadline, DefinitionKind, EntryKey, Invalidation,
-    InvalidationStream, Layout, MetricAnswer, MetricFamily, MetricOp, MetricReading, PrefixLen,
-    Scope, Store, StoreError, StoreResult, StoredDefinition, WriteBatch,
+    AuditRecord, AuditReports, AuditSummary, Deadline, DefinitionKind, DefinitionStore, EntryKey,
+    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Scope, StoreBase, StoreError,
+    StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::now_ms;
 
-/// How to reach Redis and which keyspace to open.
+/// How to reach Redis and which keyspace to open. Built from the settings by
+/// `RedisOptions::from_settings` (in `config`, which is above the store).
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     /// One Redis node (ignored when `cluster_nodes` is not empty).
@@ -249,15 +251,18 @@ impl RedisStore {
             connect_timeout: opts.connect_timeout,
             response_timeout: opts.response_timeout,
         };
-        let (mut conn, pubsub_clients) = RedisConn::connect(&connect).await.map_err(|e| match e
-            .kind()
-        {
-            ErrorKind::InvalidClientConfig => {
-                StoreError::unavailable(format!("invalid Redis URL: {e}"))
-            }
-            _ => unavailable(e),
-        })?;
-        let (bulk, _) = RedisConn::connect(&connect).await.map_err(unavailable)?;
+        let (mut conn, pubsub_clients) =
+            RedisConn::connect(&connect, "reads")
+                .await
+                .map_err(|e| match e.kind() {
+                    ErrorKind::InvalidClientConfig => {
+                        StoreError::unavailable(format!("invalid Redis URL: {e}"))
+                    }
+                    _ => unavailable(e),
+                })?;
+        let (bulk, _) = RedisConn::connect(&connect, "bulk")
+            .await
+            .map_err(unavailable)?;
 
         let wanted = Layout::buckets_for(
             opts.expected_entries
@@ -777,7 +782,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl StoreBase for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
@@ -794,7 +799,10 @@ impl Store for RedisStore {
             .map_err(unavailable)?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl EntryStore for RedisStore {
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
         let cmds = keys
             .iter()
@@ -1087,6 +1095,36 @@ impl Store for RedisStore {
         self.noted(r)
     }
 
+    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
+        let cmds: Vec<Keyed> = self
+            .layout
+            .audit_keys()
+            .into_iter()
+            .map(|key| {
+                Self::keyed(key, |c, key| {
+                    c.arg("XREVRANGE")
+                        .arg(key)
+                        .arg("+")
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(count);
+                })
+            })
+            .collect();
+        let parts = self
+            .conn
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(parse_stream)
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(newest(parts, count))
+    }
+}
+
+#[async_trait]
+impl InvalidationBus for RedisStore {
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
         // On a cluster any node delivers every PUBLISH: subscribe to the seeds in turn, so
         // a node that is down (or was failed over) is skipped next time.
@@ -1140,44 +1178,10 @@ impl Store for RedisStore {
             .map(drop)
             .map_err(unavailable)
     }
+}
 
-    async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
-        let cmds: Vec<Keyed> = self
-            .layout
-            .audit_keys()
-            .into_iter()
-            .map(|key| {
-                Self::keyed(key, |c, key| {
-                    c.arg("XREVRANGE")
-                        .arg(key)
-                        .arg("+")
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(count);
-                })
-            })
-            .collect();
-        let parts = self
-            .conn
-            .run_all(cmds)
-            .await
-            .map_err(unavailable)?
-            .iter()
-            .map(parse_stream)
-            .collect::<StoreResult<Vec<_>>>()?;
-        Ok(newest(parts, count))
-    }
-
-    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
-        let mut conn = self.conn.clone();
-        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(self.layout.audit_summary_key())
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(AuditSummary::from_fields(&fields))
-    }
-
+#[async_trait]
+impl MetricStore for RedisStore {
     async fn metric_ops(
         &self,
         ops: &[MetricOp],
@@ -1201,7 +1205,10 @@ impl Store for RedisStore {
             .map(|r| r.ok_or_else(|| StoreError::unavailable("metric scripts not loaded".into())))
             .collect()
     }
+}
 
+#[async_trait]
+impl DefinitionStore for RedisStore {
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
         let mut conn = self.conn.clone();
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
@@ -1260,6 +1267,19 @@ impl Store for RedisStore {
         let n: i64 = redis::from_redis_value(v)
             .map_err(|e| StoreError::corrupt(format!("definition delete: {e}")))?;
         Ok(n == 1)
+    }
+}
+
+#[async_trait]
+impl AuditReports for RedisStore {
+    async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
+        let mut conn = self.conn.clone();
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.layout.audit_summary_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(AuditSummary::from_fields(&fields))
     }
 }
 

@@ -21,11 +21,13 @@ use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
 use super::rules::{self, Decision, Rule};
 use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
+use crate::instrumented::Instrumented;
+use crate::invalidation::SUBSCRIBE_DEADLINE;
 use crate::lists::FailMode;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
-    Deadline, DefinitionKind, Invalidation, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    Store, StoreError,
+    Deadline, DefinitionKind, DefinitionStore, Invalidation, InvalidationBus, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, StoreError,
 };
 
 /// Events further in the future than this are refused.
@@ -140,7 +142,11 @@ type EventPath<'a> = &'a dyn Fn(usize) -> String;
 
 /// The velocity service of one instance.
 pub struct Velocity {
-    store: Arc<dyn Store>,
+    /// The counts: every update and read of a metric entity.
+    counts: Instrumented<dyn MetricStore>,
+    definitions: Instrumented<dyn DefinitionStore>,
+    /// Where definition changes made by any instance are heard.
+    bus: Instrumented<dyn InvalidationBus>,
     defs: RwLock<Arc<Definitions>>,
     /// Reloads are numbered as they start; a slower, older one never overwrites a newer one.
     reloads: std::sync::atomic::AtomicU64,
@@ -169,9 +175,14 @@ fn family(a: Aggregation) -> MetricFamily {
     }
 }
 
-async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
+/// Reads every definition, by `deadline`.
+async fn load(
+    store: &Instrumented<dyn DefinitionStore>,
+    deadline: Deadline,
+) -> Result<Definitions, StoreError> {
+    let read = |kind| store.call(StoreOp::Definitions, deadline, move |s| s.definitions(kind));
     let mut d = Definitions::default();
-    for stored in store.definitions(DefinitionKind::Metric).await? {
+    for stored in read(DefinitionKind::Metric).await? {
         let (Ok(id), Ok(spec)) = (
             MetricId::try_from(stored.id.clone()),
             serde_json::from_str::<MetricSpec>(&stored.body),
@@ -190,7 +201,7 @@ async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
             .push(def.clone());
         d.metrics.insert(id, def);
     }
-    for stored in store.definitions(DefinitionKind::Rule).await? {
+    for stored in read(DefinitionKind::Rule).await? {
         #[derive(serde::Deserialize)]
         struct Body {
             expr: String,
@@ -217,15 +228,22 @@ async fn load(store: &dyn Store) -> Result<Definitions, StoreError> {
 
 impl Velocity {
     /// Loads the definitions and starts listening for changes. Must run inside a Tokio
-    /// runtime.
+    /// runtime. The three stores are, outside tests, one backend seen through each trait.
     pub async fn new(
-        store: Arc<dyn Store>,
+        counts: Arc<dyn MetricStore>,
+        definitions: Arc<dyn DefinitionStore>,
+        bus: Arc<dyn InvalidationBus>,
         settings: VelocitySettings,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, StoreError> {
-        let defs = load(store.as_ref()).await?;
+        let counts = Instrumented::new(counts, metrics.clone());
+        let definitions = Instrumented::new(definitions, metrics.clone());
+        let bus = Instrumented::new(bus, metrics.clone());
+        let defs = load(&definitions, Deadline::after(settings.write_deadline)).await?;
         let v = Arc::new(Self {
-            store,
+            counts,
+            definitions,
+            bus,
             defs: RwLock::new(Arc::new(defs)),
             reloads: std::sync::atomic::AtomicU64::new(0),
             applied_reload: std::sync::Mutex::new(0),
@@ -238,7 +256,14 @@ impl Velocity {
             let mut backoff = Duration::from_millis(20);
             loop {
                 let Some(this) = weak.upgrade() else { return };
-                let stream = this.store.subscribe().await;
+                let stream = this
+                    .bus
+                    .call(
+                        StoreOp::Subscribe,
+                        Deadline::after(SUBSCRIBE_DEADLINE),
+                        |b| b.subscribe(),
+                    )
+                    .await;
                 drop(this);
                 if let Ok(mut stream) = stream {
                     // Whatever changed while nobody listened.
@@ -276,16 +301,16 @@ impl Velocity {
             .reloads
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
             + 1;
-        match tokio::time::timeout(self.settings.write_deadline, load(self.store.as_ref())).await {
-            Ok(Ok(d)) => {
+        let deadline = Deadline::after(self.settings.write_deadline);
+        match load(&self.definitions, deadline).await {
+            Ok(d) => {
                 let mut applied = self.applied_reload.lock().expect("reload lock");
                 if this > *applied {
                     *applied = this;
                     *self.defs.write().expect("definitions lock") = Arc::new(d);
                 }
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "reloading definitions failed"),
-            Err(_) => tracing::warn!("reloading definitions timed out"),
+            Err(e) => tracing::warn!(error = %e, "reloading definitions failed"),
         }
     }
 
@@ -301,19 +326,18 @@ impl Velocity {
         let spec = MetricSpec::parse(expr, resolution)?;
         let body = serde_json::to_string(&spec).expect("a spec serialises");
         let deadline = Deadline::after(self.settings.write_deadline);
+        let fingerprint = spec.fingerprint();
         let version = self
-            .metrics
-            .store_call(
-                "define",
-                deadline,
-                self.store.put_definition(
+            .definitions
+            .call(StoreOp::Define, deadline, |s| {
+                s.put_definition(
                     DefinitionKind::Metric,
                     id.as_str(),
-                    &spec.fingerprint(),
+                    &fingerprint,
                     &body,
                     deadline,
-                ),
-            )
+                )
+            })
             .await?;
         self.reload().await;
         tracing::info!(metric = %id, version, "metric defined");
@@ -357,13 +381,10 @@ impl Velocity {
         }
         let deadline = Deadline::after(self.settings.write_deadline);
         let existed = self
-            .metrics
-            .store_call(
-                "define",
-                deadline,
-                self.store
-                    .delete_definition(DefinitionKind::Metric, id.as_str(), deadline),
-            )
+            .definitions
+            .call(StoreOp::Define, deadline, |s| {
+                s.delete_definition(DefinitionKind::Metric, id.as_str(), deadline)
+            })
             .await?;
         self.reload().await;
         if existed {
@@ -395,18 +416,10 @@ impl Velocity {
         let body = serde_json::json!({ "expr": expr }).to_string();
         let deadline = Deadline::after(self.settings.write_deadline);
         let version = self
-            .metrics
-            .store_call(
-                "define",
-                deadline,
-                self.store.put_definition(
-                    DefinitionKind::Rule,
-                    id.as_str(),
-                    &expr,
-                    &body,
-                    deadline,
-                ),
-            )
+            .definitions
+            .call(StoreOp::Define, deadline, |s| {
+                s.put_definition(DefinitionKind::Rule, id.as_str(), &expr, &body, deadline)
+            })
             .await?;
         self.reload().await;
         Ok(RuleDef {
@@ -432,13 +445,10 @@ impl Velocity {
     pub async fn delete_rule(&self, id: &RuleId) -> Result<(), VelocityError> {
         let deadline = Deadline::after(self.settings.write_deadline);
         let existed = self
-            .metrics
-            .store_call(
-                "define",
-                deadline,
-                self.store
-                    .delete_definition(DefinitionKind::Rule, id.as_str(), deadline),
-            )
+            .definitions
+            .call(StoreOp::Define, deadline, |s| {
+                s.delete_definition(DefinitionKind::Rule, id.as_str(), deadline)
+            })
             .await?;
         self.reload().await;
         if existed {
@@ -462,7 +472,7 @@ impl Velocity {
         let mut late = vec![false; events.len()];
         for (i, e) in events.iter().enumerate() {
             let at = |what: &str| format!("{}{what}", path(i));
-            let layout = self.store.layout();
+            let layout = self.counts.layout();
             // What an entity remembers of the event (keyed: an id may be an identifier).
             let hash =
                 e.id.as_ref()
@@ -599,8 +609,8 @@ impl Velocity {
             Vec::new()
         } else {
             let deadline = Deadline::after(self.settings.write_deadline);
-            self.metrics
-                .store_call("events", deadline, self.store.metric_ops(&ops, deadline))
+            self.counts
+                .call(StoreOp::Events, deadline, |s| s.metric_ops(&ops, deadline))
                 .await?
         };
         let dup = Self::duplicates(events.len(), &planned, &answers);
@@ -655,7 +665,7 @@ impl Velocity {
                 )
             })?;
             let key = self
-                .store
+                .counts
                 .layout()
                 .metric_key(id.as_str(), m.version, &values);
             out.push((m.clone(), self.op(m, key, at, now)));
@@ -676,8 +686,10 @@ impl Velocity {
         let ops: Vec<MetricOp> = reads.iter().map(|(_, op)| op.clone()).collect();
         let deadline = Deadline::after(self.settings.read_deadline);
         let readings: Vec<MetricReading> = self
-            .metrics
-            .store_call("features", deadline, self.store.metric_ops(&ops, deadline))
+            .counts
+            .call(StoreOp::Features, deadline, |s| {
+                s.metric_ops(&ops, deadline)
+            })
             .await?
             .into_iter()
             .map(|a| a.reading.unwrap_or(MetricReading::Sum(0)))
@@ -779,8 +791,10 @@ impl Velocity {
             }
         }
         let answers = self
-            .metrics
-            .store_call("evaluate", deadline, self.store.metric_ops(&ops, deadline))
+            .counts
+            .call(StoreOp::Evaluate, deadline, |s| {
+                s.metric_ops(&ops, deadline)
+            })
             .await?;
         let dup = Self::duplicates(events.len(), &planned, &answers[..planned.len()]);
         let m = &self.metrics;

@@ -1,6 +1,15 @@
 //! Test support: real `redis-server` processes on free ports, and the real application on
-//! port 0. No mock Redis anywhere.
+//! port 0 (in-process, or the binary in a child process: `service.rs`). No mock Redis anywhere.
+//!
+//! The tools' crate includes this file by path (`tools/tests/*.rs`), so it must compile there
+//! too: it names no binary at compile time.
 #![allow(dead_code)]
+
+mod service;
+
+// Not every test binary starts the service (the tools' never do).
+#[allow(unused_imports)]
+pub use service::{Exited, ServiceBuilder, ServiceProcess, service_bin};
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -54,6 +63,79 @@ pub fn write_key_file(path: &Path, hex: &str) {
         .open(path)
         .and_then(|mut f| writeln!(f, "{hex}"))
         .expect("writing a key file");
+}
+
+/// A valid fingerprint key that is not [`TEST_KEY_HEX`].
+pub const WRONG_KEY_HEX: &str = "c0ffee00112233445566778899aabbccddeeff00112233445566778899aabbcc";
+
+/// Key files for start-up tests: the right one, a wrong one, an exposed copy of the right one
+/// (mode 0644) and a placeholder; removed when dropped.
+pub struct KeyFiles {
+    _dir: tempfile::TempDir,
+    pub right: PathBuf,
+    pub wrong: PathBuf,
+    pub exposed: PathBuf,
+    pub placeholder: PathBuf,
+}
+
+impl KeyFiles {
+    pub fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = |n: &str| dir.path().join(n);
+        let (right, wrong, exposed, placeholder) = (
+            path("right.key"),
+            path("wrong.key"),
+            path("exposed.key"),
+            path("placeholder.key"),
+        );
+        write_key_file(&right, TEST_KEY_HEX);
+        write_key_file(&wrong, WRONG_KEY_HEX);
+        write_key_file(&exposed, TEST_KEY_HEX);
+        std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_key_file(&placeholder, "CHANGE-ME");
+        Self {
+            _dir: dir,
+            right,
+            wrong,
+            exposed,
+            placeholder,
+        }
+    }
+}
+
+/// How a start-up went (the service's or a tool's), with what the process wrote.
+#[derive(Debug)]
+pub enum Outcome {
+    Started(String),
+    Refused(String),
+}
+
+impl Outcome {
+    pub fn started(self) -> String {
+        match self {
+            Outcome::Started(s) => s,
+            Outcome::Refused(s) => panic!("expected a start, refused: {s}"),
+        }
+    }
+
+    pub fn refused(self) -> String {
+        match self {
+            Outcome::Refused(s) => s,
+            Outcome::Started(s) => panic!("expected a refusal, started: {s}"),
+        }
+    }
+}
+
+/// The `<prefix>meta` hash of a keyspace.
+pub fn keyspace_meta(
+    redis: &RedisServer,
+    prefix: &str,
+) -> std::collections::HashMap<String, String> {
+    redis::cmd("HGETALL")
+        .arg(format!("{prefix}meta"))
+        .query(&mut redis.conn())
+        .unwrap()
 }
 
 /// A `redis-server` of the test's own, killed when dropped.
@@ -160,6 +242,11 @@ impl RedisServer {
     }
 
     /// SIGKILL: the server vanishes mid-conversation, as in a crash.
+    /// `DBSIZE`: keys in the server.
+    pub fn dbsize(&self) -> u64 {
+        redis::cmd("DBSIZE").query(&mut self.conn()).unwrap()
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -671,55 +758,6 @@ pub async fn spawn_app(settings: Settings) -> TestApp {
         lists,
         handle,
     }
-}
-
-/// The `namelist` binary (`bin`), logging to a file; killed when dropped.
-pub struct Logged {
-    pub child: Child,
-    pub port: u16,
-    pub log: tempfile::NamedTempFile,
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts the service binary `bin` with a free `NAMELIST_LISTEN` and `vars` as its whole
-/// environment, stderr into a file; returns once `/readyz` answers 200.
-pub async fn start_logged(bin: &str, vars: &[(&str, &str)]) -> Logged {
-    let client = reqwest::Client::new();
-    for _ in 0..5 {
-        let port = free_port();
-        let log = tempfile::NamedTempFile::new().expect("log file");
-        let child = Command::new(bin)
-            .env_clear()
-            .env("NAMELIST_LISTEN", format!("127.0.0.1:{port}"))
-            .envs(vars.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log.reopen().expect("log file"))
-            .spawn()
-            .expect("spawning the namelist binary");
-        let mut s = Logged { child, port, log };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if s.child.try_wait().expect("child status").is_some() {
-                break;
-            }
-            let ready = client
-                .get(format!("http://127.0.0.1:{port}/readyz"))
-                .send()
-                .await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        drop(s);
-    }
-    panic!("the namelist binary did not start");
 }
 
 /// A command for the binary `bin` without the test's own `NAMELIST_*` variables.

@@ -1,9 +1,10 @@
-//! The `namelist-tools` binary: operator tools over the same library as the service (one
-//! normalisation, one storage layout). Each subcommand's help says what it costs and whether
-//! it is safe against a live store.
+//! The `namelist-tools` binary: parses the command line and runs one tool of this crate's
+//! library (`namelist_tools`), itself over the service's library (one normalisation, one
+//! storage layout). Each subcommand's help says what it costs and whether it is safe against
+//! a live store.
 
 use clap::{Parser, Subcommand};
-use namelist::tools::{self, Global};
+use namelist_tools::{self as tools, Global};
 
 #[derive(Parser)]
 #[command(

@@ -1,19 +1,24 @@
 //! `namelist-tools audit` against a real `redis-server`: its totals against an independent sum,
 //! problem buckets by name, expired fields, the layout comparison (and its clean-up), and the
-//! binary's `--json` and `--html` output; then the same on a local Redis Cluster (every
-//! primary scanned, per-primary lines, a limit lowered on one primary only).
+//! binary's `--json` and `--html` output, and the summary it leaves read by a running service
+//! as gauges on `/metrics`; then the same on a local Redis Cluster (every primary scanned,
+//! per-primary lines, a limit lowered on one primary only).
 
+// The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
+// shared by path rather than copied.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{RedisCluster, RedisServer};
+use common::{RedisCluster, RedisServer, redis_settings, spawn_app};
 use namelist::domain::{Expiry, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, Store, WriteBatch};
-use namelist::tools::audit::{self, Args, AuditReport};
+use namelist::store::{Deadline, EntryStore, StoreBase, WriteBatch};
+use namelist_tools::audit::{self, Args, AuditReport};
+use serde_json::{Value, json};
 
 const ENTRIES: u64 = 3000;
 const EXPIRED: u64 = 100;
@@ -368,6 +373,76 @@ fn the_binary_prints_json_and_writes_html() {
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("bytes per entry"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_audit_is_exported_as_gauges() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    // One bucket: 470 entries put it at 92 % of the default listpack limit of 512.
+    settings.expected_entries = Some(200);
+    settings.audit_refresh_secs = 1;
+    let prefix = settings.key_prefix.clone();
+    let app = spawn_app(settings).await;
+    assert_eq!(
+        app.metric("namelist_audit_last_run_timestamp_seconds")
+            .await,
+        Some(0.0),
+        "no audit yet"
+    );
+    let entries: Vec<Value> = (0..470)
+        .map(|i| json!({"dimension": "uid", "value": format!("u{i}")}))
+        .collect();
+    let res = app
+        .post("/v1/lists/black/entries", &json!({"entries": entries}))
+        .await;
+    assert_eq!(res.status(), 200);
+
+    let before = namelist::domain::now_ms() as f64 / 1000.0;
+    let out = Command::new(env!("CARGO_BIN_EXE_namelist-tools"))
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+        .args(["--redis-url", &redis.url(), "--prefix", &prefix, "audit"])
+        .args(["--compare-sample", "0", "--project", "0"])
+        .env_remove("NAMELIST_CONFIG")
+        .env_remove("NAMELIST_EXPECTED_ENTRIES")
+        .output()
+        .expect("namelist-tools runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("buckets near the limit"), "{table}");
+
+    let started = Instant::now();
+    loop {
+        let at = app
+            .metric("namelist_audit_last_run_timestamp_seconds")
+            .await
+            .unwrap();
+        if at > 0.0 {
+            assert!(at >= before - 1.0, "{at} {before}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the gauges never showed the audit"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (series, want) in [
+        ("namelist_audit_buckets{state=\"all\"}", 1.0),
+        ("namelist_audit_buckets{state=\"near_limit\"}", 1.0),
+        ("namelist_audit_buckets{state=\"over_limit\"}", 0.0),
+        ("namelist_audit_buckets{state=\"hashtable\"}", 0.0),
+        ("namelist_audit_entries", 470.0),
+        ("namelist_audit_expired_entries", 0.0),
+    ] {
+        assert_eq!(app.metric(series).await, Some(want), "{series}");
+    }
+    let bpe = app.metric("namelist_audit_bytes_per_entry").await.unwrap();
+    assert!((10.0..40.0).contains(&bpe), "{bpe}");
 }
 
 async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {

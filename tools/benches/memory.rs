@@ -13,15 +13,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::RedisServer;
 
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, Layout, Store, WriteBatch};
-use namelist::tools::audit;
+use namelist::store::{Deadline, EntryStore, Layout, StoreBase, WriteBatch};
+use namelist_tools::audit;
 use serde_json::json;
 
 const PREFIX: &str = "mem:";

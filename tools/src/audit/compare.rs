@@ -28,11 +28,11 @@ use std::collections::BTreeMap;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use super::SplitMix;
-use crate::store::ExpiryCode;
-use crate::store::bulk::ScratchValue;
-use crate::store::layout::Layout;
-use crate::store::redis::RedisStore;
+use super::walk::SplitMix;
+use namelist::store::ExpiryCode;
+use namelist::store::bulk::ScratchValue;
+use namelist::store::layout::Layout;
+use namelist::store::redis::RedisStore;
 
 /// 2100-01-01T00:00:00Z in Unix ms: "never" in the millisecond layouts.
 const NEVER_MS: i64 = 4_102_444_800_000;

@@ -2,6 +2,9 @@
 //! (`--sanitize-dump-payload yes`): the RESTORE path builds exactly what HSET would, incremental
 //! imports, bad rows, dry runs, kill -9 and --resume, and running services seeing the import.
 
+// The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
+// shared by path rather than copied.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{RedisServer, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::store::Layout;
-use namelist::tools::import::{Args, import};
+use namelist_tools::import::{Args, import};
 use serde_json::json;
 
 const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
@@ -258,7 +261,7 @@ async fn restore_builds_what_hset_would() {
     // One audit record for the run, with its counts; the ranges' registry is untouched
     // (no CIDR rows here).
     let tail = {
-        use namelist::store::Store;
+        use namelist::store::EntryStore;
         restored.audit_tail(10).await.unwrap()
     };
     assert_eq!(tail.len(), 1);
@@ -273,7 +276,7 @@ async fn restore_builds_what_hset_would() {
 }
 
 fn restored_layout(store: &namelist::store::redis::RedisStore) -> &Layout {
-    use namelist::store::Store;
+    use namelist::store::StoreBase;
     store.layout()
 }
 

@@ -1,167 +1,20 @@
-//! The conformance suite: one set of behaviours that every `Store` backend must show through
-//! the name-list service (local tier included). Each case runs on the embedded store, on a
-//! real `redis-server` of its own (keyed with the local tier complete, partial and off, and
-//! once more on an unkeyed format-1 keyspace) and on a local cluster.
-//!
-//! With a complete tier, every check waits until the tier has read again what writes
-//! touched, and then must be answered without a single lookup sent to Redis.
+//! `EntryStore`: the name-list entries, their prefix registries and their audit trail, as
+//! the name-list service and its local tier see them (every case but the last goes through
+//! `NameLists`), and whole-bucket reads, which the embedded store serves only to tests.
 
-mod common;
-
-// Cases of later issues live in modules of their own, run by the same macro.
-#[path = "conformance/matching.rs"]
+// Cases of issue 14 (segments, e-mail, precedence) live in a module of their own.
+#[path = "matching.rs"]
 mod matching;
 use matching::*;
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use namelist::cache::Mode;
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Value, now_ms};
-use namelist::lists::{
-    CheckQuery, EntryRef, FailMode, ListSettings, ListsError, NameLists, NewEntry, RawCheck,
-};
-use namelist::metrics::Metrics;
-use namelist::store::memory::MemoryStore;
-use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, FingerprintKey, Hashing, Layout, Store};
+use namelist::lists::{CheckQuery, EntryRef, ListsError, NewEntry, RawCheck};
+use namelist::store::{Deadline, EntryKey, Hashing, WriteBatch};
 
-use common::{RedisCluster, RedisServer, unique_prefix};
-
-struct Harness {
-    lists: NameLists,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    tier: Tier,
-    _redis: Option<RedisServer>,
-}
-
-/// The local tier a Redis case runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tier {
-    /// Room for every bucket: all loaded before the case starts.
-    Complete,
-    /// Room for about 16 of the keyspace's 128 buckets.
-    Partial,
-    Off,
-}
-
-fn settings(tier: Tier) -> ListSettings {
-    ListSettings {
-        check_deadline: Duration::from_millis(500),
-        write_deadline: Duration::from_secs(2),
-        fail_mode: FailMode::Open,
-        cache_ttl: Duration::from_secs(60),
-        cache_capacity: 10_000,
-        local_memory_bytes: match tier {
-            Tier::Complete => 64 << 20,
-            Tier::Partial => 4_000,
-            Tier::Off => 0,
-        },
-        local_fetch_rate: 0,
-    }
-}
-
-async fn ready(store: Arc<dyn Store>, redis: Option<RedisServer>, tier: Tier) -> Harness {
-    let metrics = Arc::new(Metrics::new());
-    let lists = NameLists::new(store.clone(), settings(tier), metrics.clone());
-    for _ in 0..500 {
-        if lists.cache().is_trusted() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(
-        lists.cache().is_trusted(),
-        "invalidation subscription is up"
-    );
-    assert!(lists.cache().wait_settled(Duration::from_secs(20)).await);
-    let mode = lists.cache().mode();
-    if !store.in_process() {
-        let expected = match tier {
-            Tier::Complete => Mode::Complete,
-            Tier::Partial => Mode::Partial,
-            Tier::Off => Mode::Off,
-        };
-        assert_eq!(mode, expected, "tier mode");
-    }
-    Harness {
-        lists,
-        store,
-        metrics,
-        tier,
-        _redis: redis,
-    }
-}
-
-async fn memory() -> Harness {
-    let store = MemoryStore::open(
-        Layout::new(unique_prefix(), 64, common::keyed()),
-        1000,
-        None,
-    )
-    .unwrap();
-    ready(Arc::new(store), None, Tier::Off).await
-}
-
-/// A fresh keyspace (prefix) on a shared cluster.
-async fn on_cluster(cluster: &RedisCluster) -> Harness {
-    let (store, _) = RedisStore::open(RedisOptions {
-        url: String::new(),
-        cluster_nodes: cluster.urls(),
-        prefix: unique_prefix(),
-        expected_entries: Some(64 * 400),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
-        response_timeout: Duration::from_secs(2),
-        audit_max_len: 1000,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-    })
-    .await
-    .unwrap();
-    ready(Arc::new(store), None, Tier::Complete).await
-}
-
-async fn redis() -> Harness {
-    on_node(Some(common::test_key()), Tier::Complete).await
-}
-
-async fn redis_tier_partial() -> Harness {
-    on_node(Some(common::test_key()), Tier::Partial).await
-}
-
-async fn redis_tier_off() -> Harness {
-    on_node(Some(common::test_key()), Tier::Off).await
-}
-
-/// A format-1 (unkeyed) keyspace, as builds before keyed fingerprints made them: existing
-/// keyspaces must keep working.
-async fn redis_unkeyed() -> Harness {
-    on_node(None, Tier::Complete).await
-}
-
-async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
-    let server = RedisServer::start();
-    let (store, report) = RedisStore::open(RedisOptions {
-        url: server.url(),
-        cluster_nodes: Vec::new(),
-        prefix: unique_prefix(),
-        expected_entries: Some(64 * 400),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
-        response_timeout: Duration::from_secs(2),
-        audit_max_len: 1000,
-        write_replicas: 0,
-        allow_unkeyed: key.is_none(),
-        fingerprint_key: key,
-    })
-    .await
-    .unwrap();
-    assert_eq!(report.unkeyed.is_some(), report.format == 1);
-    ready(Arc::new(store), Some(server), tier).await
-}
+use crate::{Harness, Tier, deadline};
 
 fn list(s: &str) -> ListName {
     s.parse().unwrap()
@@ -860,61 +713,53 @@ async fn limits_change_nothing(h: &Harness) {
     assert_eq!(err.code, "invalid_lists", "{err:?}");
 }
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod memory_store {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::memory().await).await;
-                }
-            )*
-        }
-        mod redis_store {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::redis().await).await;
-                }
-            )*
-        }
-        /// Every case with a local tier holding a fraction of the keyspace.
-        mod redis_tier_partial {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::redis_tier_partial().await).await;
-                }
-            )*
-        }
-        /// Every case with no local tier: every lookup goes to Redis.
-        mod redis_tier_off {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::redis_tier_off().await).await;
-                }
-            )*
-        }
-        /// Every case on an unkeyed (format 1) keyspace.
-        mod redis_unkeyed_store {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::redis_unkeyed().await).await;
-                }
-            )*
-        }
-        /// Every case on one local 6-node cluster (3 primaries, 3 replicas).
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn redis_cluster_all_cases() {
-            let cluster = tokio::task::block_in_place(RedisCluster::start);
-            $(
-                eprintln!("cluster: {}", stringify!($case));
-                $case(&on_cluster(&cluster).await).await;
-            )*
-        }
-    };
+/// `get_buckets` answers what `get_many` answers, a bucket at a time: every field written to
+/// it with its code, nothing for a bucket never written, a bucket asked twice twice.
+async fn buckets_are_read_whole(h: &Harness) {
+    let layout = h.store.layout();
+    let black = list("black");
+    let written: Vec<(EntryKey, u32)> = (0..100)
+        .map(|i| {
+            let value = Value::Text(format!("whole-{i}"));
+            let key = layout.entry_key(&black, &Dimension::Uid, &sandbox("default"), &value);
+            (key, 1_000 + i)
+        })
+        .collect();
+    h.store
+        .write(
+            WriteBatch {
+                entries: written.clone(),
+                ..WriteBatch::default()
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    let mut expected: BTreeMap<u32, BTreeMap<i64, u32>> = BTreeMap::new();
+    for (k, code) in &written {
+        expected.entry(k.bucket).or_default().insert(k.field, *code);
+    }
+    let empty = (0..layout.buckets())
+        .find(|b| !expected.contains_key(b))
+        .expect("100 entries leave a bucket of 64 or more empty");
+    let first = *expected.keys().next().unwrap();
+    let mut asked: Vec<u32> = expected.keys().copied().collect();
+    asked.extend([empty, first]);
+    let read = h.store.get_buckets(&asked).await.unwrap();
+    assert_eq!(read.len(), asked.len(), "one answer per bucket asked");
+    for (bucket, pairs) in asked.iter().zip(&read) {
+        let got: BTreeMap<i64, u32> = pairs.iter().copied().collect();
+        assert_eq!(got.len(), pairs.len(), "bucket {bucket}: a field twice");
+        let want = expected.get(bucket).cloned().unwrap_or_default();
+        assert_eq!(got, want, "bucket {bucket}");
+    }
+    let keys: Vec<EntryKey> = written.iter().map(|(k, _)| *k).collect();
+    let codes = h.store.get_many(&keys).await.unwrap();
+    assert_eq!(
+        codes,
+        written.iter().map(|(_, c)| Some(*c)).collect::<Vec<_>>(),
+        "get_many reads the same codes"
+    );
 }
 
 conformance!(
@@ -935,4 +780,5 @@ conformance!(
     precedence_decides,
     audit_masks_segments_and_addresses,
     segment_and_domain_probes_count_against_the_limit,
+    buckets_are_read_whole,
 );

@@ -52,22 +52,23 @@
 //! batch and writing the checkpoint).
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::store::conn::ScanTarget;
 use anyhow::{Context, bail};
-use redis::RedisResult;
+use namelist::store::conn::ScanTarget;
 use serde::{Deserialize, Serialize};
 
-use super::Global;
-use crate::domain::now_ms;
-use crate::store::bulk::{BucketScan, CasOutcome};
-use crate::store::redis::RedisStore;
-use crate::store::{Layout, Store};
+use crate::Global;
+use crate::pace::Pace;
+use crate::progress;
+use namelist::domain::now_ms;
+use namelist::store::bulk::{BucketScan, CasOutcome};
+use namelist::store::redis::RedisStore;
+use namelist::store::{Layout, StoreBase};
 
 /// Default of `--max-ops-per-sec`.
 pub const DEFAULT_MAX_OPS_PER_SEC: u32 = 1000;
@@ -347,47 +348,17 @@ struct BucketOutcome {
     bytes_after: u64,
 }
 
-/// Spaces calls at least `1 / rate` apart; `rate` 0 = no limit.
-struct Pacer {
-    interval: Option<Duration>,
-    next: tokio::time::Instant,
-}
-
-impl Pacer {
-    fn new(per_sec: u32) -> Self {
-        Self {
-            interval: (per_sec > 0).then(|| Duration::from_secs(1) / per_sec),
-            next: tokio::time::Instant::now(),
-        }
-    }
-
-    /// Waits for the next slot.
-    async fn wait(&mut self) {
-        let Some(interval) = self.interval else {
-            return;
-        };
-        let now = tokio::time::Instant::now();
-        if self.next > now {
-            tokio::time::sleep_until(self.next).await;
-        } else {
-            // Idle time earns no burst.
-            self.next = now;
-        }
-        self.next += interval;
-    }
-}
-
 /// The store, the pacer and the command count of one run.
 struct Sweeper<'a> {
     store: &'a RedisStore,
-    pacer: Pacer,
+    pace: Pace,
     ops: u64,
 }
 
 impl Sweeper<'_> {
     /// Waits for the next command's slot and counts it.
     async fn pace(&mut self) {
-        self.pacer.wait().await;
+        self.pace.take(1).await;
         self.ops += 1;
     }
 
@@ -411,9 +382,9 @@ impl Sweeper<'_> {
         target: &ScanTarget,
         cursor: u64,
         count: u32,
-    ) -> RedisResult<BucketScan> {
+    ) -> anyhow::Result<BucketScan> {
         self.pace().await;
-        self.store.scan_buckets(target, cursor, count).await
+        Ok(self.store.scan_buckets(target, cursor, count).await?)
     }
 
     /// Sweeps one bucket; `None` if the key is not a hash.
@@ -577,10 +548,9 @@ async fn sweep_with(
     let real_now = now_ms();
     let mut sw = Sweeper {
         store,
-        pacer: Pacer::new(opts.max_ops_per_sec),
+        pace: Pace::per_sec(u64::from(opts.max_ops_per_sec)),
         ops: 0,
     };
-    let cluster = store.is_cluster();
     let targets = store
         .scan_targets()
         .await
@@ -588,116 +558,29 @@ async fn sweep_with(
     if targets.is_empty() {
         bail!("the cluster reports no primary serving slots: nothing to SCAN");
     }
-    let names = |ts: &[ScanTarget]| {
-        ts.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+    let mut walk = Walk {
+        targets,
+        cluster: store.is_cluster(),
+        index: 0,
+        cursor: 0,
+        run_id: None,
     };
-
     let resumed = match (&opts.checkpoint, opts.resume) {
-        (Some(path), true) => Checkpoint::read(path)?.filter(|cp| !cp.report.done),
+        (Some(path), true) => Checkpoint::read(path)?
+            .filter(|cp| !cp.report.done)
+            .map(|cp| (path.as_path(), cp)),
         _ => None,
     };
-    let (mut report, mut index, mut cursor, mut run_id) = match resumed {
-        Some(cp) => {
-            let path = opts
-                .checkpoint
-                .as_deref()
-                .unwrap_or(Path::new(""))
-                .display();
-            if cp.report.prefix != layout.prefix() {
-                bail!(
-                    "checkpoint {path} is for key prefix {:?}, not {:?}",
-                    cp.report.prefix,
-                    layout.prefix()
-                );
-            }
-            if cp.report.dry_run != opts.dry_run {
-                bail!(
-                    "checkpoint {path} is of a {} sweep: resume it with{} --dry-run, or remove it",
-                    if cp.report.dry_run { "dry-run" } else { "real" },
-                    if cp.report.dry_run { "" } else { "out" },
-                );
-            }
-            let saved = if cp.targets.is_empty() {
-                vec![ScanTarget::Only] // version 1: a single node
-            } else {
-                cp.targets.clone()
-            };
-            let (mut index, mut cursor) = (cp.target_index, cp.report.next_cursor);
-            if saved != targets || index >= targets.len() {
-                eprintln!(
-                    "WARNING: checkpoint {path} was taken on another topology (nodes {}; now {}): its position means nothing here; starting the walk over at {}, keeping its totals",
-                    names(&saved),
-                    names(&targets),
-                    targets[0]
-                );
-                (index, cursor) = (0, 0);
-            }
-            let run_id = sw.run_id(&targets[index]).await;
-            // A cursor is only meaningful to the process that returned it.
-            if cursor != 0
-                && cp.server_run_id.is_some()
-                && run_id.is_some()
-                && cp.server_run_id != run_id
-            {
-                if cluster {
-                    eprintln!(
-                        "WARNING: checkpoint {path} was written against another Redis process on {} (restart or failover): its cursor means nothing there; starting that primary over at cursor 0",
-                        targets[index]
-                    );
-                } else {
-                    eprintln!(
-                        "WARNING: checkpoint {path} was written against another Redis process (restart or failover): its cursor means nothing here; starting over at cursor 0"
-                    );
-                }
-                cursor = 0;
-            }
-            let mut report = cp.report;
-            if let Some(t) = opts.now_ms {
-                report.now_ms = t;
-            }
-            (report, index, cursor, run_id)
-        }
+    let mut report = match resumed {
+        Some((path, cp)) => walk.resume(path, cp, opts, &layout, &mut sw).await?,
         None => {
-            let (index, cursor) = match (&opts.cursor, cluster) {
-                (None, _) => (0, 0),
-                (Some(Position::Cursor(c)), false) => (0, *c),
-                (Some(Position::Cursor(0)), true) => (0, 0),
-                (Some(Position::Cursor(c)), true) => bail!(
-                    "--cursor {c}: on a Redis Cluster a position is HOST:PORT/CURSOR (a primary and its SCAN cursor, as a stopped run prints it); the primaries, in walk order: {}",
-                    names(&targets)
-                ),
-                (Some(p @ Position::Node { .. }), false) => bail!(
-                    "--cursor {p} names a cluster primary, but this store is a single Redis node: pass the SCAN cursor alone"
-                ),
-                (Some(p @ Position::Node { host, port, cursor }), true) => {
-                    let wanted = ScanTarget::Primary {
-                        host: host.clone(),
-                        port: *port,
-                    };
-                    let Some(i) = targets.iter().position(|t| *t == wanted) else {
-                        bail!(
-                            "--cursor {p}: {wanted} is not a primary of this cluster (now: {}): the topology changed since that run; start the sweep over without --cursor",
-                            names(&targets)
-                        );
-                    };
-                    (i, *cursor)
-                }
-            };
-            let run_id = sw.run_id(&targets[index]).await;
-            (
-                SweepReport {
-                    prefix: layout.prefix().to_owned(),
-                    dry_run: opts.dry_run,
-                    now_ms: opts.now_ms.unwrap_or(real_now),
-                    ..SweepReport::default()
-                },
-                index,
-                cursor,
-                run_id,
-            )
+            walk.start(opts.cursor.as_ref(), &mut sw).await?;
+            SweepReport {
+                prefix: layout.prefix().to_owned(),
+                dry_run: opts.dry_run,
+                now_ms: opts.now_ms.unwrap_or(real_now),
+                ..SweepReport::default()
+            }
         }
     };
     if report.now_ms > real_now && !opts.dry_run {
@@ -706,41 +589,16 @@ async fn sweep_with(
             report.now_ms
         );
     }
-    report.primaries = if cluster {
-        targets.iter().map(ToString::to_string).collect()
+    report.primaries = if walk.cluster {
+        walk.targets.iter().map(ToString::to_string).collect()
     } else {
         Vec::new()
     };
-    let place = |report: &mut SweepReport, index: usize, cursor: u64| {
-        report.done = index >= targets.len();
-        report.next_cursor = if report.done { 0 } else { cursor };
-        report.primaries_done = if cluster { index as u64 } else { 0 };
-        report.next_node = targets
-            .get(index)
-            .filter(|_| cluster)
-            .map(ToString::to_string);
-        report.next_position = targets
-            .get(index)
-            .map_or(Position::Cursor(0), |t| Position::at(t, cursor))
-            .to_string();
-    };
-    place(&mut report, index, cursor);
-    let now = report.now_ms;
+    walk.place(&mut report);
     let (prior_ops, prior_secs) = (report.ops, report.seconds);
     let started = Instant::now();
-
     if !opts.dry_run {
-        // On every node the EVALSHAs go to: the node, or each primary.
-        for t in &targets {
-            sw.pace().await;
-            store.load_compare_and_delete(t).await.with_context(|| {
-                if cluster {
-                    format!("loading the compare-and-delete script (SCRIPT LOAD) on {t}")
-                } else {
-                    "loading the compare-and-delete script (SCRIPT LOAD)".to_owned()
-                }
-            })?;
-        }
+        walk.load_scripts(&mut sw).await?;
     }
 
     let mut visited = Visited::new(layout.buckets());
@@ -749,66 +607,15 @@ async fn sweep_with(
         if stop.load(Ordering::Relaxed) || opts.max_batches.is_some_and(|m| batches >= m) {
             break;
         }
-        let target = &targets[index];
-        let batch = async {
-            let step = sw
-                .scan(target, cursor, opts.scan_count.max(1))
-                .await
-                .context("SCAN")?;
-            report.keys_skipped += step.skipped;
-            for n in step.buckets {
-                if !visited.insert(n) {
-                    continue;
-                }
-                let outcome = sw
-                    .bucket(n, now, opts.dry_run)
-                    .await
-                    .with_context(|| format!("bucket {}", layout.bucket_key(n)))?;
-                match outcome {
-                    Some(b) => report.add(&b),
-                    None => report.keys_skipped += 1,
-                }
-            }
-            anyhow::Ok(step.next)
-        };
-        let next = batch.await.with_context(|| {
-            let at = Position::at(target, cursor);
-            if cluster {
-                format!(
-                    "sweeping from SCAN cursor {cursor} of {target} (resume there with --cursor {at})"
-                )
-            } else {
-                format!("sweeping from SCAN cursor {cursor} (resume there with --cursor {at})")
-            }
-        })?;
+        let next = sweep_batch(&mut sw, &walk, opts, &layout, &mut visited, &mut report).await?;
         batches += 1;
-        if next == 0 {
-            // This node is done: on to the next one, from its start.
-            index += 1;
-            cursor = 0;
-            if index < targets.len() {
-                run_id = sw.run_id(&targets[index]).await;
-            }
-        } else {
-            cursor = next;
-        }
         report.scan_batches += 1;
-        place(&mut report, index, cursor);
+        walk.advance(next, &mut sw).await;
+        walk.place(&mut report);
         report.ops = prior_ops + sw.ops;
         report.seconds = prior_secs + started.elapsed().as_secs_f64();
         if let Some(path) = &opts.checkpoint {
-            if report.done {
-                Checkpoint::remove(path)?;
-            } else {
-                Checkpoint {
-                    version: CHECKPOINT_VERSION,
-                    server_run_id: run_id.clone(),
-                    targets: targets.clone(),
-                    target_index: index,
-                    report: report.clone(),
-                }
-                .write(path)?;
-            }
+            walk.save(path, &report)?;
         }
         progress(&report);
         if report.done {
@@ -818,6 +625,243 @@ async fn sweep_with(
     report.ops = prior_ops + sw.ops;
     report.seconds = prior_secs + started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// One SCAN batch on the walk's current node: every bucket key it returns (once per run)
+/// swept; the cursor SCAN returned.
+async fn sweep_batch(
+    sw: &mut Sweeper<'_>,
+    walk: &Walk,
+    opts: &Args,
+    layout: &Layout,
+    visited: &mut Visited,
+    report: &mut SweepReport,
+) -> anyhow::Result<u64> {
+    let (target, cursor) = (&walk.targets[walk.index], walk.cursor);
+    let batch = async {
+        let step = sw
+            .scan(target, cursor, opts.scan_count.max(1))
+            .await
+            .context("SCAN")?;
+        report.keys_skipped += step.skipped;
+        for n in step.buckets {
+            if !visited.insert(n) {
+                continue;
+            }
+            let outcome = sw
+                .bucket(n, report.now_ms, opts.dry_run)
+                .await
+                .with_context(|| format!("bucket {}", layout.bucket_key(n)))?;
+            match outcome {
+                Some(b) => report.add(&b),
+                None => report.keys_skipped += 1,
+            }
+        }
+        anyhow::Ok(step.next)
+    };
+    batch.await.with_context(|| {
+        let at = Position::at(target, cursor);
+        if walk.cluster {
+            format!(
+                "sweeping from SCAN cursor {cursor} of {target} (resume there with --cursor {at})"
+            )
+        } else {
+            format!("sweeping from SCAN cursor {cursor} (resume there with --cursor {at})")
+        }
+    })
+}
+
+/// Where a sweep is: the nodes it walks (the node, or every primary in address order), the
+/// one it is on and the SCAN cursor there, and that node's `run_id` (a cursor means nothing to
+/// another server process).
+struct Walk {
+    targets: Vec<ScanTarget>,
+    cluster: bool,
+    /// `targets[index]` is being walked; `targets.len()`: done.
+    index: usize,
+    cursor: u64,
+    run_id: Option<String>,
+}
+
+impl Walk {
+    /// The targets' names, comma-separated (for messages).
+    fn names(targets: &[ScanTarget]) -> String {
+        targets
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Continues from checkpoint `cp` (read from `path`): its position, unless the topology or
+    /// the node's process changed since (then that node, or the whole walk, starts over, with
+    /// a warning), and its report so far.
+    async fn resume(
+        &mut self,
+        path: &Path,
+        cp: Checkpoint,
+        opts: &Args,
+        layout: &Layout,
+        sw: &mut Sweeper<'_>,
+    ) -> anyhow::Result<SweepReport> {
+        let path = path.display();
+        if cp.report.prefix != layout.prefix() {
+            bail!(
+                "checkpoint {path} is for key prefix {:?}, not {:?}",
+                cp.report.prefix,
+                layout.prefix()
+            );
+        }
+        if cp.report.dry_run != opts.dry_run {
+            bail!(
+                "checkpoint {path} is of a {} sweep: resume it with{} --dry-run, or remove it",
+                if cp.report.dry_run { "dry-run" } else { "real" },
+                if cp.report.dry_run { "" } else { "out" },
+            );
+        }
+        let saved = if cp.targets.is_empty() {
+            vec![ScanTarget::Only] // version 1: a single node
+        } else {
+            cp.targets.clone()
+        };
+        let targets = &self.targets;
+        let (mut index, mut cursor) = (cp.target_index, cp.report.next_cursor);
+        if saved != *targets || index >= targets.len() {
+            eprintln!(
+                "WARNING: checkpoint {path} was taken on another topology (nodes {}; now {}): its position means nothing here; starting the walk over at {}, keeping its totals",
+                Self::names(&saved),
+                Self::names(targets),
+                targets[0]
+            );
+            (index, cursor) = (0, 0);
+        }
+        let run_id = sw.run_id(&targets[index]).await;
+        // A cursor is only meaningful to the process that returned it.
+        if cursor != 0
+            && cp.server_run_id.is_some()
+            && run_id.is_some()
+            && cp.server_run_id != run_id
+        {
+            if self.cluster {
+                eprintln!(
+                    "WARNING: checkpoint {path} was written against another Redis process on {} (restart or failover): its cursor means nothing there; starting that primary over at cursor 0",
+                    targets[index]
+                );
+            } else {
+                eprintln!(
+                    "WARNING: checkpoint {path} was written against another Redis process (restart or failover): its cursor means nothing here; starting over at cursor 0"
+                );
+            }
+            cursor = 0;
+        }
+        (self.index, self.cursor, self.run_id) = (index, cursor, run_id);
+        let mut report = cp.report;
+        if let Some(t) = opts.now_ms {
+            report.now_ms = t;
+        }
+        Ok(report)
+    }
+
+    /// Starts at `--cursor` (a cursor on a single node, `HOST:PORT/CURSOR` on a cluster), or at
+    /// the beginning.
+    async fn start(
+        &mut self,
+        position: Option<&Position>,
+        sw: &mut Sweeper<'_>,
+    ) -> anyhow::Result<()> {
+        let targets = &self.targets;
+        let (index, cursor) = match (position, self.cluster) {
+            (None, _) => (0, 0),
+            (Some(Position::Cursor(c)), false) => (0, *c),
+            (Some(Position::Cursor(0)), true) => (0, 0),
+            (Some(Position::Cursor(c)), true) => bail!(
+                "--cursor {c}: on a Redis Cluster a position is HOST:PORT/CURSOR (a primary and its SCAN cursor, as a stopped run prints it); the primaries, in walk order: {}",
+                Self::names(targets)
+            ),
+            (Some(p @ Position::Node { .. }), false) => bail!(
+                "--cursor {p} names a cluster primary, but this store is a single Redis node: pass the SCAN cursor alone"
+            ),
+            (Some(p @ Position::Node { host, port, cursor }), true) => {
+                let wanted = ScanTarget::Primary {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let Some(i) = targets.iter().position(|t| *t == wanted) else {
+                    bail!(
+                        "--cursor {p}: {wanted} is not a primary of this cluster (now: {}): the topology changed since that run; start the sweep over without --cursor",
+                        Self::names(targets)
+                    );
+                };
+                (i, *cursor)
+            }
+        };
+        self.run_id = sw.run_id(&targets[index]).await;
+        (self.index, self.cursor) = (index, cursor);
+        Ok(())
+    }
+
+    /// Loads the compare-and-delete script on every node the EVALSHAs go to: the node, or
+    /// each primary.
+    async fn load_scripts(&self, sw: &mut Sweeper<'_>) -> anyhow::Result<()> {
+        for t in &self.targets {
+            sw.pace().await;
+            sw.store.load_compare_and_delete(t).await.with_context(|| {
+                if self.cluster {
+                    format!("loading the compare-and-delete script (SCRIPT LOAD) on {t}")
+                } else {
+                    "loading the compare-and-delete script (SCRIPT LOAD)".to_owned()
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// After a SCAN batch returned `next`: the same node at `next`, or (0: this node is done)
+    /// the next node from its start.
+    async fn advance(&mut self, next: u64, sw: &mut Sweeper<'_>) {
+        if next == 0 {
+            self.index += 1;
+            self.cursor = 0;
+            if self.index < self.targets.len() {
+                self.run_id = sw.run_id(&self.targets[self.index]).await;
+            }
+        } else {
+            self.cursor = next;
+        }
+    }
+
+    /// Writes the position into `report`: done, the next cursor, node and position.
+    fn place(&self, report: &mut SweepReport) {
+        let (index, cursor) = (self.index, self.cursor);
+        report.done = index >= self.targets.len();
+        report.next_cursor = if report.done { 0 } else { cursor };
+        report.primaries_done = if self.cluster { index as u64 } else { 0 };
+        report.next_node = self
+            .targets
+            .get(index)
+            .filter(|_| self.cluster)
+            .map(ToString::to_string);
+        report.next_position = self
+            .targets
+            .get(index)
+            .map_or(Position::Cursor(0), |t| Position::at(t, cursor))
+            .to_string();
+    }
+
+    /// Writes the checkpoint at `path` (removes it once the sweep is done).
+    fn save(&self, path: &Path, report: &SweepReport) -> anyhow::Result<()> {
+        if report.done {
+            return Checkpoint::remove(path);
+        }
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            server_run_id: self.run_id.clone(),
+            targets: self.targets.clone(),
+            target_index: self.index,
+            report: report.clone(),
+        }
+        .write(path)
+    }
 }
 
 /// Sets `stop` on SIGINT or SIGTERM (what Kubernetes sends before killing a pod).
@@ -853,14 +897,12 @@ struct Progress {
 
 impl Progress {
     fn new(buckets: u32) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(u64::from(buckets));
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
+        let bar = progress::drawn().then(|| {
+            progress::bar(
+                false,
+                Some(u64::from(buckets)),
                 "{elapsed_precise} [{bar:30}] {pos}/{len} buckets {msg}",
-            ) {
-                bar.set_style(style.progress_chars("=> "));
-            }
-            bar
+            )
         });
         Self {
             bar,

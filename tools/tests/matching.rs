@@ -3,6 +3,8 @@
 //! one of them (a segment through a phone inside it, a domain through an address below it)
 //! and none of `gen`'s non-members; `audit` counts them as entries like any other.
 
+// The service crate's test helpers, shared by path.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, HashSet};

@@ -1,6 +1,9 @@
-//! The operator tools behind `namelist-tools` (`tools/main.rs` only parses arguments). They
-//! live in the library so that they share the service's normalisation and storage layout
-//! (one implementation, never a copy) and so that tests and benches can drive them.
+//! `namelist-tools`: the operator tools, a crate of their own over the `namelist` library
+//! (`src/main.rs` only parses arguments and dispatches). They share the service's
+//! normalisation and storage layout (one implementation, never a copy) and never speak to Redis
+//! on their own: every Redis call is a typed operation of `namelist::store` (`store::bulk`),
+//! and this crate does not even depend on the `redis` crate. It is a library too, so that its
+//! tests and benches can drive the tools without the binary.
 //!
 //! Unlike the service, the tools report errors with `anyhow` and context: they end in a
 //! message to an operator, not in an HTTP status.
@@ -9,21 +12,32 @@
 //! (defaults, then the `--config` file, then `NAMELIST_*` variables), and command-line flags
 //! override both; so a tool refuses a keyspace exactly when the service would (no key or the
 //! wrong key for a keyed keyspace, no key for a new one).
+//!
+//! * `import/`: bulk load (`input`, `partition`, `write`, `checkpoint`);
+//! * `gen_data/`: `gen`, synthetic entries and non-members (no store involved);
+//! * `audit/`: memory per entry, fill, problem buckets, the seed layouts compared (`walk`,
+//!   `stats`, `compare`, `render`);
+//! * `sweep`: expired fields reclaimed, paced and resumable;
+//! * `keygen`: a new fingerprint key file;
+//! * `pace`, `progress`: the one rate limiter and the one progress-bar setup they share;
+//! * [`Global`], here: the options every tool shares, and the store they open.
 
 pub mod audit;
 pub mod gen_data;
 pub mod import;
 pub mod keygen;
+pub mod pace;
+pub mod progress;
 pub mod sweep;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
-use crate::config::{DEFAULT_EXPECTED_ENTRIES, Settings};
-use crate::store::redis::{RedisOptions, RedisStore};
+use namelist::config::Settings;
+use namelist::store::redis::{RedisOptions, RedisStore};
 
 /// Options every tool shares.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,25 +94,14 @@ impl Global {
                 "no Redis configured: set NAMELIST_REDIS_URL (or NAMELIST_REDIS_CLUSTER_NODES), or pass --redis-url (or --cluster-nodes)"
             );
         }
-        let (store, report) = RedisStore::open(RedisOptions {
-            url: settings
-                .redis_url
-                .as_ref()
-                .map(|u| u.expose_secret().to_owned())
-                .unwrap_or_default(),
-            cluster_nodes: settings.redis_cluster_nodes.clone(),
-            prefix: settings.key_prefix.clone(),
-            expected_entries: settings.expected_entries,
-            default_expected_entries: DEFAULT_EXPECTED_ENTRIES,
-            connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+        // Bulk work: a pipeline of hundreds of buckets may take seconds to answer.
+        let options = RedisOptions {
             response_timeout: Duration::from_secs(60),
-            audit_max_len: settings.audit_max_len,
-            write_replicas: settings.write_replicas,
-            fingerprint_key: settings.fingerprint_key()?,
-            allow_unkeyed: settings.allow_unkeyed,
-        })
-        .await
-        .context("opening the keyspace")?;
+            ..RedisOptions::from_settings(&settings)?
+        };
+        let (store, report) = RedisStore::open(options)
+            .await
+            .context("opening the keyspace")?;
         if let Some(line) = &report.unkeyed {
             eprintln!("ERROR: {line}");
         }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::store::FingerprintKey;
+use namelist::store::FingerprintKey;
 
 /// Write a new fingerprint key (32 random bytes from the OS, as 64 hex digits) to a new file,
 /// mode 0600.

@@ -5,6 +5,9 @@
 //! local Redis Cluster: every primary walked, resumed across primaries (checkpoint and
 //! `--cursor HOST:PORT/CURSOR`), a checkpoint of another topology restarting the walk.
 
+// The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
+// shared by path rather than copied.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
@@ -16,8 +19,8 @@ use namelist::domain::now_ms;
 use namelist::store::bulk::compare_and_delete;
 use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, EntryKey, Layout, Store, WriteBatch};
-use namelist::tools::sweep::{self, Args, Position, SweepReport};
+use namelist::store::{Deadline, EntryKey, EntryStore, Layout, StoreBase, WriteBatch};
+use namelist_tools::sweep::{self, Args, Position, SweepReport};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;

@@ -6,7 +6,7 @@
 //! `NAMELIST_BENCH_ROWS=n` changes the size of the first file (the second is a tenth of it);
 //! `NAMELIST_BENCH_SANITIZE=yes` runs Redis with `--sanitize-dump-payload yes`.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -4,6 +4,9 @@
 //! on a local Redis Cluster: `import` then `audit --json` against an independent sum over
 //! every primary, and the service on the cluster answering the imported rows.
 
+// The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
+// shared by path rather than copied.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, HashSet};

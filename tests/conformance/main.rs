@@ -1,0 +1,280 @@
+//! The conformance suite: one set of behaviours per store trait that every backend must show,
+//! one module per trait, each case written once and run by `conformance!` on every backend:
+//! the embedded store, a real `redis-server` of its own (keyed with the local tier complete,
+//! partial and off, and once more on an unkeyed format-1 keyspace) and a local cluster (one
+//! cluster for every case of every module, each case on a keyspace of its own).
+//!
+//! * `base`: `StoreBase` (the backend's name, its keyspace, ping);
+//! * `entries`: `EntryStore`, through the name-list service and its local tier (upsert,
+//!   refresh, delete, expiry, sandboxes, IP ranges, lazy delete, the audit trail, limits), and
+//!   whole-bucket reads directly;
+//! * `bus`: `InvalidationBus` (every subscriber hears every message; writes and deletes
+//!   publish their changes, housekeeping nothing);
+//! * `metrics`: `MetricStore`, directly (each family's window, events applied once per entity,
+//!   the distinct cap); the velocity service's oracle over random streams stays in
+//!   `tests/velocity.rs`, on the embedded store, Redis and a cluster;
+//! * `definitions`: `DefinitionStore` (versions kept, bumped, never reused; kinds apart;
+//!   every change published);
+//! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it).
+//!
+//! With a complete tier, every check waits until the tier has read again what writes
+//! touched, and then must be answered without a single lookup sent to Redis.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use namelist::cache::Mode;
+use namelist::lists::{FailMode, ListSettings, NameLists};
+use namelist::metrics::Metrics;
+use namelist::store::memory::MemoryStore;
+use namelist::store::redis::{RedisOptions, RedisStore};
+use namelist::store::{Deadline, FingerprintKey, Invalidation, InvalidationStream, Layout, Store};
+
+use common::{RedisCluster, RedisServer, unique_prefix};
+
+struct Harness {
+    lists: NameLists,
+    store: Arc<dyn Store>,
+    /// The same store when it is Redis (what only the Redis store offers: the audit tool's
+    /// writes).
+    redis_store: Option<Arc<RedisStore>>,
+    /// The keyspace's prefix, as opened.
+    prefix: String,
+    metrics: Arc<Metrics>,
+    tier: Tier,
+    _redis: Option<RedisServer>,
+}
+
+/// The local tier a Redis case runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    /// Room for every bucket: all loaded before the case starts.
+    Complete,
+    /// Room for about 16 of the keyspace's 128 buckets.
+    Partial,
+    Off,
+}
+
+fn settings(tier: Tier) -> ListSettings {
+    ListSettings {
+        check_deadline: Duration::from_millis(500),
+        write_deadline: Duration::from_secs(2),
+        fail_mode: FailMode::Open,
+        cache_ttl: Duration::from_secs(60),
+        cache_capacity: 10_000,
+        local_memory_bytes: match tier {
+            Tier::Complete => 64 << 20,
+            Tier::Partial => 4_000,
+            Tier::Off => 0,
+        },
+        local_fetch_rate: 0,
+    }
+}
+
+async fn ready(
+    store: Arc<dyn Store>,
+    redis_store: Option<Arc<RedisStore>>,
+    redis: Option<RedisServer>,
+    tier: Tier,
+) -> Harness {
+    let metrics = Arc::new(Metrics::new());
+    let lists = NameLists::new(
+        store.clone(),
+        store.clone(),
+        settings(tier),
+        metrics.clone(),
+    );
+    for _ in 0..500 {
+        if lists.cache().is_trusted() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        lists.cache().is_trusted(),
+        "invalidation subscription is up"
+    );
+    assert!(lists.cache().wait_settled(Duration::from_secs(20)).await);
+    let mode = lists.cache().mode();
+    if !store.in_process() {
+        let expected = match tier {
+            Tier::Complete => Mode::Complete,
+            Tier::Partial => Mode::Partial,
+            Tier::Off => Mode::Off,
+        };
+        assert_eq!(mode, expected, "tier mode");
+    }
+    Harness {
+        lists,
+        prefix: store.layout().prefix().to_owned(),
+        store,
+        redis_store,
+        metrics,
+        tier,
+        _redis: redis,
+    }
+}
+
+async fn memory() -> Harness {
+    let store = MemoryStore::open(
+        Layout::new(unique_prefix(), 64, common::keyed()),
+        1000,
+        None,
+    )
+    .unwrap();
+    ready(Arc::new(store), None, None, Tier::Off).await
+}
+
+/// A fresh keyspace (prefix) on a shared cluster.
+async fn on_cluster(cluster: &RedisCluster) -> Harness {
+    let (store, _) = RedisStore::open(RedisOptions {
+        url: String::new(),
+        cluster_nodes: cluster.urls(),
+        prefix: unique_prefix(),
+        expected_entries: Some(64 * 400),
+        default_expected_entries: 1_000_000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        audit_max_len: 1000,
+        write_replicas: 0,
+        fingerprint_key: Some(common::test_key()),
+        allow_unkeyed: false,
+    })
+    .await
+    .unwrap();
+    let store = Arc::new(store);
+    ready(store.clone(), Some(store), None, Tier::Complete).await
+}
+
+async fn redis() -> Harness {
+    on_node(Some(common::test_key()), Tier::Complete).await
+}
+
+async fn redis_tier_partial() -> Harness {
+    on_node(Some(common::test_key()), Tier::Partial).await
+}
+
+async fn redis_tier_off() -> Harness {
+    on_node(Some(common::test_key()), Tier::Off).await
+}
+
+/// A format-1 (unkeyed) keyspace, as builds before keyed fingerprints made them: existing
+/// keyspaces must keep working.
+async fn redis_unkeyed() -> Harness {
+    on_node(None, Tier::Complete).await
+}
+
+async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
+    let server = RedisServer::start();
+    let (store, report) = RedisStore::open(RedisOptions {
+        url: server.url(),
+        cluster_nodes: Vec::new(),
+        prefix: unique_prefix(),
+        expected_entries: Some(64 * 400),
+        default_expected_entries: 1_000_000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        audit_max_len: 1000,
+        write_replicas: 0,
+        allow_unkeyed: key.is_none(),
+        fingerprint_key: key,
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.unkeyed.is_some(), report.format == 1);
+    let store = Arc::new(store);
+    ready(store.clone(), Some(store), Some(server), tier).await
+}
+
+/// A deadline no healthy store comes near.
+fn deadline() -> Deadline {
+    Deadline::after(Duration::from_secs(10))
+}
+
+/// The next message of a subscription (within 5 s).
+async fn next_message(stream: &mut InvalidationStream) -> Invalidation {
+    tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("a message within 5 s")
+        .expect("the subscription stays up")
+}
+
+/// Runs each case, an `async fn(&Harness)` of the module it is invoked in, on every backend:
+/// a test per case and backend, and `all_on_cluster` for the one cluster test.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::memory().await).await;
+                }
+            )*
+        }
+        mod redis_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::redis().await).await;
+                }
+            )*
+        }
+        /// Every case with a local tier holding a fraction of the keyspace.
+        mod redis_tier_partial {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::redis_tier_partial().await).await;
+                }
+            )*
+        }
+        /// Every case with no local tier: every lookup goes to Redis.
+        mod redis_tier_off {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::redis_tier_off().await).await;
+                }
+            )*
+        }
+        /// Every case on an unkeyed (format 1) keyspace.
+        mod redis_unkeyed_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::redis_unkeyed().await).await;
+                }
+            )*
+        }
+        /// Every case of this module on `cluster`, each on a fresh keyspace.
+        pub(crate) async fn all_on_cluster(cluster: &crate::common::RedisCluster) {
+            $(
+                eprintln!("cluster: {}::{}", module_path!(), stringify!($case));
+                $case(&crate::on_cluster(cluster).await).await;
+            )*
+        }
+    };
+}
+
+mod audit_reports;
+mod base;
+mod bus;
+mod definitions;
+mod entries;
+mod metrics;
+
+/// Every case of every module on one local 6-node cluster (3 primaries, 3 replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_all_cases() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    base::all_on_cluster(&cluster).await;
+    entries::all_on_cluster(&cluster).await;
+    bus::all_on_cluster(&cluster).await;
+    metrics::all_on_cluster(&cluster).await;
+    definitions::all_on_cluster(&cluster).await;
+    audit_reports::all_on_cluster(&cluster).await;
+}

@@ -1,0 +1,137 @@
+//! Phase 1's output and phase 3's input: accepted rows as 16-byte records, grouped by ranges
+//! of consecutive buckets (partitions). A partition stays in memory until the `--memory-mb`
+//! budget of all of them is used, then every partition spills to its own temporary file, so
+//! memory stays bounded whatever the input size. [`group`] turns one partition back into
+//! bucket writes, ascending, where the last row for an entry wins (as with the API).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, Write};
+
+use anyhow::Context;
+use namelist::store::bulk::BucketWrite;
+
+/// One accepted row: where it goes and its expiry code. 16 bytes, spilled as such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rec {
+    pub(super) bucket: u32,
+    pub(super) code: u32,
+    pub(super) field: i64,
+}
+
+impl Rec {
+    fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&self.bucket.to_le_bytes());
+        b[4..8].copy_from_slice(&self.code.to_le_bytes());
+        b[8..].copy_from_slice(&self.field.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Self {
+        Self {
+            bucket: u32::from_le_bytes(b[..4].try_into().expect("4 bytes")),
+            code: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            field: i64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        }
+    }
+}
+
+/// Records grouped by ranges of buckets, in memory up to a budget, then in temporary files.
+pub(super) struct Partitions {
+    buckets_per: u32,
+    buffers: Vec<Vec<Rec>>,
+    files: Vec<Option<BufWriter<File>>>,
+    dir: Option<tempfile::TempDir>,
+    buffered: usize,
+    budget: usize,
+}
+
+impl Partitions {
+    pub(super) fn new(buckets: u32, budget_bytes: u64) -> Self {
+        // ~25,000 buckets ≈ 5M rows at the design fill of 200: one partition for most imports.
+        let buckets_per = 25_000u32.min(buckets).max(1);
+        let n = buckets.div_ceil(buckets_per) as usize;
+        Self {
+            buckets_per,
+            buffers: vec![Vec::new(); n],
+            files: (0..n).map(|_| None).collect(),
+            dir: None,
+            buffered: 0,
+            budget: (budget_bytes / 16).max(1024) as usize,
+        }
+    }
+
+    pub(super) fn push(&mut self, rec: Rec) -> anyhow::Result<()> {
+        self.buffers[(rec.bucket / self.buckets_per) as usize].push(rec);
+        self.buffered += 1;
+        if self.buffered >= self.budget {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self) -> anyhow::Result<()> {
+        if self.dir.is_none() {
+            self.dir = Some(tempfile::tempdir().context("creating a spill directory")?);
+        }
+        let dir = self.dir.as_ref().expect("just created").path().to_owned();
+        for (i, buf) in self.buffers.iter_mut().enumerate() {
+            if buf.is_empty() {
+                continue;
+            }
+            if self.files[i].is_none() {
+                let f = File::create(dir.join(format!("p{i}")))?;
+                self.files[i] = Some(BufWriter::new(f));
+            }
+            let w = self.files[i].as_mut().expect("just created");
+            for r in buf.drain(..) {
+                w.write_all(&r.to_bytes())?;
+            }
+            buf.shrink_to_fit();
+        }
+        self.buffered = 0;
+        Ok(())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// Every record of partition `i`, in input order (spilled ones first: they are older).
+    pub(super) fn take(&mut self, i: usize) -> anyhow::Result<Vec<Rec>> {
+        let mut out = Vec::new();
+        if let Some(w) = self.files[i].take() {
+            let mut f = w.into_inner().map_err(|e| e.into_error())?;
+            f.rewind()?;
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes)?;
+            out.extend(bytes.chunks_exact(16).map(Rec::from_bytes));
+        }
+        out.append(&mut self.buffers[i]);
+        Ok(out)
+    }
+}
+
+/// Groups records (input order) into buckets in ascending order; in each bucket the last
+/// record for a field wins.
+pub(super) fn group(mut recs: Vec<Rec>) -> Vec<BucketWrite> {
+    recs.sort_by_key(|r| r.bucket); // stable: input order kept within a bucket
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for run in recs.chunk_by(|a, b| a.bucket == b.bucket) {
+        seen.clear();
+        let mut pairs: Vec<(i64, i64)> = run
+            .iter()
+            .rev()
+            .filter(|r| seen.insert(r.field))
+            .map(|r| (r.field, i64::from(r.code)))
+            .collect();
+        pairs.reverse();
+        out.push(BucketWrite {
+            bucket: run[0].bucket,
+            pairs,
+        });
+    }
+    out
+}

@@ -1,0 +1,186 @@
+//! Phases 2 and 3, writing, and the run's record.
+//!
+//! 2. **Register**: the IP prefix lengths the file has ranges of are added to their registries
+//!    (and running services told) before any entry is written, so a check never misses a range.
+//! 3. **Write**, bucket by bucket in ascending order, `--batch-buckets` buckets per pipeline,
+//!    `--in-flight` pipelines at once, paced to `--max-rows-per-sec`. A bucket that does not
+//!    exist yet is built here as a listpack and sent with `RESTORE` (no `REPLACE`: a bucket
+//!    created meanwhile by the live service makes `RESTORE` fail with `BUSYKEY`, and that
+//!    bucket falls back to `HSET`); an existing one gets one multi-field `HSET`
+//!    (`RedisStore::write_buckets`). Pipelines complete in order, so after each one every
+//!    bucket up to its last is acknowledged: that is what the checkpoint records. Running
+//!    services are told to drop cached misses every 2 s and at the end (`Invalidation::Bulk`).
+//!
+//! The run ends with one audit record (counts, not rows).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+use namelist::domain::now_ms;
+use namelist::store::InvalidationBus;
+use namelist::store::bulk::BucketWrite;
+use namelist::store::dump::DumpFormat;
+use namelist::store::redis::RedisStore;
+use namelist::store::{AuditRecord, Invalidation, Layout, PrefixLen, Scope};
+
+use super::checkpoint::Resume;
+use super::partition::{Partitions, group};
+use super::{Args, ImportSummary};
+use crate::pace::Pace;
+use crate::progress;
+
+/// Phase 2: registers the prefix lengths of the file's ranges and tells running services;
+/// how many were registered.
+pub(super) async fn register_prefixes(
+    store: &RedisStore,
+    prefixes: &HashSet<(Scope, PrefixLen)>,
+) -> anyhow::Result<u64> {
+    if prefixes.is_empty() {
+        return Ok(0);
+    }
+    let registered: Vec<(Scope, PrefixLen)> = prefixes.iter().cloned().collect();
+    let mut scopes: Vec<(String, String)> = registered
+        .iter()
+        .map(|((list, sandbox), _)| (list.to_string(), sandbox.to_string()))
+        .collect();
+    store
+        .register_prefix_lengths(&registered)
+        .await
+        .context("registering prefix lengths")?;
+    scopes.sort();
+    scopes.dedup();
+    store.publish(&Invalidation::Scopes(scopes)).await?;
+    Ok(prefixes.len() as u64)
+}
+
+/// The `RESTORE` format this server takes (proved against an `HSET`-built twin), or `None`:
+/// every bucket by `HSET` (`--no-restore`, or the proof failed).
+pub(super) async fn restore_format(store: &RedisStore, args: &Args) -> Option<DumpFormat> {
+    if args.no_restore {
+        return None;
+    }
+    match store.prove_restore().await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("WARNING: RESTORE path disabled, writing every bucket with HSET: {e:#}");
+            None
+        }
+    }
+}
+
+/// Phase 3: writes every partition's buckets not done yet; adds to `summary` the buckets and
+/// entries written or skipped. Returns the distinct entries of the file (written or skipped).
+pub(super) async fn write_partitions(
+    store: &RedisStore,
+    layout: &Layout,
+    args: &Args,
+    partitions: &mut Partitions,
+    resume: &Resume,
+    summary: &mut ImportSummary,
+) -> anyhow::Result<u64> {
+    let format = restore_format(store, args).await;
+    summary.restore_used = format.is_some();
+    let started = Instant::now();
+    let bar = progress::bar(
+        args.quiet,
+        Some(u64::from(layout.buckets())),
+        "writing {bar:30} {pos}/{len} buckets eta {eta} {msg}",
+    );
+    let mut distinct = 0u64;
+    let mut last_publish = Instant::now();
+    let mut last_checkpoint = Instant::now();
+    let batch_buckets = args.batch_buckets.max(1);
+    let pace = Pace::per_sec(args.max_rows_per_sec);
+    for p in 0..partitions.len() {
+        let buckets = group(partitions.take(p)?);
+        distinct += buckets.iter().map(|b| b.pairs.len() as u64).sum::<u64>();
+        let (skip, todo): (Vec<BucketWrite>, Vec<BucketWrite>) = buckets
+            .into_iter()
+            .partition(|b| b.bucket < resume.done_below);
+        summary.buckets_skipped += skip.len() as u64;
+        summary.entries_written += skip.iter().map(|b| b.pairs.len() as u64).sum::<u64>();
+        let mut batches = Vec::new();
+        let mut it = todo.into_iter().peekable();
+        while it.peek().is_some() {
+            batches.push(it.by_ref().take(batch_buckets).collect::<Vec<_>>());
+        }
+        let mut writes = futures::stream::iter(batches.into_iter().map(|batch| {
+            let pace = &pace;
+            let last = batch.last().map_or(0, |b| b.bucket);
+            let rows: u64 = batch.iter().map(|b| b.pairs.len() as u64).sum();
+            async move {
+                pace.take(rows).await;
+                store.write_buckets(format, &batch).await.map(|o| (last, o))
+            }
+        }))
+        .buffered(args.in_flight.max(1));
+        while let Some(done) = writes.next().await {
+            let (last, o) = done?;
+            summary.buckets_restored += o.restored;
+            summary.buckets_hset += o.hset;
+            summary.entries_written += o.entries;
+            bar.set_position(u64::from(last) + 1);
+            bar.set_message(format!(
+                "{} entries, {:.0}/s",
+                summary.entries_written,
+                summary.entries_written as f64 / started.elapsed().as_secs_f64().max(1e-9)
+            ));
+            // Batches complete in order: everything up to `last` is acknowledged.
+            if last_checkpoint.elapsed() > Duration::from_millis(200) {
+                resume.save(layout, last)?;
+                last_checkpoint = Instant::now();
+            }
+            if last_publish.elapsed() > Duration::from_secs(2) {
+                store.publish(&Invalidation::Bulk).await?;
+                last_publish = Instant::now();
+            }
+        }
+    }
+    bar.finish_and_clear();
+    summary.write_seconds = started.elapsed().as_secs_f64();
+    Ok(distinct)
+}
+
+/// The end of a run: running services drop cached misses, and the run's audit record.
+pub(super) async fn record_run(
+    store: &RedisStore,
+    args: &Args,
+    summary: &ImportSummary,
+) -> anyhow::Result<()> {
+    store.publish(&Invalidation::Bulk).await?;
+    let mut fields = vec![
+        ("at".to_owned(), now_ms().to_string()),
+        ("who".to_owned(), args.actor.clone()),
+        ("op".to_owned(), "import".to_owned()),
+        (
+            "source".to_owned(),
+            args.input_path()
+                .map_or("stdin".into(), |p| p.display().to_string()),
+        ),
+        ("rows_read".to_owned(), summary.rows_read.to_string()),
+        (
+            "rows_rejected".to_owned(),
+            summary.rows_rejected.to_string(),
+        ),
+        (
+            "entries_written".to_owned(),
+            summary.entries_written.to_string(),
+        ),
+        (
+            "buckets_restored".to_owned(),
+            summary.buckets_restored.to_string(),
+        ),
+        ("buckets_hset".to_owned(), summary.buckets_hset.to_string()),
+        ("resumed".to_owned(), summary.resumed.to_string()),
+        ("seconds".to_owned(), format!("{:.3}", summary.seconds)),
+    ];
+    if let Some(r) = &args.reason {
+        fields.push(("reason".to_owned(), r.clone()));
+    }
+    store
+        .append_audit(&AuditRecord { fields })
+        .await
+        .context("writing the audit record")
+}
