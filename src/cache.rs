@@ -1049,9 +1049,19 @@ impl RegistryCache {
             let fetched = store
                 .call(StoreOp::Registry, deadline, |s| s.prefix_lengths(&missing))
                 .await?;
+            // A backend answering for fewer scopes than asked is a store fault, not a panic.
+            if fetched.len() != missing.len() {
+                return Err(StoreError::corrupt(format!(
+                    "prefix registries: {} answers for {} scopes",
+                    fetched.len(),
+                    missing.len()
+                )));
+            }
             let mut fetched = missing.into_iter().zip(fetched.into_iter().map(Arc::new));
             for slot in out.iter_mut().filter(|v| v.is_none()) {
-                let (scope, lens) = fetched.next().expect("one result per scope");
+                let Some((scope, lens)) = fetched.next() else {
+                    break;
+                };
                 self.entries.insert(scope.clone(), lens.clone()).await;
                 if self.epoch.load(Ordering::Acquire) != started {
                     self.entries.invalidate(&scope).await;
@@ -1059,7 +1069,7 @@ impl RegistryCache {
                 *slot = Some(lens);
             }
         }
-        Ok(out.into_iter().map(|v| v.expect("filled")).collect())
+        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
     }
 
     /// The registries known locally, even if untrusted (for a fail-open answer).
