@@ -262,8 +262,20 @@ impl Value {
 }
 
 fn phone(raw: &str) -> Result<String, &'static str> {
-    const WHY: &str =
-        "expected 5-20 digits, optionally with a leading +, after removing spaces, -, ( and )";
+    phone_digits(
+        raw,
+        5..=20,
+        "expected 5-20 digits, optionally with a leading +, after removing spaces, -, ( and )",
+    )
+}
+
+/// A phone's characters with spaces, `-`, `(` and `)` removed: an optional leading `+`, then
+/// `digits` digits; `why` otherwise. A `*` is refused here: only a segment ends with one.
+fn phone_digits(
+    raw: &str,
+    digits: std::ops::RangeInclusive<usize>,
+    why: &'static str,
+) -> Result<String, &'static str> {
     let mut out = String::with_capacity(raw.len());
     for c in raw.chars() {
         match c {
@@ -271,34 +283,23 @@ fn phone(raw: &str) -> Result<String, &'static str> {
             '+' if out.is_empty() => out.push('+'),
             '0'..='9' => out.push(c),
             '*' => return Err("a * may only end a segment (170*)"),
-            _ => return Err(WHY),
+            _ => return Err(why),
         }
     }
-    let digits = out.len() - usize::from(out.starts_with('+'));
-    if !(5..=20).contains(&digits) {
-        return Err(WHY);
+    let n = out.len() - usize::from(out.starts_with('+'));
+    if !digits.contains(&n) {
+        return Err(why);
     }
     Ok(out)
 }
 
 /// The prefix of a phone segment (what precedes its `*`), normalised as a phone.
 fn phone_segment(prefix: &str) -> Result<String, &'static str> {
-    const WHY: &str = "a segment is 1-19 digits, optionally after a leading +, then a final * (170*, +86170*); spaces, -, ( and ) are removed";
-    let mut out = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
-        match c {
-            ' ' | '-' | '(' | ')' => {}
-            '+' if out.is_empty() => out.push('+'),
-            '0'..='9' => out.push(c),
-            '*' => return Err("a * may only end a segment (170*)"),
-            _ => return Err(WHY),
-        }
-    }
-    let digits = out.len() - usize::from(out.starts_with('+'));
-    if !(1..=MAX_SEGMENT_DIGITS).contains(&digits) {
-        return Err(WHY);
-    }
-    Ok(out)
+    phone_digits(
+        prefix,
+        1..=MAX_SEGMENT_DIGITS,
+        "a segment is 1-19 digits, optionally after a leading +, then a final * (170*, +86170*); spaces, -, ( and ) are removed",
+    )
 }
 
 /// An address (`Text`) or, in entries, a domain (`@example.com`); see the module docs.

@@ -18,7 +18,7 @@ use serde_json::{Value as Json, json};
 const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
 
 fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
-    let out = Command::new(TOOLS)
+    let out = common::without_namelist_env(TOOLS)
         .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
         .args(["--redis-url", &redis.url(), "--prefix", prefix])
         .args(args)
