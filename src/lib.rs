@@ -11,7 +11,7 @@
 //! * `instrumented`: every store call the service makes, with its deadline, `store` span and
 //!   metrics (`Instrumented::call`).
 //! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
-//! * `lists`: the name-list service.
+//! * `lists`: the name-list service; `audit_trail`: the audit trail as operators read it.
 //! * `velocity`: velocity metrics and rules.
 //! * `routes`, `error`, `auth`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
 //!
@@ -19,6 +19,7 @@
 //! the workspace's other crate, `namelist-tools` in `tools/`, a client of this library that
 //! reaches Redis only through `store` (`store::bulk`).
 
+pub mod audit_trail;
 pub mod auth;
 pub mod cache;
 pub mod config;

@@ -32,8 +32,8 @@ use crate::domain::{
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
-    AuditOp, AuditRecord, Deadline, EntryKey, EntryStore, InvalidationBus, PrefixKind, PrefixLen,
-    Scope, StoreError, WriteBatch, code_is_live,
+    AuditOp, AuditRecord, CountChange, Deadline, EntryKey, EntryStore, InvalidationBus, PrefixKind,
+    PrefixLen, Scope, StoreError, WriteBatch, code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -239,6 +239,19 @@ pub struct Hit {
     pub expires_at: Option<i64>,
 }
 
+/// One (list, sandbox) of `GET /v1/lists`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListSummary {
+    pub list: String,
+    pub sandbox: String,
+    /// Approximate: entries written minus entries deleted (see the README).
+    pub entries: i64,
+    /// Unix ms of the last upsert or delete in this scope.
+    pub last_change: i64,
+    /// Hits this instance answered since it started.
+    pub hits: u64,
+}
+
 /// A check's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckOutcome {
@@ -284,7 +297,9 @@ pub struct NameLists {
     registries: Arc<RegistryCache>,
     settings: ListSettings,
     metrics: Arc<Metrics>,
-    expired: mpsc::Sender<(EntryKey, u32)>,
+    expired: mpsc::Sender<(EntryKey, u32, Scope)>,
+    /// Hits answered by checks since this instance started, per scope (`GET /v1/lists`).
+    hits: std::sync::Mutex<HashMap<Scope, u64>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -345,6 +360,7 @@ impl NameLists {
             settings,
             metrics,
             expired,
+            hits: std::sync::Mutex::new(HashMap::new()),
             tasks,
         }
     }
@@ -372,8 +388,27 @@ impl NameLists {
 
     /// Queues an expired field for compare-and-delete, off the request path. If the queue is
     /// full the field stays; the next read that finds it queues it again.
-    fn reclaim(&self, key: EntryKey, code: u32) {
-        let _ = self.expired.try_send((key, code));
+    fn reclaim(&self, key: EntryKey, code: u32, scope: impl FnOnce() -> Scope) {
+        let _ = self.expired.try_send((key, code, scope()));
+    }
+
+    /// Adds `changes` to the lists' approximate counts, after a write the store took. A
+    /// failure is logged and counted, not returned: the write itself stands, only the count
+    /// is off by that much.
+    async fn count(&self, changes: Vec<CountChange>, at_ms: i64) {
+        if changes.is_empty() {
+            return;
+        }
+        let deadline = Deadline::after(self.settings.write_deadline);
+        let r = self
+            .store
+            .call(StoreOp::Counts, deadline, |s| {
+                s.count_changes(&changes, at_ms, deadline)
+            })
+            .await;
+        if r.is_err() {
+            self.metrics.count_errors.inc();
+        }
     }
 
     /// Upserts entries of `list` (last write wins). Returns how many were written.
@@ -425,7 +460,22 @@ impl NameLists {
                 .invalidate(&scopes.into_iter().collect::<Vec<_>>())
                 .await;
         }
-        result?;
+        let created = result?;
+        let mut deltas: HashMap<&Sandbox, i64> = HashMap::new();
+        for (e, new) in entries
+            .iter()
+            .zip(created.iter().chain(std::iter::repeat(&false)))
+        {
+            *deltas.entry(&e.sandbox).or_default() += i64::from(*new);
+        }
+        let changes = deltas
+            .into_iter()
+            .map(|(sandbox, delta)| CountChange {
+                scope: (list.clone(), sandbox.clone()),
+                delta,
+            })
+            .collect();
+        self.count(changes, now).await;
         self.metrics.entries_written.inc_by(entries.len() as u64);
         tracing::info!(%list, count = entries.len(), actor, "entries upserted");
         // Each entry by its (keyed) fingerprint, the audit trail's join key; never the value.
@@ -477,11 +527,30 @@ impl NameLists {
             .await;
         self.cache.wrote(&unique);
         let flags = result?;
-        let removed = flags.iter().filter(|r| **r).count();
+        let removed = flags.iter().filter(|r| r.was_live()).count();
+        // What was there, expired or not, was counted: subtract it from its scope.
+        let mut deltas: HashMap<EntryKey, &Sandbox> = HashMap::new();
+        for (e, key) in entries.iter().zip(&keys) {
+            deltas.entry(*key).or_insert(&e.sandbox);
+        }
+        let mut by_scope: HashMap<&Sandbox, i64> = HashMap::new();
+        for (key, found) in unique.iter().zip(&flags) {
+            if let Some(sandbox) = deltas.get(key) {
+                *by_scope.entry(sandbox).or_default() -= i64::from(found.was_present());
+            }
+        }
+        let changes = by_scope
+            .into_iter()
+            .map(|(sandbox, delta)| CountChange {
+                scope: (list.clone(), sandbox.clone()),
+                delta,
+            })
+            .collect();
+        self.count(changes, now).await;
         self.metrics.entries_removed.inc_by(removed as u64);
         tracing::info!(%list, requested = entries.len(), removed, actor, "entries deleted");
-        for (key, removed) in unique.iter().zip(&flags) {
-            tracing::debug!(%list, fingerprint = %key.fingerprint(), removed, "entry deleted");
+        for (key, found) in unique.iter().zip(&flags) {
+            tracing::debug!(%list, fingerprint = %key.fingerprint(), removed = found.was_live(), "entry deleted");
         }
         Ok(removed)
     }
@@ -506,7 +575,7 @@ impl NameLists {
         match codes.first().copied().flatten() {
             Some(code) if code_is_live(code, now_ms()) => Ok(Some(Expiry::from_code(code))),
             Some(code) => {
-                self.reclaim(key, code);
+                self.reclaim(key, code, || (list.clone(), entry.sandbox.clone()));
                 Ok(None)
             }
             None => Ok(None),
@@ -514,8 +583,100 @@ impl NameLists {
     }
 
     /// Checks every subject value against every list (the query is within the limits by
-    /// construction; only the fan-out over IP prefix lengths in use is checked here).
+    /// construction; only the fan-out over IP prefix lengths in use is checked here), and
+    /// counts its hits (`namelist_list_hits_total`, `GET /v1/lists`).
     pub async fn check(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
+        let outcome = self.answer(q).await?;
+        if !outcome.hits.is_empty() {
+            let mut hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
+            for h in &outcome.hits {
+                *hits.entry((h.list.clone(), q.sandbox.clone())).or_default() += 1;
+                self.metrics.list_hit(h.list.as_str(), h.dimension.as_str());
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Every (list, sandbox) holding entries, by list then sandbox, with its approximate
+    /// count (see `EntryStore::list_counts`) and the hits this instance answered.
+    pub async fn summaries(&self) -> Result<Vec<ListSummary>, ListsError> {
+        let deadline = Deadline::after(self.settings.check_deadline);
+        let counts = self
+            .store
+            .call(StoreOp::ListCounts, deadline, |s| s.list_counts())
+            .await?;
+        let hits = self.hits.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut out: Vec<ListSummary> = counts
+            .into_iter()
+            .filter(|c| c.entries > 0)
+            .map(|c| {
+                let hits = hits
+                    .iter()
+                    .find(|((l, s), _)| l.as_str() == c.list && s.as_str() == c.sandbox)
+                    .map_or(0, |(_, n)| *n);
+                ListSummary {
+                    list: c.list,
+                    sandbox: c.sandbox,
+                    entries: c.entries,
+                    last_change: c.last_change_ms,
+                    hits,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.list, &a.sandbox).cmp(&(&b.list, &b.sandbox)));
+        Ok(out)
+    }
+
+    /// One identity on every list of `sandbox` that holds entries, exactly as a check would
+    /// find it (ranges, segments and domains included), in chunks of `MAX_CHECK_LISTS`
+    /// lists. An operator's read: its hits are not counted as the risk engine's.
+    pub async fn lookup_everywhere(
+        &self,
+        dimension: String,
+        value: String,
+        sandbox: Sandbox,
+    ) -> Result<CheckOutcome, ListsError> {
+        let lists: Vec<String> = self
+            .summaries()
+            .await?
+            .into_iter()
+            .filter(|s| s.sandbox == sandbox.as_str())
+            .map(|s| s.list)
+            .collect();
+        let mut all = CheckOutcome {
+            hits: Vec::new(),
+            degraded: false,
+            stale: None,
+            decision: None,
+        };
+        if lists.is_empty() {
+            // Still a 400 for a bad dimension or value.
+            let d = Dimension::try_from(dimension)?;
+            Value::parse_check(&d, &value)?;
+            return Ok(all);
+        }
+        for chunk in lists.chunks(MAX_CHECK_LISTS) {
+            let q = CheckQuery::try_from(RawCheck {
+                sandbox: Some(sandbox.to_string()),
+                lists: chunk.to_vec(),
+                subjects: vec![(dimension.clone(), vec![value.clone()])],
+            })?;
+            let part = self.answer(&q).await?;
+            all.hits.extend(part.hits);
+            all.degraded |= part.degraded;
+            if let Some(s) = part.stale {
+                all.stale = Some(match all.stale {
+                    Some(a) => Staleness {
+                        stale_ms: a.stale_ms.max(s.stale_ms),
+                    },
+                    None => s,
+                });
+            }
+        }
+        Ok(all)
+    }
+
+    async fn answer(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
         let deadline = Deadline::after(self.settings.check_deadline);
         let trusted = self.cache.is_trusted();
         let mut degraded = false;
@@ -619,7 +780,7 @@ impl NameLists {
                 continue;
             };
             if !code_is_live(code, now_ms) {
-                self.reclaim(p.key, code);
+                self.reclaim(p.key, code, || (q.lists[p.list].clone(), q.sandbox.clone()));
                 continue;
             }
             if reported.insert((p.list, p.dimension, p.key)) {
@@ -717,11 +878,11 @@ fn too_many_entries(n: usize) -> ValidationError {
 async fn reclaim_expired(
     store: Instrumented<dyn EntryStore>,
     tier: Arc<LocalTier>,
-    mut rx: mpsc::Receiver<(EntryKey, u32)>,
+    mut rx: mpsc::Receiver<(EntryKey, u32, Scope)>,
     deadline: Duration,
     metrics: Arc<Metrics>,
 ) {
-    while let Some((key, code)) = rx.recv().await {
+    while let Some((key, code, scope)) = rx.recv().await {
         let until = Deadline::after(deadline);
         match store
             .call(StoreOp::Reclaim, until, |s| {
@@ -732,6 +893,16 @@ async fn reclaim_expired(
             Ok(true) => {
                 tier.forget_expired(&key, code);
                 metrics.expired_reclaimed.inc();
+                let change = [CountChange { scope, delta: -1 }];
+                let until = Deadline::after(deadline);
+                let counted = store
+                    .call(StoreOp::Counts, until, |s| {
+                        s.count_changes(&change, now_ms(), until)
+                    })
+                    .await;
+                if counted.is_err() {
+                    metrics.count_errors.inc();
+                }
             }
             Ok(false) => {}
             Err(e) => {

@@ -49,11 +49,17 @@ pub enum StoreOp {
     Ping,
     /// The audit gauges' read of the last audit's summary (background).
     AuditSummary,
+    /// The lists' approximate entry counts changed after a write, a delete or a lazy expiry.
+    Counts,
+    /// `GET /v1/lists`: the counts read.
+    ListCounts,
+    /// `GET /v1/audit`: a page of the audit trail read.
+    AuditPage,
 }
 
 impl StoreOp {
     /// Every operation, in the order their series are first exported.
-    pub const ALL: [StoreOp; 15] = [
+    pub const ALL: [StoreOp; 18] = [
         StoreOp::Check,
         StoreOp::Get,
         StoreOp::Write,
@@ -69,6 +75,9 @@ impl StoreOp {
         StoreOp::Definitions,
         StoreOp::Ping,
         StoreOp::AuditSummary,
+        StoreOp::Counts,
+        StoreOp::ListCounts,
+        StoreOp::AuditPage,
     ];
 
     /// The `op` label.
@@ -89,6 +98,9 @@ impl StoreOp {
             StoreOp::Definitions => "definitions",
             StoreOp::Ping => "ping",
             StoreOp::AuditSummary => "audit_summary",
+            StoreOp::Counts => "counts",
+            StoreOp::ListCounts => "list_counts",
+            StoreOp::AuditPage => "audit_page",
         }
     }
 
@@ -152,7 +164,17 @@ pub struct Metrics {
     pub audit: AuditGauges,
     /// The local tier of whole buckets (`cache`), as its worker last exported it.
     pub tier: Arc<TierGauges>,
+    /// Hits answered by checks and evaluations, by list and dimension (at most
+    /// [`MAX_HIT_SERIES`] label pairs; later ones are counted under `list="other"`).
+    list_hits: IntCounterVec,
+    hit_series: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    /// Count changes that could not be stored (the write itself was acknowledged).
+    pub count_errors: IntCounter,
 }
+
+/// Most (list, dimension) series of `namelist_list_hits_total`: list names are chosen by
+/// callers, and every series costs memory in every scraper.
+pub const MAX_HIT_SERIES: usize = 1_000;
 
 /// The `mode` labels of `namelist_tier_mode` (`cache::Mode::label`).
 pub const TIER_MODES: [&str; 4] = ["off", "sizing", "complete", "partial"];
@@ -387,6 +409,21 @@ impl Metrics {
                 .expect("valid metric"),
             },
             tier: Arc::new(TierGauges::new()),
+            list_hits: IntCounterVec::new(
+                Opts::new(
+                    "namelist_list_hits_total",
+                    "Hits answered by checks and evaluations since this instance started, by \
+                     list and dimension (list=\"other\" past 1,000 series)",
+                ),
+                &["list", "dimension"],
+            )
+            .expect("valid metric"),
+            hit_series: std::sync::Mutex::new(std::collections::HashSet::new()),
+            count_errors: counter(
+                "namelist_list_count_errors_total",
+                "List count changes that could not be stored after an acknowledged write \
+                 (the counts are then off by that much)",
+            ),
             subscription_up: IntGauge::new(
                 "namelist_invalidation_subscription_up",
                 "1 while the cache invalidation subscription is up",
@@ -413,6 +450,17 @@ impl Metrics {
             m.audit.buckets.with_label_values(&[state]);
         }
         m
+    }
+
+    /// Counts one hit of `list` on `dimension`.
+    pub fn list_hit(&self, list: &str, dimension: &str) {
+        let known = {
+            let mut seen = self.hit_series.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (list.to_owned(), dimension.to_owned());
+            seen.contains(&key) || (seen.len() < MAX_HIT_SERIES && seen.insert(key))
+        };
+        let list = if known { list } else { "other" };
+        self.list_hits.with_label_values(&[list, dimension]).inc();
     }
 
     /// Exports an audit summary read from the store.
@@ -459,6 +507,8 @@ impl Metrics {
             Box::new(self.audit.entries.clone()),
             Box::new(self.audit.expired_entries.clone()),
             Box::new(self.audit.bytes_per_entry.clone()),
+            Box::new(self.list_hits.clone()),
+            Box::new(self.count_errors.clone()),
         ];
         for c in all.into_iter().chain(self.tier.collectors()) {
             r.register(c).expect("metric names are unique");

@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 
+use crate::audit_trail::AuditTrail;
 use crate::auth::Tokens;
 use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, LogFormat, Settings};
 use crate::instrumented::Instrumented;
@@ -246,6 +247,11 @@ impl Application {
             settings.list_settings(),
             metrics.clone(),
         ));
+        let audit_trail = web::Data::new(AuditTrail::new(
+            opened.store.clone(),
+            metrics.clone(),
+            Duration::from_millis(settings.write_deadline_ms),
+        ));
         let velocity = web::Data::from(
             Velocity::new(
                 opened.store.clone(),
@@ -280,6 +286,7 @@ impl Application {
             App::new()
                 .app_data(app_tokens.clone())
                 .app_data(app_lists.clone())
+                .app_data(audit_trail.clone())
                 .app_data(velocity.clone())
                 .app_data(metrics.clone())
                 .app_data(limit.clone())

@@ -65,6 +65,11 @@ error_codes! {
     InvalidLists = "invalid_lists", [400];
     /// A check fanning out to over 4,096 lookups.
     TooManyLookups = "too_many_lookups", [400];
+    /// An audit query filter that cannot be used: an unknown `op`, `since` after `until`, a
+    /// `limit` outside 1 to 1,000, a `value` without its `dimension`.
+    InvalidFilter = "invalid_filter", [400];
+    /// An audit `cursor` that is not one this service handed out.
+    InvalidCursor = "invalid_cursor", [400];
     /// A metric expression that does not parse (the message gives the column).
     InvalidExpr = "invalid_expr", [400];
     /// A resolution that does not divide the window or makes over 240 sub-windows.

@@ -188,3 +188,30 @@ pub async fn lookup(
         None => json!({"listed": false}),
     }))
 }
+
+/// `GET /v1/lists`: every (list, sandbox) holding entries, with its approximate count, its
+/// last change and the hits this instance answered.
+pub async fn summaries(lists: web::Data<NameLists>) -> Result<HttpResponse, ApiError> {
+    let lists = lists.summaries().await?;
+    Ok(HttpResponse::Ok().json(json!({ "lists": lists })))
+}
+
+/// `GET /v1/lists/-/lookup/{dimension}/{value}?sandbox=S`: the identity on every list of the
+/// sandbox, as a check finds it (ranges, segments and domains included).
+pub async fn lookup_everywhere(
+    lists: web::Data<NameLists>,
+    path: web::Path<(String, String)>,
+    query: web::Query<LookupQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (dimension, value) = path.into_inner();
+    let sandbox =
+        Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
+    let outcome = lists
+        .lookup_everywhere(dimension, value, sandbox)
+        .await
+        .map_err(|e| match e {
+            crate::lists::ListsError::Invalid(v) => ApiError::from(v.at("path")),
+            other => ApiError::from(other),
+        })?;
+    Ok(HttpResponse::Ok().json(outcome))
+}

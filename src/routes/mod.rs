@@ -1,6 +1,7 @@
 //! HTTP routes (actix-web). `configure` mounts every route; handlers live in one module per
 //! resource and only translate between HTTP and the services.
 
+pub mod audit;
 pub mod check;
 pub mod events;
 pub mod health;
@@ -28,6 +29,25 @@ use crate::metrics::Metrics;
 /// Mounts every route; each `/v1` route requires its role (see `auth`).
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
+        web::resource("/v1/lists")
+            .route(web::get().to(lists::summaries).wrap(from_fn(require_read)))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/lists/-/lookup/{dimension}/{value:.*}")
+            .route(
+                web::get()
+                    .to(lists::lookup_everywhere)
+                    .wrap(from_fn(require_read)),
+            )
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/audit")
+            .route(web::get().to(audit::audit).wrap(from_fn(require_read)))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
         web::resource("/v1/lists/{list}/entries")
             .route(web::post().to(lists::upsert).wrap(from_fn(require_write)))
             .route(web::delete().to(lists::remove).wrap(from_fn(require_write)))

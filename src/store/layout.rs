@@ -448,6 +448,18 @@ impl Layout {
         )
     }
 
+    /// Part `part` of the lists' approximate entry counts (`<prefix>lists:{<tag>}`, a hash of
+    /// `<list>|<sandbox>` → count and `<list>|<sandbox>|t` → last change), with the same tags
+    /// as the audit parts: a count change goes to any part whose primary can take it, and a
+    /// read sums them all.
+    pub fn list_counts_key(&self, part: usize) -> String {
+        format!(
+            "{}lists:{{{}}}",
+            self.prefix,
+            audit_tags()[part % AUDIT_PARTS]
+        )
+    }
+
     /// The hash slot of audit part `part` (the same for every prefix: it is the tag's).
     pub fn audit_part_slot(part: usize) -> u16 {
         key_slot(audit_tags()[part % AUDIT_PARTS].to_string().as_bytes())

@@ -28,10 +28,10 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditRecord, AuditReports, AuditSummary, Deadline, DefinitionKind, DefinitionStore, EntryKey,
-    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Scope, StoreBase, StoreError,
-    StoreResult, StoredDefinition, WriteBatch, code_is_live,
+    AuditPos, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline, DefinitionKind,
+    DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus, InvalidationStream,
+    Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen,
+    Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -39,7 +39,12 @@ use crate::domain::now_ms;
 struct State {
     entries: HashMap<EntryKey, u32>,
     registries: HashMap<Scope, BTreeSet<PrefixLen>>,
-    audit: VecDeque<AuditRecord>,
+    /// Oldest first, each with its sequence number (its place in the trail).
+    audit: VecDeque<(u64, AuditRecord)>,
+    audit_seq: u64,
+    /// Scope → (approximate entry count, last change). Not in the snapshot: counted since
+    /// this process started.
+    counts: HashMap<Scope, (i64, i64)>,
     metrics: HashMap<String, MetricState>,
     /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
     definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
@@ -411,7 +416,11 @@ impl MemoryStore {
     }
 
     fn append_audit(&self, st: &mut State, records: Vec<AuditRecord>) {
-        st.audit.extend(records);
+        for r in records {
+            st.audit_seq += 1;
+            let seq = st.audit_seq;
+            st.audit.push_back((seq, r));
+        }
         while st.audit.len() > self.audit_max_len {
             st.audit.pop_front();
         }
@@ -514,10 +523,11 @@ impl EntryStore for MemoryStore {
             .collect())
     }
 
-    async fn write(&self, batch: WriteBatch, _deadline: Deadline) -> StoreResult<()> {
+    async fn write(&self, batch: WriteBatch, _deadline: Deadline) -> StoreResult<Vec<bool>> {
         // Sent after the lock is released: not atomic with the write.
         let changes = Invalidation::upserted(&batch.entries, false);
         let mut scopes = Vec::new();
+        let created;
         {
             let mut st = self.lock();
             for (scope, len) in batch.prefixes {
@@ -525,7 +535,11 @@ impl EntryStore for MemoryStore {
                     scopes.push((scope.0.to_string(), scope.1.to_string()));
                 }
             }
-            st.entries.extend(batch.entries);
+            created = batch
+                .entries
+                .into_iter()
+                .map(|(k, c)| st.entries.insert(k, c).is_none())
+                .collect();
             self.append_audit(&mut st, batch.audit);
         }
         self.dirty.store(true, Ordering::Release);
@@ -533,7 +547,7 @@ impl EntryStore for MemoryStore {
             let _ = self.invalidations.send(Invalidation::Scopes(scopes));
         }
         let _ = self.invalidations.send(changes);
-        Ok(())
+        Ok(created)
     }
 
     async fn remove(
@@ -542,15 +556,15 @@ impl EntryStore for MemoryStore {
         now_ms: i64,
         audit: Vec<AuditRecord>,
         _deadline: Deadline,
-    ) -> StoreResult<Vec<bool>> {
+    ) -> StoreResult<Vec<Removed>> {
         let removed = {
             let mut st = self.lock();
             let removed = keys
                 .iter()
-                .map(|k| {
-                    st.entries
-                        .remove(k)
-                        .is_some_and(|c| code_is_live(c, now_ms))
+                .map(|k| match st.entries.remove(k) {
+                    None => Removed::Absent,
+                    Some(c) if code_is_live(c, now_ms) => Removed::Live,
+                    Some(_) => Removed::Expired,
                 })
                 .collect();
             self.append_audit(&mut st, audit);
@@ -579,7 +593,58 @@ impl EntryStore for MemoryStore {
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
         let st = self.lock();
         let skip = st.audit.len().saturating_sub(count);
-        Ok(st.audit.iter().skip(skip).cloned().collect())
+        Ok(st.audit.iter().skip(skip).map(|(_, r)| r.clone()).collect())
+    }
+
+    async fn audit_page(
+        &self,
+        before: Option<AuditPos>,
+        count: usize,
+    ) -> StoreResult<Vec<(AuditPos, AuditRecord)>> {
+        let st = self.lock();
+        // One part; the sequence number is the position (`ms` unused).
+        let pos = |seq: u64| AuditPos {
+            ms: 0,
+            seq,
+            part: 0,
+        };
+        Ok(st
+            .audit
+            .iter()
+            .rev()
+            .filter(|(seq, _)| before.is_none_or(|b| pos(*seq) < b))
+            .take(count)
+            .map(|(seq, r)| (pos(*seq), r.clone()))
+            .collect())
+    }
+
+    async fn count_changes(
+        &self,
+        changes: &[CountChange],
+        at_ms: i64,
+        _deadline: Deadline,
+    ) -> StoreResult<()> {
+        let mut st = self.lock();
+        for c in changes {
+            let e = st.counts.entry(c.scope.clone()).or_insert((0, 0));
+            e.0 += c.delta;
+            e.1 = e.1.max(at_ms);
+        }
+        Ok(())
+    }
+
+    async fn list_counts(&self) -> StoreResult<Vec<ListCount>> {
+        let st = self.lock();
+        Ok(st
+            .counts
+            .iter()
+            .map(|((list, sandbox), (n, at))| ListCount {
+                list: list.to_string(),
+                sandbox: sandbox.to_string(),
+                entries: *n,
+                last_change_ms: *at,
+            })
+            .collect())
     }
 }
 

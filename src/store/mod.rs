@@ -230,6 +230,69 @@ impl std::fmt::Display for AuditOp {
     }
 }
 
+/// What a removal found at one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    Absent,
+    /// Present but expired: deleted, not counted as removed by the API, but it was counted in
+    /// its list's entries.
+    Expired,
+    Live,
+}
+
+impl Removed {
+    pub fn was_live(self) -> bool {
+        self == Removed::Live
+    }
+
+    pub fn was_present(self) -> bool {
+        self != Removed::Absent
+    }
+}
+
+/// A change to one scope's approximate entry count (`EntryStore::count_changes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountChange {
+    pub scope: Scope,
+    pub delta: i64,
+}
+
+/// One scope's approximate entry count and the time of its last change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCount {
+    pub list: String,
+    pub sandbox: String,
+    pub entries: i64,
+    pub last_change_ms: i64,
+}
+
+/// Where an audit record sits in the merged trail: newest first is descending
+/// (`ms`, `seq`, `part`), the stream id of the part holding it, then the part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AuditPos {
+    pub ms: u64,
+    pub seq: u64,
+    pub part: u16,
+}
+
+impl AuditPos {
+    /// `ms-seq-part`, the form a cursor carries.
+    pub fn encode(self) -> String {
+        format!("{}-{}-{}", self.ms, self.seq, self.part)
+    }
+
+    /// The inverse of `encode`; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut it = s.split('-');
+        let pos = Self {
+            ms: it.next()?.parse().ok()?,
+            seq: it.next()?.parse().ok()?,
+            part: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(pos)
+    }
+}
+
 /// The entries, registry additions and audit records of one upsert.
 #[derive(Debug, Clone, Default)]
 pub struct WriteBatch {
@@ -392,18 +455,19 @@ pub trait EntryStore: StoreBase {
     /// Upserts a batch, registers its prefix lengths, appends its audit records, then tells
     /// every instance to drop the changed fields. `Ok` only once the store took all of it
     /// (and, where the store replicates, once the replicas it was asked to wait for have it,
-    /// within `deadline`).
-    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()>;
+    /// within `deadline`); then, for each entry of the batch in order, whether it created a
+    /// field that was not there (what the list counts add).
+    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<Vec<bool>>;
 
-    /// Deletes `keys`, appends `audit`, publishes the invalidation; for each key, whether it
-    /// was present and still live at `now_ms`.
+    /// Deletes `keys`, appends `audit`, publishes the invalidation; for each key, what was
+    /// there at `now_ms`.
     async fn remove(
         &self,
         keys: &[EntryKey],
         now_ms: i64,
         audit: Vec<AuditRecord>,
         deadline: Deadline,
-    ) -> StoreResult<Vec<bool>>;
+    ) -> StoreResult<Vec<Removed>>;
 
     /// Deletes the field only if it still holds `code` (lazy expiry: a refresh that raced the
     /// deletion survives). Whether it was deleted. Housekeeping: no audit record, no
@@ -417,6 +481,28 @@ pub trait EntryStore: StoreBase {
 
     /// The newest `count` audit records, oldest first.
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
+
+    /// Up to `count` audit records strictly older than `before` (the newest when `None`),
+    /// newest first, each with its place in the merged trail. Fewer than `count`: the trail
+    /// ends there.
+    async fn audit_page(
+        &self,
+        before: Option<AuditPos>,
+        count: usize,
+    ) -> StoreResult<Vec<(AuditPos, AuditRecord)>>;
+
+    /// Adds `delta` to each scope's approximate entry count and sets its last change to
+    /// `at_ms` (deltas of 0 too: a refresh is a change). Bookkeeping after a write or a
+    /// removal that the store already took: see `list_counts`.
+    async fn count_changes(
+        &self,
+        changes: &[CountChange],
+        at_ms: i64,
+        deadline: Deadline,
+    ) -> StoreResult<()>;
+
+    /// Every scope's approximate entry count and last change, in no particular order.
+    async fn list_counts(&self) -> StoreResult<Vec<ListCount>>;
 }
 
 /// The invalidation bus: how every instance hears of a change another one made (entries and

@@ -46,10 +46,10 @@ use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditRecord, AuditReports, AuditSummary, Deadline, DefinitionKind, DefinitionStore, EntryKey,
-    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Scope, StoreBase, StoreError,
-    StoreResult, StoredDefinition, WriteBatch,
+    AuditPos, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline, DefinitionKind,
+    DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus, InvalidationStream,
+    Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen,
+    Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::now_ms;
 
@@ -910,7 +910,7 @@ impl EntryStore for RedisStore {
             .collect()
     }
 
-    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<()> {
+    async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<Vec<bool>> {
         let mut registries = Vec::new();
         let mut scopes = Vec::new();
         for ((list, sandbox), len) in &batch.prefixes {
@@ -922,21 +922,14 @@ impl EntryStore for RedisStore {
             ));
             scopes.push((list.to_string(), sandbox.to_string()));
         }
-        let mut by_bucket: BTreeMap<u32, Vec<(i64, u32)>> = BTreeMap::new();
-        for (k, code) in &batch.entries {
-            by_bucket
-                .entry(k.bucket)
-                .or_default()
-                .push((k.field, *code));
-        }
-        let buckets: Vec<Keyed> = by_bucket
+        // One HSET per entry (in order: for a key given twice the last one wins), so that
+        // each reply says whether that entry created its field.
+        let buckets: Vec<Keyed> = batch
+            .entries
             .iter()
-            .map(|(bucket, pairs)| {
-                Self::keyed(self.layout.bucket_key(*bucket), |c, key| {
-                    c.arg("HSET").arg(key);
-                    for (f, v) in pairs {
-                        c.arg(f).arg(v);
-                    }
+            .map(|(k, code)| {
+                Self::keyed(self.layout.bucket_key(k.bucket), |c, key| {
+                    c.arg("HSET").arg(key).arg(k.field).arg(code);
                 })
             })
             .collect();
@@ -963,19 +956,38 @@ impl EntryStore for RedisStore {
                 deadline,
             )
             .await?;
+        let n_registries = registries.len();
+        let n_entries = buckets.len();
         let r = async {
-            if self.conn.is_cluster() {
+            let replies = if self.conn.is_cluster() {
                 // No transaction across slots: the same order, step by step, then the WAITs.
-                for step in [registries, buckets] {
-                    all_ok(session.step(step, true).await?)?;
-                }
-                return all_ok(session.commit(last, true).await?);
+                all_ok(session.step(registries, true).await?)?;
+                let replies = all_ok(session.step(buckets, true).await?)?;
+                all_ok(session.commit(last, true).await?)?;
+                replies
+            } else {
+                let all = registries.into_iter().chain(buckets).chain(last).collect();
+                let mut replies = all_ok(session.commit(all, true).await?)?;
+                replies.truncate(n_registries + n_entries);
+                replies.split_off(n_registries)
+            };
+            if replies.len() != n_entries {
+                return Err(StoreError::corrupt(format!(
+                    "{} replies to {n_entries} HSETs",
+                    replies.len()
+                )));
             }
-            let all = registries.into_iter().chain(buckets).chain(last).collect();
-            all_ok(session.commit(all, true).await?)
+            replies
+                .iter()
+                .map(|v| {
+                    redis::from_redis_value_ref::<i64>(v)
+                        .map(|n| n == 1)
+                        .map_err(|e| StoreError::corrupt(format!("HSET reply: {e}")))
+                })
+                .collect()
         }
         .await;
-        self.noted(r).map(drop)
+        self.noted(r)
     }
 
     async fn remove(
@@ -984,7 +996,7 @@ impl EntryStore for RedisStore {
         now_ms: i64,
         audit: Vec<AuditRecord>,
         deadline: Deadline,
-    ) -> StoreResult<Vec<bool>> {
+    ) -> StoreResult<Vec<Removed>> {
         let calls = self.removal_calls(keys);
         let now_rel = ExpiryCode::script_now(now_ms);
         let topology = self.monitor.topology();
@@ -1030,7 +1042,7 @@ impl EntryStore for RedisStore {
                     calls.len()
                 )));
             }
-            let mut removed = vec![false; keys.len()];
+            let mut removed = vec![Removed::Absent; keys.len()];
             for ((_, idx), result) in calls.iter().zip(results) {
                 let flags: Vec<i64> = result
                     .and_then(|v| Ok(redis::from_redis_value(v)?))
@@ -1044,7 +1056,11 @@ impl EntryStore for RedisStore {
                 }
                 for (&i, flag) in idx.iter().zip(flags) {
                     if let Some(r) = removed.get_mut(i) {
-                        *r |= flag == 1;
+                        match flag {
+                            1 => *r = Removed::Live,
+                            2 if *r == Removed::Absent => *r = Removed::Expired,
+                            _ => {}
+                        }
                     }
                 }
             }
@@ -1120,6 +1136,123 @@ impl EntryStore for RedisStore {
             .map(parse_stream)
             .collect::<StoreResult<Vec<_>>>()?;
         Ok(newest(parts, count))
+    }
+
+    async fn audit_page(
+        &self,
+        before: Option<AuditPos>,
+        count: usize,
+    ) -> StoreResult<Vec<(AuditPos, AuditRecord)>> {
+        // Strictly older than `before` in (id, part) order: up to its id inclusive in the
+        // parts before its part, exclusive from its part on.
+        let keys = self.layout.audit_keys();
+        let cmds: Vec<Keyed> = keys
+            .into_iter()
+            .enumerate()
+            .map(|(p, key)| {
+                let end = match before {
+                    None => "+".to_owned(),
+                    Some(b) if p < usize::from(b.part) => format!("{}-{}", b.ms, b.seq),
+                    Some(b) => format!("({}-{}", b.ms, b.seq),
+                };
+                Self::keyed(key, |c, key| {
+                    c.arg("XREVRANGE")
+                        .arg(key)
+                        .arg(&end)
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(count);
+                })
+            })
+            .collect();
+        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        let mut all = Vec::new();
+        for (p, v) in replies.iter().enumerate() {
+            for ((ms, seq), r) in parse_stream(v)? {
+                let part = u16::try_from(p).unwrap_or(u16::MAX);
+                all.push((AuditPos { ms, seq, part }, r));
+            }
+        }
+        all.sort_by_key(|(pos, _)| std::cmp::Reverse(*pos));
+        all.truncate(count);
+        Ok(all)
+    }
+
+    async fn count_changes(
+        &self,
+        changes: &[CountChange],
+        at_ms: i64,
+        deadline: Deadline,
+    ) -> StoreResult<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        // Any part whose primary takes writes now (bookkeeping: no replica is waited for).
+        let topology = self.monitor.topology();
+        let now = Instant::now();
+        let part = (0..AUDIT_PARTS)
+            .find(|&p| topology.check([Layout::audit_part_slot(p)], 0, now).is_ok())
+            .unwrap_or(0);
+        let key = self.layout.list_counts_key(part);
+        let mut cmds = Vec::with_capacity(changes.len() + 1);
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&key);
+        for c in changes {
+            let field = format!("{}|{}", c.scope.0, c.scope.1);
+            if c.delta != 0 {
+                let mut incr = redis::cmd("HINCRBY");
+                incr.arg(&key).arg(&field).arg(c.delta);
+                cmds.push((key.clone().into_bytes(), incr));
+            }
+            hset.arg(format!("{field}|t")).arg(at_ms);
+        }
+        cmds.push((key.clone().into_bytes(), hset));
+        let mut session = self
+            .session(&topology, [key.as_bytes()], 0, deadline)
+            .await?;
+        let r = session.commit(cmds, true).await;
+        all_ok(self.noted(r)?).map(drop)
+    }
+
+    async fn list_counts(&self) -> StoreResult<Vec<ListCount>> {
+        let cmds: Vec<Keyed> = (0..AUDIT_PARTS)
+            .map(|p| {
+                Self::keyed(self.layout.list_counts_key(p), |c, key| {
+                    c.arg("HGETALL").arg(key);
+                })
+            })
+            .collect();
+        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        let mut sums: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
+        for v in &replies {
+            let pairs: Vec<(String, i64)> = redis::from_redis_value_ref(v)
+                .map_err(|e| StoreError::corrupt(format!("list counts: {e}")))?;
+            for (field, n) in pairs {
+                let mut it = field.split('|');
+                let (Some(list), Some(sandbox)) = (it.next(), it.next()) else {
+                    return Err(StoreError::corrupt(format!("list counts field {field:?}")));
+                };
+                let e = sums
+                    .entry((list.to_owned(), sandbox.to_owned()))
+                    .or_insert((0, 0));
+                match it.next() {
+                    None => e.0 += n,
+                    Some("t") => e.1 = e.1.max(n),
+                    Some(_) => {
+                        return Err(StoreError::corrupt(format!("list counts field {field:?}")));
+                    }
+                }
+            }
+        }
+        Ok(sums
+            .into_iter()
+            .map(|((list, sandbox), (entries, last_change_ms))| ListCount {
+                list,
+                sandbox,
+                entries,
+                last_change_ms,
+            })
+            .collect())
     }
 }
 

@@ -37,7 +37,7 @@ return {m[1], m[2], 0, m[3]}
 ";
 
 /// Deletes fields of one bucket; per field 1 if it was present and live at ARGV[1]
-/// (`ExpiryCode::script_now`), else 0.
+/// (`ExpiryCode::script_now`), 2 if present but expired, 0 if absent.
 const REMOVE: &str = r"
 local now = tonumber(ARGV[1])
 local out = {}
@@ -47,7 +47,7 @@ for i = 2, #ARGV do
   if v then
     redis.call('HDEL', KEYS[1], ARGV[i])
     local c = tonumber(v)
-    if live_code(c, now) then live = 1 end
+    if live_code(c, now) then live = 1 else live = 2 end
   end
   out[#out + 1] = live
 end

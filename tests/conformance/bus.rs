@@ -82,7 +82,7 @@ async fn writes_and_deletes_publish_their_changes(h: &Harness) {
         .remove(&[k1], namelist::domain::now_ms(), Vec::new(), deadline())
         .await
         .unwrap();
-    assert_eq!(removed, vec![true]);
+    assert_eq!(removed, vec![namelist::store::Removed::Live]);
     assert_eq!(changes(next_message(&mut stream).await), vec![(k1, None)]);
 
     // Lazy expiry is housekeeping: the field was already answered as absent. A marker

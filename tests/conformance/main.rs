@@ -15,7 +15,9 @@
 //!   `tests/velocity.rs`, on the embedded store, Redis and a cluster;
 //! * `definitions`: `DefinitionStore` (versions kept, bumped, never reused; kinds apart;
 //!   every change published);
-//! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it).
+//! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it);
+//! * `operators`: what operators read (issue 13): the lists' counts, one identity on every
+//!   list of a sandbox, the audit trail paged and filtered.
 //!
 //! With a complete tier, every check waits until the tier has read again what writes
 //! touched, and then must be answered without a single lookup sent to Redis.
@@ -266,6 +268,7 @@ mod bus;
 mod definitions;
 mod entries;
 mod metrics;
+mod operators;
 
 /// Every case of every module on one local 6-node cluster (3 primaries, 3 replicas).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,4 +280,5 @@ async fn redis_cluster_all_cases() {
     metrics::all_on_cluster(&cluster).await;
     definitions::all_on_cluster(&cluster).await;
     audit_reports::all_on_cluster(&cluster).await;
+    operators::all_on_cluster(&cluster).await;
 }
