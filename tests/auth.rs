@@ -69,6 +69,9 @@ async fn every_route_needs_its_role() {
             0,
         ),
         ("GET", "/v1/lists/black/entries/uid/u1", None, 0),
+        ("GET", "/v1/lists", None, 0),
+        ("GET", "/v1/lists/-/lookup/uid/u1", None, 0),
+        ("GET", "/v1/audit?limit=5", None, 0),
         (
             "POST",
             "/v1/features",

@@ -118,6 +118,31 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
         .await
         .unwrap();
     assert_eq!(res.status(), 400);
+    // The operators' reads (issue 13): the identifier in the lookup path and in the audit
+    // filter's query string, answered and refused.
+    for path in [
+        format!("/v1/lists/-/lookup/phone/{PHONE}?sandbox=default"),
+        format!("/v1/audit?dimension=phone&value={PHONE}"),
+        format!("/v1/audit?dimension=imei&value={IMEI}&op=upsert&limit=5"),
+        "/v1/lists".to_owned(),
+    ] {
+        let res = client.get(url(&path)).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        let body = res.text().await.unwrap();
+        // A lookup's hit names the listed value, as a check's does: the operator typed it.
+        if !path.contains("/lookup/") {
+            for raw in [PHONE, IMEI] {
+                assert!(!body.contains(raw), "{path} answers {raw}: {body}");
+            }
+        }
+    }
+    let res = client
+        .get(url(&format!("/v1/audit?value={PHONE}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400, "a value without its dimension");
+    assert!(!res.text().await.unwrap().contains(PHONE));
     // A store failure inside a span: Redis stalls past the deadline.
     let mut conn = redis.conn();
     let sleeper = std::thread::spawn(move || {
@@ -166,6 +191,16 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
             .any(|v| v["span"]["route"] == "/v1/lists/{list}/entries/{dimension}/{value:.*}"),
         "the lookup is logged by its route pattern:\n{log}"
     );
+    for route in [
+        "/v1/lists/-/lookup/{dimension}/{value:.*}",
+        "/v1/audit",
+        "/v1/lists",
+    ] {
+        assert!(
+            request_lines.iter().any(|v| v["span"]["route"] == route),
+            "{route} is logged by its route pattern:\n{log}"
+        );
+    }
     // The failed store call is logged inside the store span, inside the request span.
     let failed = log
         .lines()
