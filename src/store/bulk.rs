@@ -207,6 +207,8 @@ pub struct BucketWriteOutcome {
     pub hset: u64,
     /// Entries written.
     pub entries: u64,
+    /// Entries that created a field (every entry of a restored bucket; what `HSET` says).
+    pub created: u64,
 }
 
 /// Why a bulk operation failed.
@@ -230,6 +232,11 @@ pub enum BulkError {
 fn redis_err(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> BulkError {
     let what = what.into();
     move |source| BulkError::Redis { what, source }
+}
+
+/// An `HSET` reply: the fields it created (0 for anything else).
+fn new_fields(v: &redis::Value) -> u64 {
+    redis::from_redis_value_ref::<u64>(v).unwrap_or(0)
 }
 
 fn hset(key: &str, pairs: &[(i64, i64)]) -> Keyed {
@@ -320,8 +327,11 @@ impl RedisStore {
         let mut fallback = Vec::new();
         for (i, r) in results.into_iter().enumerate() {
             match r {
-                Ok(_) if is_restore[i] => outcome.restored += 1,
-                Ok(_) => {}
+                Ok(_) if is_restore[i] => {
+                    outcome.restored += 1;
+                    outcome.created += batch[i].pairs.len() as u64;
+                }
+                Ok(v) => outcome.created += new_fields(&v),
                 Err(e) if is_restore[i] && e.to_string().contains("BUSYKEY") => fallback.push(i),
                 Err(e) => return Err(redis_err(format!("writing {}", keys[i]))(e)),
             }
@@ -332,9 +342,11 @@ impl RedisStore {
                 .iter()
                 .map(|&i| hset(&keys[i], &batch[i].pairs))
                 .collect();
-            conn.run_all(cmds)
+            let replies = conn
+                .run_all(cmds)
                 .await
                 .map_err(redis_err("HSET fallback"))?;
+            outcome.created += replies.iter().map(new_fields).sum::<u64>();
             outcome.hset += fallback.len() as u64;
         }
         Ok(outcome)

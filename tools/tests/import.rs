@@ -275,6 +275,20 @@ async fn restore_builds_what_hset_would() {
     assert_eq!(fields["entries_written"], "20000");
 }
 
+/// The lists' approximate counts (`GET /v1/lists`), sorted.
+async fn counts(store: &namelist::store::redis::RedisStore) -> Vec<(String, String, i64)> {
+    use namelist::store::EntryStore;
+    let mut c: Vec<(String, String, i64)> = store
+        .list_counts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.list, c.sandbox, c.entries))
+        .collect();
+    c.sort();
+    c
+}
+
 fn restored_layout(store: &namelist::store::redis::RedisStore) -> &Layout {
     use namelist::store::StoreBase;
     store.layout()
@@ -293,6 +307,35 @@ async fn an_incremental_import_refreshes_and_adds() {
     import(Some(&store), &layout, &Args::for_file(&f1))
         .await
         .unwrap();
+    // The lists' counts (GET /v1/lists): every row of a fresh keyspace created its entry,
+    // each of the 4 (list, sandbox) pairs its own rows.
+    let expected_first = |list: &str, sandbox: &str| {
+        first
+            .iter()
+            .filter(|r| r.0 == list && r.3 == sandbox)
+            .count() as i64
+    };
+    assert_eq!(
+        counts(&store).await,
+        [
+            (
+                "black".into(),
+                "default".into(),
+                expected_first("black", "default")
+            ),
+            (
+                "black".into(),
+                "loan".into(),
+                expected_first("black", "loan")
+            ),
+            (
+                "grey".into(),
+                "default".into(),
+                expected_first("grey", "default")
+            ),
+            ("grey".into(), "loan".into(), expected_first("grey", "loan")),
+        ]
+    );
 
     // The second file: every other row of the first made never-expiring, plus new rows, and
     // one entry twice (the last row wins).
@@ -312,6 +355,11 @@ async fn an_incremental_import_refreshes_and_adds() {
     assert_eq!(s.rows_duplicate, 1);
     assert_eq!(s.buckets_restored, 0, "every bucket existed");
     assert_eq!(s.entries_written, 4_000);
+    assert_eq!(s.entries_created, 2_000, "2,000 new, 2,000 refreshed");
+    // The 2,000 new entries are shared out by rows per (list, sandbox): the total is exact to
+    // the rounding of 4 shares.
+    let total: i64 = counts(&store).await.iter().map(|c| c.2).sum();
+    assert!((5_998..=6_002).contains(&total), "{total}");
 
     let buckets = dump_buckets(&redis, "i:");
     assert_eq!(buckets.values().map(BTreeMap::len).sum::<usize>(), 6_000);

@@ -4,7 +4,7 @@
 //! collected for phase 2; bad rows go to the reject file (`line,error`), created on the first
 //! one. Runs on a blocking thread: it is all local CPU and file I/O.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -181,6 +181,8 @@ struct Validator<'a> {
     sandboxes: Names<Sandbox>,
     dimensions: Names<Dimension>,
     canonical: Vec<u8>,
+    /// Accepted rows per list and sandbox (what the lists' counts are apportioned by).
+    per_scope: HashMap<ListName, HashMap<Sandbox, u64>>,
 }
 
 /// What one valid row adds.
@@ -212,6 +214,7 @@ impl Validator<'_> {
             sandboxes,
             dimensions: Names::new(),
             canonical: Vec::with_capacity(128),
+            per_scope: HashMap::new(),
         })
     }
 
@@ -271,6 +274,19 @@ impl Validator<'_> {
         write_canonical(&mut self.canonical, list, dimension, sandbox, &value);
         let key = self.layout.key_of(&self.canonical);
         let prefix = PrefixLen::of(&value).map(|len| ((list.clone(), sandbox.clone()), len));
+        match self
+            .per_scope
+            .get_mut(list)
+            .and_then(|m| m.get_mut(sandbox))
+        {
+            Some(n) => *n += 1,
+            None => {
+                self.per_scope
+                    .entry(list.clone())
+                    .or_default()
+                    .insert(sandbox.clone(), 1);
+            }
+        }
         Ok(Accepted {
             rec: Rec {
                 bucket: key.bucket,
@@ -288,6 +304,8 @@ pub(super) struct ReadOutcome {
     pub(super) prefixes: HashSet<(Scope, PrefixLen)>,
     pub(super) rows_read: u64,
     pub(super) rows_rejected: u64,
+    /// Accepted rows per (list, sandbox).
+    pub(super) rows_by_scope: Vec<(Scope, u64)>,
 }
 
 /// Reject file, created on the first bad row.
@@ -368,6 +386,7 @@ fn read_rows(
         prefixes: HashSet::new(),
         rows_read: 0,
         rows_rejected: 0,
+        rows_by_scope: Vec::new(),
     };
     let mut handle =
         |line: u64, row: Result<RawRow<'_>, String>, out: &mut ReadOutcome| -> anyhow::Result<()> {
@@ -434,6 +453,14 @@ fn read_rows(
     })?;
     rejects.finish()?;
     progress.set_position(bytes_read.load(Ordering::Relaxed));
+    out.rows_by_scope = v
+        .per_scope
+        .into_iter()
+        .flat_map(|(list, m)| {
+            m.into_iter()
+                .map(move |(sandbox, n)| ((list.clone(), sandbox), n))
+        })
+        .collect();
     Ok(out)
 }
 

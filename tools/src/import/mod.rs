@@ -184,6 +184,8 @@ pub struct ImportSummary {
     pub rows_duplicate: u64,
     /// Distinct entries written.
     pub entries_written: u64,
+    /// Entries written that created a field (the rest refreshed one).
+    pub entries_created: u64,
     pub buckets_restored: u64,
     pub buckets_hset: u64,
     /// Buckets skipped because a resumed run's checkpoint had them done.
@@ -212,6 +214,7 @@ pub async fn import(
         prefixes,
         rows_read,
         rows_rejected,
+        rows_by_scope,
     } = input::read(args, layout, resume.now_ms).await?;
     let mut summary = ImportSummary {
         rows_read,
@@ -240,6 +243,7 @@ pub async fn import(
         write::write_partitions(store, layout, args, &mut partitions, &resume, &mut summary)
             .await?;
     summary.rows_duplicate = accepted - distinct;
+    write::count_entries(store, &rows_by_scope, accepted, &summary).await;
     let summary = summary.finished(started);
     write::record_run(store, args, &summary).await?;
     resume.finish()?;

@@ -23,7 +23,9 @@ use namelist::store::InvalidationBus;
 use namelist::store::bulk::BucketWrite;
 use namelist::store::dump::DumpFormat;
 use namelist::store::redis::RedisStore;
-use namelist::store::{AuditRecord, Invalidation, Layout, PrefixLen, Scope};
+use namelist::store::{
+    AuditRecord, CountChange, Deadline, EntryStore, Invalidation, Layout, PrefixLen, Scope,
+};
 
 use super::checkpoint::Resume;
 use super::partition::{Partitions, group};
@@ -121,6 +123,7 @@ pub(super) async fn write_partitions(
             summary.buckets_restored += o.restored;
             summary.buckets_hset += o.hset;
             summary.entries_written += o.entries;
+            summary.entries_created += o.created;
             bar.set_position(u64::from(last) + 1);
             bar.set_message(format!(
                 "{} entries, {:.0}/s",
@@ -141,6 +144,35 @@ pub(super) async fn write_partitions(
     bar.finish_and_clear();
     summary.write_seconds = started.elapsed().as_secs_f64();
     Ok(distinct)
+}
+
+/// Adds what the run created to the lists' approximate counts (`GET /v1/lists`). The store
+/// says how many fields a run created, not whose they were, so each (list, sandbox) gets its
+/// share of them by its accepted rows: exact for a run of one scope, or of new entries only.
+/// A failure is reported and does not fail the run (the entries are written).
+pub(super) async fn count_entries(
+    store: &RedisStore,
+    rows_by_scope: &[(Scope, u64)],
+    accepted: u64,
+    summary: &ImportSummary,
+) {
+    if accepted == 0 || summary.entries_created == 0 {
+        return;
+    }
+    let share = summary.entries_created as f64 / accepted as f64;
+    let changes: Vec<CountChange> = rows_by_scope
+        .iter()
+        .map(|(scope, rows)| CountChange {
+            scope: scope.clone(),
+            delta: (*rows as f64 * share).round() as i64,
+        })
+        .collect();
+    let deadline = Deadline::after(Duration::from_secs(10));
+    if let Err(e) = store.count_changes(&changes, now_ms(), deadline).await {
+        eprintln!(
+            "WARNING: the lists' counts were not updated (GET /v1/lists will undercount this run): {e}"
+        );
+    }
 }
 
 /// The end of a run: running services drop cached misses, and the run's audit record.
