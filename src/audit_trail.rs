@@ -39,18 +39,29 @@ pub const MAX_EXAMINED: usize = 10_000;
 pub const READ_BATCH: usize = 500;
 
 /// The query string of `GET /v1/audit`, as sent (every field checked by `AuditQuery`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct RawAuditQuery {
+    /// Only this list.
     pub list: Option<String>,
+    /// Only this sandbox.
     pub sandbox: Option<String>,
+    /// Only this dimension (needed with `value`).
     pub dimension: Option<String>,
+    /// Only this entry: normalised for `dimension`, matched by its keyed fingerprint.
     pub value: Option<String>,
+    /// Only this token name.
     pub who: Option<String>,
+    /// `upsert`, `delete` or `import`.
     pub op: Option<String>,
+    /// Unix ms, inclusive.
     pub since: Option<String>,
+    /// Unix ms, inclusive.
     pub until: Option<String>,
+    /// 1 to 1,000 (default 100).
     pub limit: Option<String>,
+    /// A `next_cursor` as given.
     pub cursor: Option<String>,
 }
 
@@ -170,7 +181,7 @@ impl TryFrom<RawAuditQuery> for AuditQuery {
 
 /// One record as `GET /v1/audit` shows it. Fields a record does not have are `null` (an
 /// import's record names no entry).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     pub at: Option<i64>,
     pub who: Option<String>,
@@ -208,7 +219,7 @@ impl AuditEntry {
 }
 
 /// A page of `GET /v1/audit`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AuditPage {
     pub records: Vec<AuditEntry>,
     /// Where the next page starts; `null` once the trail is read to its end.

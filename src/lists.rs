@@ -230,9 +230,11 @@ impl TryFrom<RawCheck> for CheckQuery {
 }
 
 /// One listed value a check found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Hit {
+    #[schema(value_type = String)]
     pub list: ListName,
+    #[schema(value_type = String)]
     pub dimension: Dimension,
     /// The listed value as normalised; for a range hit, the range.
     pub value: String,
@@ -240,7 +242,7 @@ pub struct Hit {
 }
 
 /// One (list, sandbox) of `GET /v1/lists`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ListSummary {
     pub list: String,
     pub sandbox: String,
@@ -252,19 +254,22 @@ pub struct ListSummary {
     pub hits: u64,
 }
 
-/// A check's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A check's answer. `stale_ms` only in degraded answers; `decision` only when the check
+/// gave a `precedence`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct CheckOutcome {
     pub hits: Vec<Hit>,
     /// The store did not answer in time and the local tier answered alone.
     pub degraded: bool,
     /// Degraded answers only: `stale_ms`.
     #[serde(flatten)]
+    #[schema(inline)]
     pub stale: Option<Staleness>,
     /// Only when the check gave a `precedence`: the first list of that order with a hit
     /// (`Some(None)`, sent as `null`, when none had one). Without one there is no `decision`
     /// key at all, so such answers are byte for byte what they were before it existed.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, required = false)]
     pub decision: Option<Option<ListName>>,
 }
 
@@ -276,7 +281,7 @@ impl CheckOutcome {
 }
 
 /// How old a fail-open answer may be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Staleness {
     /// Milliseconds since the local copies it used were last known in sync (the oldest of
     /// them); `None` (null) when the tier is off.

@@ -27,11 +27,17 @@ struct Cli {
 enum Command {
     /// Serve the HTTP API (the default).
     Serve,
+    /// Print the OpenAPI document (what `GET /openapi.json` serves) and exit.
+    Openapi,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Openapi)) {
+        println!("{}", namelist::routes::openapi::document_json());
+        return Ok(());
+    }
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     namelist::telemetry::init(settings.log_format);
     let unknown = Settings::unknown_env_vars();
@@ -42,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     match cli.command.unwrap_or(Command::Serve) {
+        Command::Openapi => unreachable!("answered before the settings are read"),
         Command::Serve => {
             let app = Application::build(settings)
                 .await

@@ -6,22 +6,25 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
 use super::json::JsonBody;
+use super::openapi::ErrorBody;
 use crate::domain::ValidationError;
 use crate::error::ApiError;
-use crate::lists::{CheckQuery, NameLists, RawCheck};
+use crate::lists::{CheckOutcome, CheckQuery, NameLists, RawCheck};
 
-#[derive(Deserialize)]
+/// Every subject value against every list, in one sandbox (default `default`).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckBody {
     sandbox: Option<String>,
     lists: Vec<String>,
+    /// Values by dimension: one or many each (at most 64 in all).
     #[serde(default)]
     subjects: BTreeMap<String, OneOrMany>,
     /// Allow-list precedence: lists (each also in `lists`), first first.
     precedence: Option<Vec<String>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum OneOrMany {
     One(String),
@@ -53,6 +56,24 @@ impl CheckBody {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/check",
+    tag = "lists",
+    summary = "Check every subject against every list, in one sandbox",
+    description = "Role: read.",
+    request_body = CheckBody,
+    responses(
+        (status = 200, description = "Hits; `degraded` when fail-open answered from the local tier", body = CheckOutcome),
+        (status = 400, description = "A bad body, list, dimension or value; over 64 values, 16 lists or 4,096 lookups", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `POST /v1/check`
 pub async fn check(
     lists: web::Data<NameLists>,

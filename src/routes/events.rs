@@ -14,20 +14,26 @@ use serde_json::{Value as Json, json};
 
 use super::check::CheckBody;
 use super::json::{JsonBody, decode, decode_part};
+use super::openapi::{ErrorBody, EvaluateDoc, FeaturesDoc};
 use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, FailMode, NameLists};
+use crate::velocity::service::IngestOutcome;
 use crate::velocity::service::MAX_VALUE_LEN;
 use crate::velocity::{EventInput, Features, FieldValue, Fields, Velocity, VelocityError};
 
-#[derive(Deserialize)]
+/// One event (a batch is `{"events": [...]}` of these).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventBody {
     id: Option<String>,
     #[serde(rename = "type")]
     event_type: String,
+    /// Unix ms (default now).
     ts: Option<i64>,
+    /// Strings or numbers by field name.
     #[serde(default)]
+    #[schema(value_type = Object)]
     fields: BTreeMap<String, Box<RawValue>>,
 }
 
@@ -82,6 +88,24 @@ impl EventBody {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/events",
+    tag = "velocity",
+    summary = "Apply one event, or a batch `{\"events\": [...]}` of at most 1,000",
+    description = "Role: write.",
+    request_body = EventBody,
+    responses(
+        (status = 200, description = "Metric updates applied, duplicate and late events", body = IngestOutcome),
+        (status = 400, description = "A bad event (type, id, ts, amount, field) or over 1,000 events; the whole batch is refused", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `POST /v1/events`: one event, or `{"events": [...]}` (at most 1,000).
 pub async fn post_events(
     v: web::Data<Velocity>,
@@ -123,11 +147,13 @@ pub async fn post_events(
     Ok(HttpResponse::Ok().json(outcome))
 }
 
-#[derive(Deserialize)]
+/// Metrics to read for the entity the fields name, at `at` (default now).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeaturesBody {
     metrics: Vec<String>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     fields: BTreeMap<String, Box<RawValue>>,
     at: Option<i64>,
 }
@@ -147,6 +173,24 @@ fn response_features(f: &Features) -> Json {
     out
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/features",
+    tag = "velocity",
+    summary = "Read metric values for one entity",
+    description = "Role: read.",
+    request_body = FeaturesBody,
+    responses(
+        (status = 200, description = "Values by metric id", body = FeaturesDoc),
+        (status = 400, description = "A bad or undefined metric, a missing group-by field, over 64 metrics", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `POST /v1/features`
 pub async fn post_features(
     v: web::Data<Velocity>,
@@ -159,17 +203,20 @@ pub async fn post_features(
     Ok(HttpResponse::Ok().json(response_features(&f)))
 }
 
-#[derive(Deserialize)]
+/// A check, an event, features and rules, in one call.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluateBody {
     sandbox: Option<String>,
     #[serde(default)]
     lists: Vec<String>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     subjects: BTreeMap<String, Json>,
     event: Option<EventBody>,
     /// Group-by values beside (and under) the event's fields.
     #[serde(default)]
+    #[schema(value_type = Object)]
     fields: BTreeMap<String, Box<RawValue>>,
     #[serde(default)]
     metrics: Vec<String>,
@@ -179,6 +226,24 @@ pub struct EvaluateBody {
     precedence: Option<Vec<String>>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/evaluate",
+    tag = "velocity",
+    summary = "Everything for one request: list checks, the event, features, rules",
+    description = "Role: read (an event it carries is applied too).",
+    request_body = EvaluateBody,
+    responses(
+        (status = 200, description = "Hits, features and rule outcomes", body = EvaluateDoc),
+        (status = 400, description = "Any error of a check, an event or a features read", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `POST /v1/evaluate`: list checks, the event, features and rules in one request. The list
 /// checks and the metric work run concurrently; the event is applied before the features are
 /// read, so they include it.

@@ -6,14 +6,35 @@ use std::time::Duration;
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
+use super::openapi::StatusDoc;
 use crate::lists::NameLists;
 use crate::metrics::Metrics;
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    summary = "The process is up",
+    description = "No token needed.",
+    responses(
+        (status = 200, description = "Always", body = StatusDoc),
+    )
+)]
 /// `GET /healthz`
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    summary = "The store answers",
+    description = "No token needed.",
+    responses(
+        (status = 200, description = "Ready", body = StatusDoc), (status = 503, description = "The store did not answer within 1 s", body = StatusDoc),
+    )
+)]
 /// `GET /readyz`: 200 only while the store answers a ping within a second (a failure is
 /// logged by the store call).
 pub async fn readyz(lists: web::Data<NameLists>) -> HttpResponse {
@@ -26,6 +47,16 @@ pub async fn readyz(lists: web::Data<NameLists>) -> HttpResponse {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    summary = "Prometheus metrics",
+    description = "No token needed.",
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+    )
+)]
 /// `GET /metrics`
 pub async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
     HttpResponse::Ok()

@@ -7,20 +7,25 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::json::JsonBody;
+use super::openapi::{ErrorBody, ListedDoc, ListsDoc, RemovedDoc, WrittenDoc};
 use crate::auth::{Caller, caller_name};
 use crate::domain::{
     Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
 };
 use crate::error::ApiError;
-use crate::lists::{EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry};
+use crate::lists::{
+    CheckOutcome, EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry,
+};
 
-#[derive(Deserialize)]
+/// Up to 10,000 entries to add or refresh.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpsertBody {
     entries: Vec<UpsertItem>,
 }
 
-#[derive(Deserialize)]
+/// One entry: at most one of `expires_at` / `ttl_seconds` (neither: never expires).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct UpsertItem {
     dimension: String,
@@ -31,13 +36,14 @@ struct UpsertItem {
     reason: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// Up to 10,000 entries to delete.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteBody {
     entries: Vec<RefItem>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RefItem {
     dimension: String,
@@ -45,9 +51,11 @@ struct RefItem {
     sandbox: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct LookupQuery {
+    /// The sandbox (default `default`).
     sandbox: Option<String>,
 }
 
@@ -121,6 +129,25 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
     })
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/lists/{list}/entries",
+    tag = "lists",
+    summary = "Add or refresh entries (upsert, last write wins)",
+    description = "Role: write.",
+    request_body = UpsertBody,
+    params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
+    responses(
+        (status = 200, description = "All entries written", body = WrittenDoc),
+        (status = 400, description = "A bad body, list, dimension, value, expiry or reason, or over 10,000 entries; nothing is written", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `POST /v1/lists/{list}/entries`
 pub async fn upsert(
     lists: web::Data<NameLists>,
@@ -141,6 +168,25 @@ pub async fn upsert(
     Ok(HttpResponse::Ok().json(json!({ "written": written })))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/lists/{list}/entries",
+    tag = "lists",
+    summary = "Delete entries",
+    description = "Role: write.",
+    request_body = DeleteBody,
+    params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
+    responses(
+        (status = 200, description = "Entries removed that were present and not yet expired", body = RemovedDoc),
+        (status = 400, description = "A bad body, list, dimension or value, or over 10,000 entries; nothing is deleted", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `DELETE /v1/lists/{list}/entries`
 pub async fn remove(
     lists: web::Data<NameLists>,
@@ -160,6 +206,22 @@ pub async fn remove(
     Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/lists/{list}/entries/{dimension}/{value}",
+    tag = "lists",
+    summary = "Look one entry up (the exact entry; a range by its own value)",
+    description = "Role: read.",
+    params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`"), ("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
+    responses(
+        (status = 200, description = "Listed, with its expiry, or not", body = ListedDoc),
+        (status = 400, description = "A bad list, dimension, value or sandbox", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/lists/{list}/entries/{dimension}/{value}?sandbox=S`: the exact entry (a range
 /// is looked up by its own value, e.g. `10.1.2.0/24`, not by an address inside it).
 pub async fn lookup(
@@ -189,6 +251,20 @@ pub async fn lookup(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/lists",
+    tag = "lists",
+    summary = "Every (list, sandbox) holding entries",
+    description = "Role: read.",
+    responses(
+        (status = 200, description = "Approximate entry counts (kept on write), last change, hits since this instance started", body = ListsDoc),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/lists`: every (list, sandbox) holding entries, with its approximate count, its
 /// last change and the hits this instance answered.
 pub async fn summaries(lists: web::Data<NameLists>) -> Result<HttpResponse, ApiError> {
@@ -196,6 +272,22 @@ pub async fn summaries(lists: web::Data<NameLists>) -> Result<HttpResponse, ApiE
     Ok(HttpResponse::Ok().json(json!({ "lists": lists })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/lists/-/lookup/{dimension}/{value}",
+    tag = "lists",
+    summary = "One identity on every list of a sandbox, as a check finds it",
+    description = "Role: read.",
+    params(("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
+    responses(
+        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included)", body = CheckOutcome),
+        (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/lists/-/lookup/{dimension}/{value}?sandbox=S`: the identity on every list of the
 /// sandbox, as a check finds it (ranges, segments and domains included).
 pub async fn lookup_everywhere(

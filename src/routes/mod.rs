@@ -8,6 +8,7 @@ pub mod health;
 pub mod json;
 pub mod limits;
 pub mod lists;
+pub mod openapi;
 pub mod velocity;
 
 use std::sync::OnceLock;
@@ -26,129 +27,85 @@ use crate::domain::ErrorCode;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// Mounts every route; each `/v1` route requires its role (see `auth`).
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/v1/lists")
-            .route(web::get().to(lists::summaries).wrap(from_fn(require_read)))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/lists/-/lookup/{dimension}/{value:.*}")
-            .route(
-                web::get()
-                    .to(lists::lookup_everywhere)
-                    .wrap(from_fn(require_read)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/audit")
-            .route(web::get().to(audit::audit).wrap(from_fn(require_read)))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/lists/{list}/entries")
-            .route(web::post().to(lists::upsert).wrap(from_fn(require_write)))
-            .route(web::delete().to(lists::remove).wrap(from_fn(require_write)))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/lists/{list}/entries/{dimension}/{value:.*}")
-            .route(web::get().to(lists::lookup).wrap(from_fn(require_read)))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/check")
-            .route(web::post().to(check::check).wrap(from_fn(require_read)))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/metrics")
-            .route(
-                web::get()
-                    .to(velocity::list_metrics)
-                    .wrap(from_fn(require_read)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/metrics/{id}")
-            .route(
-                web::put()
-                    .to(velocity::put_metric)
-                    .wrap(from_fn(require_admin)),
-            )
-            .route(
-                web::get()
-                    .to(velocity::get_metric)
-                    .wrap(from_fn(require_read)),
-            )
-            .route(
-                web::delete()
-                    .to(velocity::delete_metric)
-                    .wrap(from_fn(require_admin)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/rules")
-            .route(
-                web::get()
-                    .to(velocity::list_rules)
-                    .wrap(from_fn(require_read)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/rules/{id}")
-            .route(
-                web::put()
-                    .to(velocity::put_rule)
-                    .wrap(from_fn(require_admin)),
-            )
-            .route(
-                web::get()
-                    .to(velocity::get_rule)
-                    .wrap(from_fn(require_read)),
-            )
-            .route(
-                web::delete()
-                    .to(velocity::delete_rule)
-                    .wrap(from_fn(require_admin)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/events")
-            .route(
-                web::post()
-                    .to(events::post_events)
-                    .wrap(from_fn(require_write)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/features")
-            .route(
-                web::post()
-                    .to(events::post_features)
-                    .wrap(from_fn(require_read)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/evaluate")
-            .route(
-                web::post()
-                    .to(events::post_evaluate)
-                    .wrap(from_fn(require_read)),
-            )
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(web::resource("/healthz").route(web::get().to(health::healthz)))
-    .service(web::resource("/readyz").route(web::get().to(health::readyz)))
-    .service(web::resource("/metrics").route(web::get().to(health::metrics)));
+/// Who may call a route (see `auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No token: probes, scrapers, the API's own description.
+    Open,
+    Read,
+    Write,
+    Admin,
+}
+
+/// One API route as mounted: the method, the path pattern (actix syntax: `{value:.*}` takes
+/// the rest of the path) and who may call it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteDef {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub access: Access,
+}
+
+fn guarded(route: actix_web::Route, access: Access) -> actix_web::Route {
+    match access {
+        Access::Open => route,
+        Access::Read => route.wrap(from_fn(require_read)),
+        Access::Write => route.wrap(from_fn(require_write)),
+        Access::Admin => route.wrap(from_fn(require_admin)),
+    }
+}
+
+/// Declares the API's routes once: `configure` mounts them (any other method on a path is a
+/// 405) and `ROUTES` lists them, which `tests/openapi.rs` compares with the OpenAPI document
+/// both ways. A route added here and not documented fails that test.
+macro_rules! api_routes {
+    ($( $path:literal => [ $( $method:ident $handler:path, $access:ident );+ $(;)? ] ),* $(,)?) => {
+        /// Every API route, in mounting order.
+        pub const ROUTES: &[RouteDef] = &[
+            $( $( RouteDef { method: stringify!($method), path: $path, access: Access::$access }, )+ )*
+        ];
+
+        /// Mounts every API route with its access, and the documentation (`openapi`).
+        pub fn configure(cfg: &mut web::ServiceConfig) {
+            $(
+                let resource = web::resource($path)
+                    $( .route(guarded(
+                        web::method(actix_web::http::Method::$method).to($handler),
+                        Access::$access,
+                    )) )+
+                    .default_service(web::to(method_not_allowed));
+                cfg.service(resource);
+            )*
+            openapi::configure(cfg);
+        }
+    };
+}
+
+api_routes! {
+    "/v1/lists" => [GET lists::summaries, Read],
+    "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, Read],
+    "/v1/audit" => [GET audit::audit, Read],
+    "/v1/lists/{list}/entries" => [POST lists::upsert, Write; DELETE lists::remove, Write],
+    "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, Read],
+    "/v1/check" => [POST check::check, Read],
+    "/v1/metrics" => [GET velocity::list_metrics, Read],
+    "/v1/metrics/{id}" => [
+        PUT velocity::put_metric, Admin;
+        GET velocity::get_metric, Read;
+        DELETE velocity::delete_metric, Admin
+    ],
+    "/v1/rules" => [GET velocity::list_rules, Read],
+    "/v1/rules/{id}" => [
+        PUT velocity::put_rule, Admin;
+        GET velocity::get_rule, Read;
+        DELETE velocity::delete_rule, Admin
+    ],
+    "/v1/events" => [POST events::post_events, Write],
+    "/v1/features" => [POST events::post_features, Read],
+    "/v1/evaluate" => [POST events::post_evaluate, Read],
+    "/healthz" => [GET health::healthz, Open],
+    "/readyz" => [GET health::readyz, Open],
+    "/metrics" => [GET health::metrics, Open],
 }
 
 /// Any path that is not a route.

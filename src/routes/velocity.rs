@@ -5,18 +5,22 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::json::JsonBody;
+use super::openapi::{DeletedDoc, ErrorBody, MetricsDoc, RulesDoc};
 use crate::domain::{MetricId, RuleId};
 use crate::error::ApiError;
 use crate::velocity::Velocity;
+use crate::velocity::model::{MetricDef, RuleDef};
 
-#[derive(Deserialize)]
+/// A metric: its expression and optional resolution (`1h`; the window must be a multiple).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricBody {
     expr: String,
     resolution: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// A rule: comparisons of metric ids with numbers, joined by AND / OR.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleBody {
     expr: String,
@@ -30,6 +34,25 @@ fn rule_id(raw: String) -> Result<RuleId, ApiError> {
     RuleId::try_from(raw).map_err(|e| e.at("path").into())
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/metrics/{id}",
+    tag = "velocity",
+    summary = "Define or change a metric",
+    description = "Role: admin.",
+    request_body = MetricBody,
+    params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+    responses(
+        (status = 200, description = "The definition (a changed one gets a new version)", body = MetricDef),
+        (status = 400, description = "A bad id, expression (the message gives the column) or resolution", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `PUT /v1/metrics/{id}`
 pub async fn put_metric(
     v: web::Data<Velocity>,
@@ -43,6 +66,23 @@ pub async fn put_metric(
     Ok(HttpResponse::Ok().json(def))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/metrics/{id}",
+    tag = "velocity",
+    summary = "One metric",
+    description = "Role: read.",
+    params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+    responses(
+        (status = 200, description = "The definition", body = MetricDef),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/metrics/{id}`
 pub async fn get_metric(
     v: web::Data<Velocity>,
@@ -51,11 +91,43 @@ pub async fn get_metric(
     Ok(HttpResponse::Ok().json(v.metric(&metric_id(id.into_inner())?)?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/metrics",
+    tag = "velocity",
+    summary = "Every metric",
+    description = "Role: read.",
+    responses(
+        (status = 200, description = "Every definition", body = MetricsDoc),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/metrics`
 pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "metrics": v.list_metrics() }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/metrics/{id}",
+    tag = "velocity",
+    summary = "Delete a metric",
+    description = "Role: admin.",
+    params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+    responses(
+        (status = 200, description = "Deleted", body = DeletedDoc),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
+        (status = 409, description = "A rule reads it (`metric_in_use`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `DELETE /v1/metrics/{id}`: refused (409) while a rule reads the metric.
 pub async fn delete_metric(
     v: web::Data<Velocity>,
@@ -66,6 +138,25 @@ pub async fn delete_metric(
     Ok(HttpResponse::Ok().json(json!({ "deleted": id })))
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/rules/{id}",
+    tag = "velocity",
+    summary = "Define or change a rule",
+    description = "Role: admin.",
+    request_body = RuleBody,
+    params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+    responses(
+        (status = 200, description = "The rule", body = RuleDef),
+        (status = 400, description = "A bad id or expression, or a metric that is not defined", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `PUT /v1/rules/{id}`
 pub async fn put_rule(
     v: web::Data<Velocity>,
@@ -76,6 +167,23 @@ pub async fn put_rule(
     Ok(HttpResponse::Ok().json(v.put_rule(id, &body.0.expr).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/rules/{id}",
+    tag = "velocity",
+    summary = "One rule",
+    description = "Role: read.",
+    params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+    responses(
+        (status = 200, description = "The rule", body = RuleDef),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/rules/{id}`
 pub async fn get_rule(
     v: web::Data<Velocity>,
@@ -84,11 +192,42 @@ pub async fn get_rule(
     Ok(HttpResponse::Ok().json(v.rule(&rule_id(id.into_inner())?)?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/rules",
+    tag = "velocity",
+    summary = "Every rule",
+    description = "Role: read.",
+    responses(
+        (status = 200, description = "Every rule", body = RulesDoc),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `GET /v1/rules`
 pub async fn list_rules(v: web::Data<Velocity>) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "rules": v.list_rules() }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/rules/{id}",
+    tag = "velocity",
+    summary = "Delete a rule",
+    description = "Role: admin.",
+    params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+    responses(
+        (status = 200, description = "Deleted", body = DeletedDoc),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 /// `DELETE /v1/rules/{id}`
 pub async fn delete_rule(
     v: web::Data<Velocity>,

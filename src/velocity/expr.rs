@@ -20,7 +20,9 @@
 use crate::domain::{ErrorCode, EventType, FieldName, ValidationError};
 
 /// What a metric aggregates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Aggregation {
     Count,

@@ -57,12 +57,15 @@ pub fn default_resolution(window_ms: i64) -> i64 {
 }
 
 /// What a definition says, without its identity and version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MetricSpec {
     pub expr: String,
     pub aggregation: Aggregation,
+    #[schema(value_type = String)]
     pub event: EventType,
+    #[schema(value_type = Option<String>)]
     pub field: Option<FieldName>,
+    #[schema(value_type = Vec<String>)]
     pub group_by: Vec<FieldName>,
     pub window_ms: i64,
     pub resolution_ms: i64,
@@ -128,8 +131,9 @@ impl MetricSpec {
 }
 
 /// A stored metric: its id, version and spec. Serialises as API.md's response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MetricDef {
+    #[schema(value_type = String)]
     pub id: MetricId,
     pub version: u64,
     #[serde(flatten)]
@@ -168,12 +172,14 @@ impl MetricDef {
 }
 
 /// A stored rule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RuleDef {
+    #[schema(value_type = String)]
     pub id: RuleId,
     pub version: u64,
     pub expr: String,
     /// The metrics it reads.
+    #[schema(value_type = Vec<String>)]
     pub metrics: Vec<MetricId>,
 }
 

@@ -99,7 +99,7 @@ pub struct EventInput {
 }
 
 /// What an ingestion did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct IngestOutcome {
     /// Metric updates applied.
     pub applied: u64,
