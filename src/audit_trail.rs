@@ -65,6 +65,55 @@ pub struct RawAuditQuery {
     pub cursor: Option<String>,
 }
 
+/// The same filters in a JSON body (`POST /v1/audit`), so that a value searched for stays
+/// out of URLs (and out of proxies' access logs): strings, or numbers for `since`, `until` and
+/// `limit`.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSearch {
+    pub list: Option<String>,
+    pub sandbox: Option<String>,
+    pub dimension: Option<String>,
+    pub value: Option<String>,
+    pub who: Option<String>,
+    pub op: Option<String>,
+    #[schema(value_type = Option<i64>)]
+    pub since: Option<serde_json::Value>,
+    #[schema(value_type = Option<i64>)]
+    pub until: Option<serde_json::Value>,
+    #[schema(value_type = Option<u32>)]
+    pub limit: Option<serde_json::Value>,
+    pub cursor: Option<String>,
+}
+
+fn scalar(name: &str, v: Option<serde_json::Value>) -> Result<Option<String>, ValidationError> {
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(filter_error(format!("{name}: expected a number"))),
+    }
+}
+
+impl TryFrom<AuditSearch> for RawAuditQuery {
+    type Error = ValidationError;
+
+    fn try_from(b: AuditSearch) -> Result<Self, Self::Error> {
+        Ok(Self {
+            list: b.list,
+            sandbox: b.sandbox,
+            dimension: b.dimension,
+            value: b.value,
+            who: b.who,
+            op: b.op,
+            since: scalar("since", b.since)?,
+            until: scalar("until", b.until)?,
+            limit: scalar("limit", b.limit)?,
+            cursor: b.cursor,
+        })
+    }
+}
+
 /// A checked audit query.
 #[derive(Debug, Clone)]
 pub struct AuditQuery {

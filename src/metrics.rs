@@ -279,6 +279,8 @@ pub struct AuditGauges {
     pub entries: IntGauge,
     pub expired_entries: IntGauge,
     pub bytes_per_entry: Gauge,
+    /// The fill histogram, by bin.
+    pub fill: IntGaugeVec,
 }
 
 impl Metrics {
@@ -407,6 +409,15 @@ impl Metrics {
                     "Redis memory per entry (MEMORY USAGE) at the last audit",
                 )
                 .expect("valid metric"),
+                fill: IntGaugeVec::new(
+                    Opts::new(
+                        "namelist_audit_fill_buckets",
+                        "The last audit's fill histogram: buckets holding from..to-1 entries \
+                         (bin=\"from-to\")",
+                    ),
+                    &["bin"],
+                )
+                .expect("valid metric"),
             },
             tier: Arc::new(TierGauges::new()),
             list_hits: IntCounterVec::new(
@@ -480,6 +491,12 @@ impl Metrics {
         a.expired_entries
             .set(i64::try_from(s.expired).unwrap_or(i64::MAX));
         a.bytes_per_entry.set(s.bytes_per_entry);
+        a.fill.reset();
+        for (from, to, n) in &s.fill_histogram {
+            a.fill
+                .with_label_values(&[&format!("{from}-{to}")])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     fn register_all(&self) {
@@ -507,6 +524,7 @@ impl Metrics {
             Box::new(self.audit.entries.clone()),
             Box::new(self.audit.expired_entries.clone()),
             Box::new(self.audit.bytes_per_entry.clone()),
+            Box::new(self.audit.fill.clone()),
             Box::new(self.list_hits.clone()),
             Box::new(self.count_errors.clone()),
         ];

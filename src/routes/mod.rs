@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod check;
+pub mod console;
 pub mod events;
 pub mod health;
 pub mod json;
@@ -77,6 +78,7 @@ macro_rules! api_routes {
                 cfg.service(resource);
             )*
             openapi::configure(cfg);
+            console::configure(cfg);
         }
     };
 }
@@ -84,7 +86,8 @@ macro_rules! api_routes {
 api_routes! {
     "/v1/lists" => [GET lists::summaries, Read],
     "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, Read],
-    "/v1/audit" => [GET audit::audit, Read],
+    "/v1/audit" => [GET audit::audit, Read; POST audit::search, Read],
+    "/v1/whoami" => [GET console::whoami, Read],
     "/v1/lists/{list}/entries" => [POST lists::upsert, Write; DELETE lists::remove, Write],
     "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, Read],
     "/v1/check" => [POST check::check, Read],

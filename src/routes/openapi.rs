@@ -174,6 +174,8 @@ impl Modify for Bearer {
         super::lists::summaries,
         super::lists::lookup_everywhere,
         super::audit::audit,
+        super::audit::search,
+        super::console::whoami,
         super::lists::upsert,
         super::lists::remove,
         super::lists::lookup,

@@ -552,6 +552,9 @@ pub struct AuditSummary {
     pub hashtable: u64,
     /// Entries past their expiry, not yet swept.
     pub expired: u64,
+    /// The fill histogram: (from, to, buckets) with `from <= fill < to`, in order (the last
+    /// bin may be wider). Empty from an audit that wrote none.
+    pub fill_histogram: Vec<(u64, u64, u64)>,
 }
 
 impl AuditSummary {
@@ -572,6 +575,14 @@ impl AuditSummary {
             ("over_limit", self.over_limit.to_string()),
             ("hashtable", self.hashtable.to_string()),
             ("expired", self.expired.to_string()),
+            (
+                "fill_histogram",
+                self.fill_histogram
+                    .iter()
+                    .map(|(from, to, n)| format!("{from}-{to}:{n}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
         ]
     }
 
@@ -595,6 +606,20 @@ impl AuditSummary {
             over_limit: get(fields, "over_limit")?,
             hashtable: get(fields, "hashtable")?,
             expired: get(fields, "expired")?,
+            // Optional: audits before the console wrote none.
+            fill_histogram: fields
+                .get("fill_histogram")
+                .map(|h| {
+                    h.split(',')
+                        .filter(|b| !b.is_empty())
+                        .filter_map(|b| {
+                            let (range, n) = b.split_once(':')?;
+                            let (from, to) = range.split_once('-')?;
+                            Some((from.parse().ok()?, to.parse().ok()?, n.parse().ok()?))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 }

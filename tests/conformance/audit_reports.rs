@@ -22,6 +22,7 @@ async fn a_summary_is_read_as_the_audit_left_it(h: &Harness) {
         over_limit: 1,
         hashtable: 1,
         expired: 42,
+        fill_histogram: vec![(0, 100, 3), (100, 200, 120), (200, 400, 5)],
     };
     redis.put_audit_summary(&left).await.unwrap();
     assert_eq!(h.store.audit_summary().await.unwrap(), Some(left));

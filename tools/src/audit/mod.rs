@@ -290,6 +290,11 @@ impl AuditReport {
             over_limit: scale(self.over_limit_bucket_count),
             hashtable: scale(self.hashtable_bucket_count),
             expired: scale(self.expired_entries),
+            fill_histogram: self
+                .fill_histogram
+                .iter()
+                .map(|b| (b.from, b.to, scale(b.buckets)))
+                .collect(),
         }
     }
 }

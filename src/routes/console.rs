@@ -1,0 +1,97 @@
+//! The operator console (`/console`) and `GET /v1/whoami`, which the console asks first.
+//!
+//! The console is three static files compiled into the binary (`src/console/`: HTML, one
+//! script, one style sheet; vanilla JavaScript, no build step). It calls the public API with
+//! the operator's bearer token, typed once and kept in `sessionStorage` (never in a URL), and
+//! renders every value with `textContent`. Every console response carries a strict
+//! Content-Security-Policy: scripts and styles from this origin only, nothing inline, no
+//! frames, no forms posting elsewhere.
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpResponse, web};
+use serde::Serialize;
+
+use super::openapi::ErrorBody;
+use crate::auth::{Caller, Tokens};
+
+/// The console's Content-Security-Policy.
+pub const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+                               img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; \
+                               base-uri 'none'; form-action 'none'";
+
+const INDEX: &str = include_str!("../console/index.html");
+const SCRIPT: &str = include_str!("../console/app.js");
+const STYLE: &str = include_str!("../console/app.css");
+
+/// Who the caller is, as the console shows it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WhoAmI {
+    /// The token's name (`anonymous` without tokens).
+    name: String,
+    /// `read`, `write` or `admin`.
+    role: &'static str,
+    /// Whether tokens are configured (`false`: the API is open to anyone).
+    auth: bool,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "lists",
+    summary = "The caller's token name and role, and whether auth is on",
+    description = "Role: read.",
+    responses(
+        (status = 200, description = "The caller", body = WhoAmI),
+        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
+        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+/// `GET /v1/whoami`
+pub async fn whoami(
+    caller: Option<web::ReqData<Caller>>,
+    tokens: web::Data<Tokens>,
+) -> HttpResponse {
+    let caller = caller.map_or_else(Caller::anonymous, |c| c.into_inner());
+    HttpResponse::Ok().json(WhoAmI {
+        name: caller.name,
+        role: caller.role.as_str(),
+        auth: !tokens.is_open(),
+    })
+}
+
+fn asset(body: &'static str, content_type: &'static str) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(content_type)
+        .insert_header((
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONSOLE_CSP),
+        ))
+        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .insert_header((header::REFERRER_POLICY, "no-referrer"))
+        // Assets change with the binary: revalidate rather than serve an old script.
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .body(body)
+}
+
+async fn index() -> HttpResponse {
+    asset(INDEX, "text/html; charset=utf-8")
+}
+
+async fn script() -> HttpResponse {
+    asset(SCRIPT, "text/javascript; charset=utf-8")
+}
+
+async fn style() -> HttpResponse {
+    asset(STYLE, "text/css; charset=utf-8")
+}
+
+/// Mounts `/console` and its two assets (no token: the page holds no data; every call it
+/// makes carries the operator's).
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(web::resource("/console").route(web::get().to(index)))
+        .service(web::resource("/console/").route(web::get().to(index)))
+        .service(web::resource("/console/app.js").route(web::get().to(script)))
+        .service(web::resource("/console/app.css").route(web::get().to(style)));
+}
