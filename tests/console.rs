@@ -213,6 +213,32 @@ async fn app_with_tokens(redis: Option<&RedisServer>) -> (TestApp, tempfile::Tem
         None => test_settings(),
     };
     settings.tokens_file = Some(tokens_file(dir.path()));
+    settings.audit_refresh_secs = 1;
+    if let Some(r) = redis {
+        // What `namelist-tools audit` leaves for every instance (its own test:
+        // tools/tests/audit.rs): read into /metrics, drawn by the Health page.
+        let mut conn = r.conn();
+        let _: () = redis::cmd("HSET")
+            .arg(format!("{}audit:last", settings.key_prefix))
+            .arg(&[
+                ("at_ms", "1795000000123"),
+                ("sampled", "0"),
+                ("buckets", "5000"),
+                ("entries", "1000000"),
+                ("bytes_per_entry", "17.612"),
+                ("listpack_limit", "512"),
+                ("near_limit", "2"),
+                ("over_limit", "0"),
+                ("hashtable", "0"),
+                ("expired", "12"),
+                (
+                    "fill_histogram",
+                    "150-170:40,170-190:900,190-210:2100,210-230:1800,230-250:160",
+                ),
+            ])
+            .query(&mut conn)
+            .unwrap();
+    }
     (spawn_app(settings).await, dir)
 }
 
@@ -511,6 +537,15 @@ async fn without_tokens_the_console_says_so() {
         }
     );
     b.check_layouts("no-auth").await;
+
+    // The API reference renders under its policy, from the binary alone.
+    b.client.goto(&app.url("/docs/")).await.unwrap();
+    b.wait_for(
+        "Swagger UI's operations",
+        "return document.querySelectorAll('.opblock').length >= 20",
+    )
+    .await;
+    b.check_layouts("docs").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
