@@ -511,6 +511,32 @@ async fn roles_decide_the_controls_and_parse_errors_point_at_their_column() {
         "return document.getElementById('metrics-rows').textContent.includes('dev_tx_7d')",
     )
     .await;
+    // Edit: the row fills the form; a changed window is a new version.
+    b.fill("metric-id", "").await;
+    b.fill("metric-expr", "").await;
+    let edit = b
+        .client
+        .find(Locator::XPath(
+            "//table[@id='metrics-rows']//button[text()='Edit']",
+        ))
+        .await
+        .unwrap();
+    edit.click().await.unwrap();
+    assert_eq!(
+        b.js("return document.getElementById('metric-expr').value;")
+            .await,
+        "COUNT(7d, transaction) BY device_id"
+    );
+    b.fill("metric-expr", "COUNT(1d, transaction) BY device_id")
+        .await;
+    b.click("metric-save").await;
+    b.wait_for(
+        "version 2",
+        "return document.getElementById('metrics-rows').textContent.includes('COUNT(1d')",
+    )
+    .await;
+    let (_, def) = api(&app, "GET", "/v1/metrics/dev_tx_7d", None).await;
+    assert_eq!(def["version"], 2, "{def}");
     b.fill("try-metrics", "dev_tx_7d").await;
     b.click("try-features").await;
     b.wait_for(

@@ -137,6 +137,14 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
         }
     }
     let res = client
+        .post(url("/v1/audit"))
+        .json(&json!({"dimension": "phone", "value": PHONE, "limit": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(!res.text().await.unwrap().contains(PHONE));
+    let res = client
         .get(url(&format!("/v1/audit?value={PHONE}")))
         .send()
         .await

@@ -218,8 +218,43 @@ async fn bad_filters_and_cursors_are_400s_that_name_them() {
         assert!(message.contains(names), "{path}: {message}");
         assert!(!message.contains(PHONE), "{path}: {message}");
     }
-    for method in ["POST", "DELETE", "PUT"] {
-        for path in ["/v1/lists", "/v1/audit", "/v1/lists/-/lookup/uid/u1"] {
+    // The same filters in a POST body (what the console sends).
+    for (body, code, names) in [
+        (json!({"op": "drop"}), "invalid_filter", "op"),
+        (json!({"since": true}), "invalid_filter", "since"),
+        (json!({"limit": 0}), "invalid_filter", "limit"),
+        (json!({"value": PHONE}), "invalid_filter", "value"),
+        (json!({"cursor": "x"}), "invalid_cursor", "cursor"),
+        (json!({"colour": "red"}), "invalid_body", "colour"),
+    ] {
+        let res = app.post("/v1/audit", &body).await;
+        assert_eq!(res.status(), 400, "{body}");
+        let answer: Value = res.json().await.unwrap();
+        assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(names) && !message.contains(PHONE),
+            "{message}"
+        );
+    }
+    let res = app
+        .post(
+            "/v1/audit",
+            &json!({"since": 0, "until": 9_999_999_999_999_i64, "limit": 5}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    for (method, path) in [
+        ("POST", "/v1/lists"),
+        ("DELETE", "/v1/lists"),
+        ("PUT", "/v1/lists"),
+        ("DELETE", "/v1/audit"),
+        ("PUT", "/v1/audit"),
+        ("POST", "/v1/lists/-/lookup/uid/u1"),
+        ("DELETE", "/v1/lists/-/lookup/uid/u1"),
+        ("PUT", "/v1/lists/-/lookup/uid/u1"),
+    ] {
+        {
             let res = app
                 .client
                 .request(method.parse().unwrap(), app.url(path))

@@ -491,14 +491,14 @@ async function loadDefinitions() {
     mt.replaceChildren();
     for (const m of metrics.metrics) {
       const tr = el("tr");
-      tr.append(el("td", m.id), el("td", m.version), el("td", m.expr), el("td", m.window_ms / 1000 + " s"), deleteCell("metrics", m.id));
+      tr.append(el("td", m.id), el("td", m.version), el("td", m.expr), el("td", m.window_ms / 1000 + " s"), deleteCell("metrics", m));
       mt.append(tr);
     }
     const rt = $("rules-rows").tBodies[0];
     rt.replaceChildren();
     for (const r of rules.rules) {
       const tr = el("tr");
-      tr.append(el("td", r.id), el("td", r.version), el("td", r.expr), deleteCell("rules", r.id));
+      tr.append(el("td", r.id), el("td", r.version), el("td", r.expr), deleteCell("rules", r));
       rt.append(tr);
     }
   } catch (e) {
@@ -506,8 +506,29 @@ async function loadDefinitions() {
   }
 }
 
-function deleteCell(kind, id) {
+// Fills the definition form from a row, to change it (a PUT of the same id).
+function editButton(kind, def) {
+  const b = el("button", "Edit", "link");
+  b.type = "button";
+  b.addEventListener("click", () => {
+    if (kind === "metrics") {
+      $("metric-id").value = def.id;
+      $("metric-expr").value = def.expr;
+      $("metric-res").value = def.resolution_ms ? def.resolution_ms / 1000 + "s" : "";
+      $("metric-expr").focus();
+    } else {
+      $("rule-id").value = def.id;
+      $("rule-expr").value = def.expr;
+      $("rule-expr").focus();
+    }
+  });
+  return b;
+}
+
+function deleteCell(kind, def) {
+  const id = def.id;
   const td = el("td", null, "admin-only");
+  td.append(editButton(kind, def), document.createTextNode(" "));
   const b = el("button", "Delete", "link");
   b.type = "button";
   b.addEventListener("click", async () => {
