@@ -28,10 +28,11 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditPos, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline, DefinitionKind,
-    DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus, InvalidationStream,
-    Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen,
-    Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition, WriteBatch, code_is_live,
+    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline,
+    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
+    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
+    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
+    WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -596,11 +597,14 @@ impl EntryStore for MemoryStore {
         Ok(st.audit.iter().skip(skip).map(|(_, r)| r.clone()).collect())
     }
 
-    async fn audit_page(
+    fn audit_parts(&self) -> u16 {
+        1
+    }
+
+    async fn audit_read(
         &self,
-        before: Option<AuditPos>,
-        count: usize,
-    ) -> StoreResult<Vec<(AuditPos, AuditRecord)>> {
+        reads: &[AuditRead],
+    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
         let st = self.lock();
         // One part; the sequence number is the position (`ms` unused).
         let pos = |seq: u64| AuditPos {
@@ -608,13 +612,25 @@ impl EntryStore for MemoryStore {
             seq,
             part: 0,
         };
-        Ok(st
-            .audit
+        Ok(reads
             .iter()
-            .rev()
-            .filter(|(seq, _)| before.is_none_or(|b| pos(*seq) < b))
-            .take(count)
-            .map(|(seq, r)| (pos(*seq), r.clone()))
+            .map(|read| {
+                if read.part != 0 {
+                    return Vec::new();
+                }
+                let older = |seq: u64| match read.before {
+                    None => true,
+                    Some((_, b)) if read.inclusive => seq <= b,
+                    Some((_, b)) => seq < b,
+                };
+                st.audit
+                    .iter()
+                    .rev()
+                    .filter(|(seq, _)| older(*seq))
+                    .take(read.count)
+                    .map(|(seq, r)| (pos(*seq), r.clone()))
+                    .collect()
+            })
             .collect())
     }
 

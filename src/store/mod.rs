@@ -293,6 +293,17 @@ impl AuditPos {
     }
 }
 
+/// One part's read of the audit trail (`EntryStore::audit_read`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditRead {
+    pub part: u16,
+    /// Records older than this stream position `(ms, seq)` of the part (the newest when
+    /// `None`), and at it too when `inclusive`.
+    pub before: Option<(u64, u64)>,
+    pub inclusive: bool,
+    pub count: usize,
+}
+
 /// The entries, registry additions and audit records of one upsert.
 #[derive(Debug, Clone, Default)]
 pub struct WriteBatch {
@@ -482,14 +493,17 @@ pub trait EntryStore: StoreBase {
     /// The newest `count` audit records, oldest first.
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>>;
 
-    /// Up to `count` audit records strictly older than `before` (the newest when `None`),
-    /// newest first, each with its place in the merged trail. Fewer than `count`: the trail
-    /// ends there.
-    async fn audit_page(
+    /// How many parts the audit trail is split in (`AuditRead::part` is below this).
+    fn audit_parts(&self) -> u16;
+
+    /// For each read, up to its `count` records of its part older than its bound, newest
+    /// first, each with its place in the merged trail; all reads at once (on Redis one
+    /// `XREVRANGE` per read, one round trip per primary). Fewer than `count`: that part ends
+    /// there. The merge by position is the caller's (`audit_trail`).
+    async fn audit_read(
         &self,
-        before: Option<AuditPos>,
-        count: usize,
-    ) -> StoreResult<Vec<(AuditPos, AuditRecord)>>;
+        reads: &[AuditRead],
+    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>>;
 
     /// Adds `delta` to each scope's approximate entry count and sets its last change to
     /// `at_ms` (deltas of 0 too: a refresh is a change). Bookkeeping after a write or a

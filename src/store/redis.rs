@@ -46,10 +46,11 @@ use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditPos, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline, DefinitionKind,
-    DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus, InvalidationStream,
-    Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen,
-    Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition, WriteBatch,
+    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline,
+    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
+    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
+    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
+    WriteBatch,
 };
 use crate::domain::now_ms;
 
@@ -1138,44 +1139,60 @@ impl EntryStore for RedisStore {
         Ok(newest(parts, count))
     }
 
-    async fn audit_page(
+    fn audit_parts(&self) -> u16 {
+        // The 64 parts and the single stream of earlier versions, last.
+        (AUDIT_PARTS + 1) as u16
+    }
+
+    async fn audit_read(
         &self,
-        before: Option<AuditPos>,
-        count: usize,
-    ) -> StoreResult<Vec<(AuditPos, AuditRecord)>> {
-        // Strictly older than `before` in (id, part) order: up to its id inclusive in the
-        // parts before its part, exclusive from its part on.
+        reads: &[AuditRead],
+    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
         let keys = self.layout.audit_keys();
-        let cmds: Vec<Keyed> = keys
-            .into_iter()
-            .enumerate()
-            .map(|(p, key)| {
-                let end = match before {
-                    None => "+".to_owned(),
-                    Some(b) if p < usize::from(b.part) => format!("{}-{}", b.ms, b.seq),
-                    Some(b) => format!("({}-{}", b.ms, b.seq),
-                };
-                Self::keyed(key, |c, key| {
-                    c.arg("XREVRANGE")
-                        .arg(key)
-                        .arg(&end)
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(count);
-                })
-            })
-            .collect();
-        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
-        let mut all = Vec::new();
-        for (p, v) in replies.iter().enumerate() {
-            for ((ms, seq), r) in parse_stream(v)? {
-                let part = u16::try_from(p).unwrap_or(u16::MAX);
-                all.push((AuditPos { ms, seq, part }, r));
-            }
+        let mut cmds: Vec<Keyed> = Vec::with_capacity(reads.len());
+        for read in reads {
+            let key = keys
+                .get(usize::from(read.part))
+                .ok_or_else(|| StoreError::corrupt(format!("no audit part {}", read.part)))?;
+            let end = match read.before {
+                None => "+".to_owned(),
+                Some((ms, seq)) if read.inclusive => format!("{ms}-{seq}"),
+                Some((ms, seq)) => format!("({ms}-{seq}"),
+            };
+            cmds.push(Self::keyed(key.clone(), |c, key| {
+                c.arg("XREVRANGE")
+                    .arg(key)
+                    .arg(&end)
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(read.count);
+            }));
         }
-        all.sort_by_key(|(pos, _)| std::cmp::Reverse(*pos));
-        all.truncate(count);
-        Ok(all)
+        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        if replies.len() != reads.len() {
+            return Err(StoreError::corrupt(format!(
+                "{} replies to {} audit reads",
+                replies.len(),
+                reads.len()
+            )));
+        }
+        reads
+            .iter()
+            .zip(&replies)
+            .map(|(read, v)| {
+                Ok(parse_stream(v)?
+                    .into_iter()
+                    .map(|((ms, seq), r)| {
+                        let pos = AuditPos {
+                            ms,
+                            seq,
+                            part: read.part,
+                        };
+                        (pos, r)
+                    })
+                    .collect())
+            })
+            .collect()
     }
 
     async fn count_changes(
