@@ -81,7 +81,8 @@
 //! (1000,5000,10000,20000), `NAMELIST_LOAD_NEW_RATES` (1000,2500,5000),
 //! `NAMELIST_LOAD_BUDGET_FACTOR` (20), `NAMELIST_LOAD_STARTUP_ENTRIES` (10000000),
 //! `NAMELIST_LOAD_CONNECTIONS` (64), `NAMELIST_LOAD_GEN_THREADS` (1), `NAMELIST_LOAD_OHA`,
-//! `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
+//! `NAMELIST_LOAD_MIXES` (all: `hit,new,new-off,new-20x,new-cap1,redis-direct`; a subset runs
+//! only those, for a quicker look at one), `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
 //! a larger figure makes smaller buckets), `NAMELIST_LOAD_PERF=DIR` (`perf record -e cpu-clock
 //! -g` of the service and of Redis during each unlimited run, into DIR; `perf report -i`).
 
@@ -169,6 +170,9 @@ struct Knobs {
     connections: usize,
     gen_threads: usize,
     perf_dir: Option<PathBuf>,
+    /// Mixes to run (`NAMELIST_LOAD_MIXES`); the others are skipped and their targets "not
+    /// measured".
+    mixes: Vec<String>,
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -204,9 +208,29 @@ impl Knobs {
             connections: env_u64("NAMELIST_LOAD_CONNECTIONS", 64).max(1) as usize,
             gen_threads: env_u64("NAMELIST_LOAD_GEN_THREADS", 1).max(1) as usize,
             perf_dir: std::env::var_os("NAMELIST_LOAD_PERF").map(PathBuf::from),
+            mixes: std::env::var("NAMELIST_LOAD_MIXES")
+                .unwrap_or_else(|_| MIXES.join(","))
+                .split(',')
+                .map(|m| m.trim().to_owned())
+                .filter(|m| !m.is_empty())
+                .collect(),
         }
     }
+
+    fn runs(&self, mix: &str) -> bool {
+        self.mixes.iter().any(|m| m == mix)
+    }
 }
+
+/// Every mix, in the order they run.
+const MIXES: [&str; 6] = [
+    "hit",
+    "new",
+    "new-off",
+    "new-20x",
+    "new-cap1",
+    "redis-direct",
+];
 
 /// A deterministic splitmix64 stream.
 struct Rng(u64);
@@ -1375,18 +1399,22 @@ async fn bench(knobs: Knobs) {
         // Every hit-mix subject once: verified.
         let listed = verify(&http, &service, &hit_subjects, HIT_SUBJECTS).await;
         sample_hits.push(listed);
-        rows.extend(
-            phase
-                .mix("hit", workers, &service, &hit_bodies, &knobs.hit_rates)
-                .await,
-        );
-        verify(&http, &service, &hit_subjects, SAMPLE).await;
-        rows.extend(
-            phase
-                .mix("new", workers, &service, &new_bodies, &knobs.new_rates)
-                .await,
-        );
-        verify(&http, &service, &new_subjects, SAMPLE).await;
+        if knobs.runs("hit") {
+            rows.extend(
+                phase
+                    .mix("hit", workers, &service, &hit_bodies, &knobs.hit_rates)
+                    .await,
+            );
+            verify(&http, &service, &hit_subjects, SAMPLE).await;
+        }
+        if knobs.runs("new") {
+            rows.extend(
+                phase
+                    .mix("new", workers, &service, &new_bodies, &knobs.new_rates)
+                    .await,
+            );
+            verify(&http, &service, &new_subjects, SAMPLE).await;
+        }
         service.stop();
 
         // One knob changed each: no tier; a budget 20x smaller than the keyspace; the
@@ -1401,7 +1429,7 @@ async fn bench(knobs: Knobs) {
             ),
             ("new-cap1", vec![("NAMELIST_CACHE_CAPACITY", "1")]),
         ];
-        for (mix, extra) in variants {
+        for (mix, extra) in variants.into_iter().filter(|(m, _)| knobs.runs(m)) {
             let (service, _, mode) =
                 start_settled(&redis_url, workers, &extra, dir.path(), &http).await;
             let knob: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1435,7 +1463,12 @@ async fn bench(knobs: Knobs) {
     );
     let lookups = checks.iter().map(Vec::len).sum::<usize>() as f64 / checks.len() as f64;
     let mut base_rows = Vec::new();
-    for rate in [Some(BASELINE_RATE), None] {
+    let base_rates = if knobs.runs("redis-direct") {
+        vec![Some(BASELINE_RATE), None]
+    } else {
+        Vec::new()
+    };
+    for rate in base_rates {
         let secs = if rate.is_some() {
             knobs.secs
         } else {
@@ -1509,7 +1542,9 @@ async fn bench(knobs: Knobs) {
             .filter(|r| r.mix == mix && r.rate == rate)
             .max_by(|a, b| a.m.rps.total_cmp(&b.m.rps))
     };
+    // A mix not run has no maximum (0.0), and a target on it is "not measured".
     let max_of = |mix: &str| row_of(mix, None).map_or(0.0, |r| r.m.rps);
+    let both = |a: f64, b: f64, ok: bool| (a > 0.0 && b > 0.0).then_some(ok);
     let p99_at = |mix: &str| row_of(mix, Some(5_000)).map(|r| r.m.p99_ms);
     let redis_per_1k = |mix: &str| {
         rows.iter()
@@ -1529,10 +1564,10 @@ async fn bench(knobs: Knobs) {
         None => "not measured",
     };
     let t_new_p99 = p99_at("new").map(|p| p <= 1.0);
-    let t_new_max = Some(new_max >= 0.8 * hit_max);
+    let t_new_max = both(new_max, hit_max, new_max >= 0.8 * hit_max);
     let t_small_p99 = p99_at("new-20x").map(|p| p <= 2.0);
-    let t_small_base = Some(small_max >= base_max);
-    let t_small_cap1 = Some(small_max >= cap1_max);
+    let t_small_base = both(small_max, base_max, small_max >= base_max);
+    let t_small_cap1 = both(small_max, cap1_max, small_max >= cap1_max);
     let (on_cpu, off_cpu) = (per_1k("new"), per_1k("new-off"));
     let cpu_ratio = match (on_cpu, off_cpu) {
         (Some(on), Some(off)) if on > 0.0 => Some(off / on),

@@ -16,9 +16,9 @@
 //!   never twice (the last of these drives the library over a store whose answers come
 //!   late on purpose, because over HTTP that timing is not deterministic).
 //!
-//! Three tests fail on purpose against the current `src/` (bugs, see their docs):
-//! `evaluate_names_the_event_as_sent`, `an_event_refused_with_503_is_applied_by_its_retry`,
-//! `an_update_answered_after_the_deadline_is_not_applied_twice`.
+//! `evaluate_names_the_event_as_sent`, `an_event_refused_with_503_is_applied_by_its_retry` and
+//! `an_update_answered_after_the_deadline_is_not_applied_twice` were written against bugs (see
+//! their docs) and guard their fixes.
 
 mod common;
 
