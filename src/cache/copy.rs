@@ -73,11 +73,54 @@ impl BucketCopy {
     }
 
     /// The raw code stored for `field`, if the copy holds it.
+    ///
+    /// Fields are keyed-hash outputs, uniform over `i64`, so the search starts where a
+    /// uniform field would sit (`n · (field − i64::MIN) / 2^64`) and gallops outwards: about
+    /// `√n / 2` places off for `n` entries, so one or two cache lines are touched rather than
+    /// the ~8 scattered ones of a binary search over the bucket (the copies of a complete
+    /// tier are far larger than the CPU's caches, so each line is a miss). Any order of
+    /// fields is still found exactly, at worst in twice a binary search's steps.
     pub fn get(&self, field: i64) -> Option<u32> {
-        self.words[..self.len]
+        let fields = &self.words[..self.len];
+        let n = fields.len();
+        if n == 0 {
+            return None;
+        }
+        let offset = (i128::from(field) - i128::from(i64::MIN)) as u128;
+        let guess = ((offset * n as u128) >> 64) as usize;
+        let (lo, hi) = if fields[guess] < field {
+            // After `guess`: widen upwards until a field not below it.
+            let (mut lo, mut step) = (guess + 1, 1);
+            loop {
+                let probe = guess + step;
+                if probe >= n {
+                    break (lo, n);
+                }
+                if fields[probe] >= field {
+                    break (lo, probe + 1);
+                }
+                lo = probe + 1;
+                step *= 2;
+            }
+        } else {
+            // At or before `guess`: widen downwards until a field below it.
+            let (mut hi, mut step) = (guess + 1, 1);
+            loop {
+                if step > guess {
+                    break (0, hi);
+                }
+                let probe = guess - step;
+                if fields[probe] < field {
+                    break (probe + 1, hi);
+                }
+                hi = probe + 1;
+                step *= 2;
+            }
+        };
+        fields[lo..hi]
             .binary_search(&field)
             .ok()
-            .map(|i| self.code_at(i))
+            .map(|i| self.code_at(lo + i))
     }
 
     /// Entries held.
@@ -169,6 +212,30 @@ mod tests {
     }
 
     proptest! {
+        /// The galloping search finds exactly what a binary search finds, for clustered
+        /// fields as well as uniform ones, at the ends of the range too.
+        #[test]
+        fn get_agrees_with_a_binary_search(
+            fields in proptest::collection::btree_set(
+                prop_oneof![any::<i64>(), -300i64..300, Just(i64::MIN), Just(i64::MAX)], 0..300),
+            probes in proptest::collection::vec(
+                prop_oneof![any::<i64>(), -300i64..300, Just(i64::MIN), Just(i64::MAX)], 0..100),
+        ) {
+            let sorted: Vec<i64> = fields.iter().copied().collect();
+            // Never expiring, or far in the future: both live.
+            let code = |i: usize| if i % 2 == 0 { 0 } else { LATER };
+            let copy = BucketCopy::from_pairs(
+                sorted.iter().enumerate().map(|(i, f)| (*f, code(i))).collect(),
+                now_ms(),
+                Instant::now(),
+                1,
+            );
+            for f in probes.iter().chain(&sorted) {
+                let want = sorted.binary_search(f).ok().map(code);
+                prop_assert_eq!(copy.get(*f), want, "field {}", f);
+            }
+        }
+
         /// Changes applied to a copy give what applying them to a map gives.
         #[test]
         fn changes_agree_with_a_map(
