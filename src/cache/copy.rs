@@ -223,7 +223,7 @@ mod tests {
         ) {
             let sorted: Vec<i64> = fields.iter().copied().collect();
             // Never expiring, or far in the future: both live.
-            let code = |i: usize| if i % 2 == 0 { 0 } else { LATER };
+            let code = |i: usize| if i.is_multiple_of(2) { 0 } else { LATER };
             let copy = BucketCopy::from_pairs(
                 sorted.iter().enumerate().map(|(i, f)| (*f, code(i))).collect(),
                 now_ms(),
