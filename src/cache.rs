@@ -206,8 +206,9 @@ struct Sweep {
     idle_generation: u64,
 }
 
-/// Complete mode's read path: every copy the cache holds, by bucket number (8 bytes a bucket:
-/// at most 8 / `COPY_OVERHEAD` = 4 % of the budget, since a complete tier fits it). Filled
+/// Complete mode's read path: every copy the cache holds, by bucket number (8 bytes a bucket,
+/// taken from the copies' budget; made only when the keyspace could be held complete, so at
+/// most 8 / `COPY_OVERHEAD` = 4 % of the budget). Filled
 /// when complete mode is chosen, kept by `put` and the eviction listener while it lasts,
 /// emptied when partial mode is.
 struct Index {
@@ -273,19 +274,27 @@ impl LocalTier {
         let on = enabled && settings.budget_bytes > 0 && settings.max_buckets > 0;
         let held = Arc::new(Held::default());
         held.generation.store(1, Ordering::Relaxed);
-        let index = on.then(|| {
+        // The index only where complete mode is possible (every copy weighs at least
+        // `COPY_OVERHEAD`), and its bytes come out of the copies' budget.
+        let index_bytes =
+            u64::from(buckets) * std::mem::size_of::<ArcSwapOption<BucketCopy>>() as u64;
+        let indexed = on
+            && u64::from(buckets) * copy::COPY_OVERHEAD as u64 <= settings.budget_bytes
+            && u64::from(buckets) <= settings.max_buckets;
+        let index = indexed.then(|| {
             Arc::new(Index {
                 on: AtomicBool::new(false),
                 slots: (0..buckets).map(|_| ArcSwapOption::empty()).collect(),
             })
         });
+        let copies_budget = settings.budget_bytes - if indexed { index_bytes } else { 0 };
         let copies = on.then(|| {
             let min_weight =
                 (settings.budget_bytes / settings.max_buckets).min(u64::from(u32::MAX));
             let listener_held = held.clone();
             let listener_index = index.clone();
             moka::sync::Cache::builder()
-                .max_capacity(settings.budget_bytes)
+                .max_capacity(copies_budget)
                 .weigher(move |_: &u32, c: &Arc<BucketCopy>| {
                     (c.bytes() as u64).max(min_weight).min(u64::from(u32::MAX)) as u32
                 })
@@ -1493,8 +1502,9 @@ mod tests {
 
     #[test]
     fn the_index_holds_exactly_what_the_cache_holds() {
+        // 200 buckets could be complete (each weighs at least 224 B), so there is an index.
         let budget = 64 * 1024;
-        let t = LocalTier::new(1_000, settings(budget, Duration::ZERO), true);
+        let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
         t.resynced();
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
         t.index_for(Mode::Complete);
@@ -1508,6 +1518,15 @@ mod tests {
         }
         let indexed = assert_index_mirrors_cache(&t);
         assert!(indexed > 0 && indexed < 200, "{indexed} indexed");
+        // The index's own bytes come out of the copies' budget.
+        let index_bytes = 200 * 8;
+        assert!(t.copies.as_ref().unwrap().weighted_size() <= budget - index_bytes);
+        // A keyspace that could never be complete gets no index.
+        assert!(
+            LocalTier::new(1_000, settings(budget, Duration::ZERO), true)
+                .index
+                .is_none()
+        );
         // A change replaces a copy in both.
         let held = (0..200u32)
             .find(|b| t.get(*b).is_some())
