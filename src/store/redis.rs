@@ -213,10 +213,12 @@ fn parse_stream(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>>
         .map(|(id, kv)| {
             let id = stream_id(&id)
                 .ok_or_else(|| StoreError::corrupt(format!("audit stream id {id:?}")))?;
-            let fields = kv
-                .chunks(2)
-                .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
-                .collect();
+            // Pairs moved out, not cloned; an odd field count keeps the whole pairs.
+            let mut kv = kv.into_iter();
+            let mut fields = Vec::with_capacity(kv.len() / 2);
+            while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+                fields.push((k, v));
+            }
             Ok((id, AuditRecord { fields }))
         })
         .collect()
