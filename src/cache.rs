@@ -41,8 +41,8 @@
 //!   the cache: a lookup loads one pointer, where a cache read also records itself for the
 //!   eviction policy (in a profile of the new-subject mix, moka's `get` and its bookkeeping
 //!   were ~15 % of the service's CPU). Nothing is evicted from a complete tier, so the policy
-//!   needs no reads; a partial tier reads the cache itself, and holds no index (an index
-//!   would keep alive copies the cache declined or evicted, past the budget).
+//!   needs no reads; a partial tier reads the cache itself, and its index is off and empty
+//!   (one kept up would hold copies the cache declined or evicted, past the budget).
 //! * **Staleness of a fail-open answer** (`stale_ms`): the time since each copy used was last
 //!   known in sync (now, while trusted and current; when the subscription broke, or its
 //!   generation ended, or it turned dirty, otherwise).
@@ -208,9 +208,8 @@ struct Sweep {
 
 /// Complete mode's read path: every copy the cache holds, by bucket number (8 bytes a bucket,
 /// taken from the copies' budget; made only when the keyspace could be held complete, so at
-/// most 8 / `COPY_OVERHEAD` = 4 % of the budget). Filled
-/// when complete mode is chosen, kept by `put` and the eviction listener while it lasts,
-/// emptied when partial mode is.
+/// most 8 / `COPY_OVERHEAD` = 4 % of the budget). Filled when complete mode is chosen, kept
+/// by `put` and the eviction listener while it lasts, off and emptied in partial mode.
 struct Index {
     on: AtomicBool,
     slots: Box<[ArcSwapOption<BucketCopy>]>,
