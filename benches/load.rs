@@ -1399,21 +1399,15 @@ async fn bench(knobs: Knobs) {
         // Every hit-mix subject once: verified.
         let listed = verify(&http, &service, &hit_subjects, HIT_SUBJECTS).await;
         sample_hits.push(listed);
-        if knobs.runs("hit") {
-            rows.extend(
-                phase
-                    .mix("hit", workers, &service, &hit_bodies, &knobs.hit_rates)
-                    .await,
-            );
-            verify(&http, &service, &hit_subjects, SAMPLE).await;
-        }
-        if knobs.runs("new") {
-            rows.extend(
-                phase
-                    .mix("new", workers, &service, &new_bodies, &knobs.new_rates)
-                    .await,
-            );
-            verify(&http, &service, &new_subjects, SAMPLE).await;
+        let default_mixes = [
+            ("hit", &hit_bodies, &hit_subjects, &knobs.hit_rates),
+            ("new", &new_bodies, &new_subjects, &knobs.new_rates),
+        ];
+        for (mix, bodies, subjects, rates) in default_mixes {
+            if knobs.runs(mix) {
+                rows.extend(phase.mix(mix, workers, &service, bodies, rates).await);
+                verify(&http, &service, subjects, SAMPLE).await;
+            }
         }
         service.stop();
 

@@ -426,20 +426,8 @@ impl LocalTier {
         let Some(copies) = &self.copies else {
             return Lookup::Remote;
         };
-        if let Some(held) = self.index.as_ref().and_then(|i| i.get(key.bucket)) {
-            return match &*held {
-                Some(c) if self.usable(c, now) => Lookup::Local(c.get(key.field)),
-                Some(_) => Lookup::Remote,
-                None => {
-                    if self.mode() == Mode::Complete && self.is_trusted() {
-                        self.enqueue(key.bucket);
-                    }
-                    Lookup::Remote
-                }
-            };
-        }
-        match copies.get(&key.bucket) {
-            Some(c) if self.usable(&c, now) => Lookup::Local(c.get(key.field)),
+        let answer = |held: Option<&BucketCopy>| match held {
+            Some(c) if self.usable(c, now) => Lookup::Local(c.get(key.field)),
             Some(_) => Lookup::Remote,
             None => {
                 let wanted = match self.mode() {
@@ -454,6 +442,11 @@ impl LocalTier {
                 }
                 Lookup::Remote
             }
+        };
+        // The index while it is on (complete mode), else the cache.
+        match self.index.as_ref().and_then(|i| i.get(key.bucket)) {
+            Some(indexed) => answer(indexed.as_deref()),
+            None => answer(copies.get(&key.bucket).as_deref()),
         }
     }
 
@@ -1448,18 +1441,23 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn memory_stays_within_the_budget() {
-        let budget = 64 * 1024;
-        let t = LocalTier::new(1_000, settings(budget, Duration::ZERO), true);
-        t.resynced();
-        for b in 0..200u32 {
+    /// Reads buckets `0..n`, 200 entries each (field `b * 1,000 + i`), through the tier.
+    fn read_full_buckets(t: &LocalTier, n: u32) {
+        for b in 0..n {
             let read = t.begin_read(&[b]);
             let pairs = (0..200)
                 .map(|i| (i64::from(b) * 1_000 + i, LATER))
                 .collect();
             t.finish_read(read, Ok(vec![pairs])).unwrap();
         }
+    }
+
+    #[test]
+    fn memory_stays_within_the_budget() {
+        let budget = 64 * 1024;
+        let t = LocalTier::new(1_000, settings(budget, Duration::ZERO), true);
+        t.resynced();
+        read_full_buckets(&t, 200);
         let (held, bytes) = t.held_stats();
         let copies = t.copies.as_ref().unwrap();
         assert!(
@@ -1508,13 +1506,7 @@ mod tests {
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
         t.index_for(Mode::Complete);
         // Far more than the budget holds: the cache evicts, the index follows.
-        for b in 0..200u32 {
-            let read = t.begin_read(&[b]);
-            let pairs = (0..200)
-                .map(|i| (i64::from(b) * 1_000 + i, LATER))
-                .collect();
-            t.finish_read(read, Ok(vec![pairs])).unwrap();
-        }
+        read_full_buckets(&t, 200);
         let indexed = assert_index_mirrors_cache(&t);
         assert!(indexed > 0 && indexed < 200, "{indexed} indexed");
         // The index's own bytes come out of the copies' budget.
