@@ -51,6 +51,7 @@
 //! domain lengths) per scope (a TTL and an epoch).
 
 mod copy;
+mod filter;
 mod sketch;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -81,6 +82,11 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 const COMPLETE_SHARE: f64 = 0.9;
 /// Partial mode preloads until this share of the budget is used.
 const PRELOAD_SHARE: f64 = 0.9;
+/// Partial mode's filters take at most this share of the budget (at most
+/// `filter::MAX_BITS_PER_ENTRY`); the copies get the rest.
+const FILTER_SHARE: f64 = 0.9;
+/// Fixed-point one for `Held::scale`.
+const SCALE_ONE: u64 = 1 << 16;
 /// Field → time of the last change heard, kept for conflict detection; past this many,
 /// every change is treated as a conflict (read again) until old ones age out.
 const RECENT_CAP: usize = 1_000_000;
@@ -169,12 +175,16 @@ struct Read {
     buckets: Vec<u32>,
     generation: u64,
     started: Instant,
+    /// Read for their filters only: installed as copies only where one is held already.
+    filter_only: HashSet<u32>,
 }
 
 #[derive(Default)]
 struct Queue {
     urgent: VecDeque<u32>,
     queued: HashSet<u32>,
+    /// Queued for their filter only (partial mode): the read is not kept as a copy.
+    filter_only: HashSet<u32>,
 }
 
 /// Counters shared with the cache's eviction listener.
@@ -185,10 +195,18 @@ struct Held {
     /// Copies of the current generation held (approximate).
     current: AtomicI64,
     generation: AtomicU64,
+    /// What the weigher charges a copy per byte, in 1/65,536ths: above one while filters
+    /// take part of the budget, so the cache (built before the filters are sized) holds
+    /// copies of at most `budget − filter bytes`.
+    scale: AtomicU64,
+    /// Buckets read and the entries they held, since the mode was last reconsidered.
+    read_buckets: AtomicU64,
+    read_entries: AtomicU64,
 }
 
 /// Progress of the background sweep.
 struct Sweep {
+    /// Partial mode's preload: the next bucket to look at.
     cursor: u32,
     /// Held buckets due for a refresh (partial mode), gathered once per `ttl / 8`.
     due: Vec<u32>,
@@ -196,14 +214,88 @@ struct Sweep {
     gathered_gen: u64,
     /// Oldest copy seen in the last full pass, for the gauge.
     oldest: Duration,
+    /// Complete mode's passes over every copy.
+    copies: Ring,
+    /// Partial mode's passes over every filter.
+    filters: Ring,
+}
+
+/// Passes over every bucket, reading what is missing or due; a pass that found nothing due
+/// sleeps until the first bucket falls due (a new generation, a dirty copy or a missing
+/// bucket wakes it through the queue).
+#[derive(Default)]
+struct Ring {
+    cursor: u32,
+    /// This pass: the oldest read seen, whether anything was due, and when the first bucket
+    /// not yet due will be.
     pass_oldest: Duration,
-    /// This pass (complete mode): whether anything was due, and when the first copy not yet
-    /// due will be.
     pass_found: bool,
     pass_due: Option<Instant>,
     /// After a pass with nothing due: no scanning until then, in this generation.
     idle_until: Option<Instant>,
     idle_generation: u64,
+}
+
+impl Ring {
+    /// Looks at up to `SCAN_STEP` buckets from the cursor and adds those due to `batch` (up to
+    /// `BATCH`). `state(b)`: when what is held of `b` was read and whether it is due; `None`
+    /// when nothing usable is held (due). Returns the oldest read seen when a pass ends.
+    fn scan(
+        &mut self,
+        buckets: u32,
+        generation: u64,
+        now: Instant,
+        refresh_at: Duration,
+        batch: &mut Vec<u32>,
+        state: impl Fn(u32) -> Option<(Instant, bool)>,
+    ) -> Option<Duration> {
+        if self
+            .idle_until
+            .is_some_and(|t| now < t && self.idle_generation == generation)
+        {
+            return None;
+        }
+        self.idle_until = None;
+        if self.cursor >= buckets {
+            self.cursor = 0;
+        }
+        let mut finished = None;
+        let mut looked = 0;
+        while batch.len() < BATCH && looked < SCAN_STEP && buckets > 0 {
+            let b = self.cursor;
+            match state(b) {
+                Some((at, due)) => {
+                    self.pass_oldest = self.pass_oldest.max(now.saturating_duration_since(at));
+                    if due {
+                        self.pass_found = true;
+                        if !batch.contains(&b) {
+                            batch.push(b);
+                        }
+                    } else {
+                        let at = at + refresh_at;
+                        self.pass_due = Some(self.pass_due.map_or(at, |d| d.min(at)));
+                    }
+                }
+                None => {
+                    self.pass_found = true;
+                    if !batch.contains(&b) {
+                        batch.push(b);
+                    }
+                }
+            }
+            looked += 1;
+            self.cursor = (b + 1) % buckets;
+            if self.cursor == 0 {
+                finished = Some(std::mem::take(&mut self.pass_oldest));
+                if !std::mem::take(&mut self.pass_found) {
+                    self.idle_until = Some(self.pass_due.unwrap_or(now + refresh_at));
+                    self.idle_generation = generation;
+                }
+                self.pass_due = None;
+            }
+        }
+        finished
+    }
 }
 
 /// Complete mode's read path: every copy the cache holds, by bucket number (8 bytes a bucket,
@@ -244,6 +336,10 @@ pub struct LocalTier {
     copies: Option<moka::sync::Cache<u32, Arc<BucketCopy>>>,
     /// Complete mode's read path (see the module docs); `None` when the tier is off.
     index: Option<Arc<Index>>,
+    /// Partial mode's filters of every bucket (`filter`), while partial and room allows.
+    filters: ArcSwapOption<filter::Filters>,
+    /// When the tier was made: the filters' stamps count from here.
+    epoch: Instant,
     buckets: u32,
     settings: TierSettings,
     mode: AtomicU8,
@@ -273,6 +369,7 @@ impl LocalTier {
         let on = enabled && settings.budget_bytes > 0 && settings.max_buckets > 0;
         let held = Arc::new(Held::default());
         held.generation.store(1, Ordering::Relaxed);
+        held.scale.store(SCALE_ONE, Ordering::Relaxed);
         // The index only where complete mode is possible (every copy weighs at least
         // `COPY_OVERHEAD`), and its bytes come out of the copies' budget.
         let index_bytes =
@@ -291,11 +388,15 @@ impl LocalTier {
             let min_weight =
                 (settings.budget_bytes / settings.max_buckets).min(u64::from(u32::MAX));
             let listener_held = held.clone();
+            let weigher_held = held.clone();
             let listener_index = index.clone();
             moka::sync::Cache::builder()
                 .max_capacity(copies_budget)
                 .weigher(move |_: &u32, c: &Arc<BucketCopy>| {
-                    (c.bytes() as u64).max(min_weight).min(u64::from(u32::MAX)) as u32
+                    let bytes = (c.bytes() as u64).max(min_weight);
+                    let scale = weigher_held.scale.load(Ordering::Relaxed);
+                    (u128::from(bytes) * u128::from(scale) / u128::from(SCALE_ONE))
+                        .min(u128::from(u32::MAX)) as u32
                 })
                 .eviction_listener(
                     move |b: Arc<u32>, c: Arc<BucketCopy>, cause: RemovalCause| {
@@ -317,6 +418,8 @@ impl LocalTier {
         Arc::new(Self {
             copies,
             index,
+            filters: ArcSwapOption::empty(),
+            epoch: Instant::now(),
             buckets,
             mode: AtomicU8::new(if on { Mode::Sizing } else { Mode::Off } as u8),
             trusted: AtomicBool::new(false),
@@ -340,11 +443,8 @@ impl LocalTier {
                 gathered_at: None,
                 gathered_gen: 0,
                 oldest: Duration::ZERO,
-                pass_oldest: Duration::ZERO,
-                pass_found: false,
-                pass_due: None,
-                idle_until: None,
-                idle_generation: 0,
+                copies: Ring::default(),
+                filters: Ring::default(),
             }),
             settings,
             fetched: AtomicU64::new(0),
@@ -443,11 +543,27 @@ impl LocalTier {
                 Lookup::Remote
             }
         };
-        // The index while it is on (complete mode), else the cache.
+        // The index while it is on (complete mode), else the filter (partial mode: a "no"
+        // needs neither the cache nor its bookkeeping), else the cache.
         match self.index.as_ref().and_then(|i| i.get(key.bucket)) {
             Some(indexed) => answer(indexed.as_deref()),
+            None if self.filtered_out(key, now) => Lookup::Local(None),
             None => answer(copies.get(&key.bucket).as_deref()),
         }
+    }
+
+    /// Whether the bucket's filter is current and says `key` is not in the bucket.
+    fn filtered_out(&self, key: &EntryKey, now: Instant) -> bool {
+        let filters = self.filters.load();
+        let Some(f) = filters.as_ref() else {
+            return false;
+        };
+        let generation = self.generation();
+        self.is_trusted()
+            && f.stamp(key.bucket, generation).is_some_and(|(g, at)| {
+                g == generation && now.saturating_duration_since(at) <= self.settings.ttl
+            })
+            && !f.may_hold(key.bucket, key.field)
     }
 
     /// Whether a hot bucket may be read now: at most once per `ttl / 2` each, so that one
@@ -469,27 +585,40 @@ impl LocalTier {
 
     /// For a fail-open answer: the key's code in whatever copy is held (current or not), and
     /// when that copy was last known in sync. `None` when the bucket is not held.
+    /// A filter that says the key is absent answers too.
     pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
-        let copy = self.copies.as_ref()?.get(&key.bucket)?;
-        Some((copy.get(key.field), self.synced_at(&copy, now)))
+        if let Some(c) = self.copies.as_ref()?.get(&key.bucket) {
+            let at = self.synced_at(c.generation, c.dirty_since, c.fetched_at, now);
+            return Some((c.get(key.field), at));
+        }
+        let filters = self.filters.load();
+        let f = filters.as_ref()?;
+        let (generation, fetched_at) = f.stamp(key.bucket, self.generation())?;
+        (!f.may_hold(key.bucket, key.field))
+            .then(|| (None, self.synced_at(generation, None, fetched_at, now)))
     }
 
-    fn synced_at(&self, copy: &BucketCopy, now: Instant) -> Instant {
-        if let Some(t) = copy.dirty_since {
+    /// When what was read at `fetched_at` in `generation` (dirty since `dirty_since`) was
+    /// last known in sync.
+    fn synced_at(
+        &self,
+        generation: u64,
+        dirty_since: Option<Instant>,
+        fetched_at: Instant,
+        now: Instant,
+    ) -> Instant {
+        if let Some(t) = dirty_since {
             return t;
         }
         let st = self.sync.lock().expect("sync lock");
-        if copy.generation == st.generation {
+        if generation == st.generation {
             return if st.trusted {
                 now
             } else {
                 st.broke_at.unwrap_or(now)
             };
         }
-        st.ended
-            .get(&copy.generation)
-            .copied()
-            .unwrap_or(copy.fetched_at)
+        st.ended.get(&generation).copied().unwrap_or(fetched_at)
     }
 
     /// When the tier as a whole was last known in sync (now, while trusted); `None` when off.
@@ -505,7 +634,19 @@ impl LocalTier {
 
     fn enqueue(&self, bucket: u32) {
         let mut q = self.queue.lock().expect("queue lock");
+        q.filter_only.remove(&bucket);
         if q.queued.insert(bucket) {
+            q.urgent.push_back(bucket);
+            drop(q);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Queues `bucket` to be read for its filter (not kept as a copy unless one is held).
+    fn enqueue_filter(&self, bucket: u32) {
+        let mut q = self.queue.lock().expect("queue lock");
+        if q.queued.insert(bucket) {
+            q.filter_only.insert(bucket);
             q.urgent.push_back(bucket);
             drop(q);
             self.wake.notify_one();
@@ -548,10 +689,18 @@ impl LocalTier {
                 .push((k.field, *code));
         }
         let now_ms = now_ms();
+        let filters = self.filters.load();
         for (bucket, fields) in by_bucket {
             let mut stripe = self.stripe(bucket);
             if let Some(f) = stripe.get_mut(&bucket) {
                 f.log.extend_from_slice(&fields);
+            }
+            if let Some(filters) = filters.as_ref() {
+                for (field, code) in &fields {
+                    if code.is_some() {
+                        filters.add(bucket, *field);
+                    }
+                }
             }
             if let Some(copy) = self.get(bucket) {
                 self.put(bucket, copy.with_changes(&fields, now_ms));
@@ -579,9 +728,16 @@ impl LocalTier {
             return;
         }
         let now = Instant::now();
+        let filters = self.filters.load();
+        let generation = self.generation();
         for bucket in buckets {
             let mut stripe = self.stripe(bucket);
             let fetching = stripe.get_mut(&bucket).map(|f| f.poisoned = true).is_some();
+            let filtered = filters.as_ref().is_some_and(|f| {
+                let had = f.stamp(bucket, generation).is_some();
+                f.invalidate(bucket);
+                had
+            });
             let held = match self.get(bucket) {
                 Some(copy) => {
                     if copy.dirty_since.is_none() {
@@ -594,6 +750,8 @@ impl LocalTier {
             drop(stripe);
             if held || fetching {
                 self.enqueue(bucket);
+            } else if filtered {
+                self.enqueue_filter(bucket);
             }
         }
     }
@@ -638,8 +796,10 @@ impl LocalTier {
         &self,
         store: &Instrumented<dyn EntryStore>,
         buckets: &[u32],
+        filter_only: HashSet<u32>,
     ) -> Result<(), StoreError> {
-        let read = self.begin_read(buckets);
+        let mut read = self.begin_read(buckets);
+        read.filter_only = filter_only;
         if read.buckets.is_empty() {
             return Ok(());
         }
@@ -679,6 +839,7 @@ impl LocalTier {
             buckets: owned,
             generation: self.generation(),
             started: Instant::now(),
+            filter_only: HashSet::new(),
         }
     }
 
@@ -701,21 +862,41 @@ impl LocalTier {
         };
         self.fetched
             .fetch_add(read.buckets.len() as u64, Ordering::Relaxed);
+        self.held
+            .read_buckets
+            .fetch_add(read.buckets.len() as u64, Ordering::Relaxed);
+        self.held.read_entries.fetch_add(
+            all.iter().map(|pairs| pairs.len() as u64).sum(),
+            Ordering::Relaxed,
+        );
         let now_ms = now_ms();
+        let filters = self.filters.load();
         for (b, pairs) in read.buckets.into_iter().zip(all) {
             let mut copy = BucketCopy::from_pairs(pairs, now_ms, read.started, read.generation);
             let mut stripe = self.stripe(b);
-            let f = stripe.remove(&b).expect("registered by begin_read");
-            if !f.log.is_empty() {
-                copy = copy.with_changes(&f.log, now_ms);
+            let fetching = stripe.remove(&b).expect("registered by begin_read");
+            if !fetching.log.is_empty() {
+                copy = copy.with_changes(&fetching.log, now_ms);
             }
-            if f.poisoned {
+            if let Some(f) = filters.as_ref() {
+                let fields = copy.pairs().map(|(field, _)| field);
+                f.rebuild(b, fields, read.generation, read.started, !fetching.poisoned);
+            }
+            if fetching.poisoned {
                 copy = copy.dirtied(read.started);
             }
-            self.put(b, copy);
+            let keep = !read.filter_only.contains(&b)
+                || self.copies.as_ref().is_some_and(|c| c.contains_key(&b));
+            if keep {
+                self.put(b, copy);
+            }
             drop(stripe);
-            if f.poisoned {
-                self.enqueue(b);
+            if fetching.poisoned {
+                if keep {
+                    self.enqueue(b);
+                } else {
+                    self.enqueue_filter(b);
+                }
             }
         }
         Ok(())
@@ -733,65 +914,41 @@ impl LocalTier {
         }
     }
 
-    /// The next buckets to read: urgent ones first, then the sweep's.
-    fn next_batch(&self, now: Instant) -> Vec<u32> {
+    /// The next buckets to read: urgent ones first, then the sweep's; and which of them are
+    /// read for their filters only.
+    fn next_batch(&self, now: Instant) -> (Vec<u32>, HashSet<u32>) {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut filter_only = HashSet::new();
         {
             let mut q = self.queue.lock().expect("queue lock");
             while batch.len() < BATCH {
                 let Some(b) = q.urgent.pop_front() else { break };
                 q.queued.remove(&b);
+                if q.filter_only.remove(&b) {
+                    filter_only.insert(b);
+                }
                 batch.push(b);
             }
             self.busy.store(true, Ordering::Release);
         }
         let Some(copies) = &self.copies else {
-            return batch;
+            return (batch, filter_only);
         };
         let mut sweep = self.sweep.lock().expect("sweep lock");
         match self.mode() {
             Mode::Complete => {
-                // A pass that found nothing due sleeps until the first copy falls due (a new
-                // generation, a dirty copy or a missing bucket wakes it through the queue).
                 let generation = self.generation();
-                if sweep
-                    .idle_until
-                    .is_some_and(|t| now < t && sweep.idle_generation == generation)
-                {
-                    return batch;
-                }
-                sweep.idle_until = None;
-                if sweep.cursor >= self.buckets {
-                    sweep.cursor = 0;
-                }
                 let refresh_at = self.settings.ttl / 2;
-                let mut looked = 0;
-                while batch.len() < BATCH && looked < SCAN_STEP && self.buckets > 0 {
-                    let b = sweep.cursor;
-                    let copy = copies.get(&b);
-                    if let Some(c) = &copy {
-                        let age = now.saturating_duration_since(c.fetched_at);
-                        sweep.pass_oldest = sweep.pass_oldest.max(age);
-                    }
-                    if self.due(copy.as_deref(), now) {
-                        sweep.pass_found = true;
-                        if !batch.contains(&b) {
-                            batch.push(b);
-                        }
-                    } else if let Some(c) = &copy {
-                        let at = c.fetched_at + refresh_at;
-                        sweep.pass_due = Some(sweep.pass_due.map_or(at, |d| d.min(at)));
-                    }
-                    looked += 1;
-                    sweep.cursor = (b + 1) % self.buckets;
-                    if sweep.cursor == 0 {
-                        sweep.oldest = std::mem::take(&mut sweep.pass_oldest);
-                        if !std::mem::take(&mut sweep.pass_found) {
-                            sweep.idle_until = Some(sweep.pass_due.unwrap_or(now + refresh_at));
-                            sweep.idle_generation = generation;
-                        }
-                        sweep.pass_due = None;
-                    }
+                let state = |b: u32| {
+                    copies
+                        .get(&b)
+                        .map(|c| (c.fetched_at, self.due(Some(&c), now)))
+                };
+                let Sweep { copies: ring, .. } = &mut *sweep;
+                if let Some(oldest) =
+                    ring.scan(self.buckets, generation, now, refresh_at, &mut batch, state)
+                {
+                    sweep.oldest = oldest;
                 }
             }
             Mode::Partial => {
@@ -807,7 +964,7 @@ impl LocalTier {
                         && sweep.cursor < self.buckets
                     {
                         let b = sweep.cursor;
-                        if copies.get(&b).is_none() {
+                        if copies.get(&b).is_none() && !batch.contains(&b) {
                             batch.push(b);
                         }
                         looked += 1;
@@ -838,10 +995,33 @@ impl LocalTier {
                         batch.push(b);
                     }
                 }
+                // Then every bucket's filter, read again from `ttl / 2` on.
+                let filters = self.filters.load();
+                if let Some(f) = filters.as_ref() {
+                    let generation = self.generation();
+                    let refresh_at = self.settings.ttl / 2;
+                    let state = |b: u32| {
+                        f.stamp(b, generation).map(|(g, at)| {
+                            let due =
+                                g != generation || now.saturating_duration_since(at) >= refresh_at;
+                            (at, due)
+                        })
+                    };
+                    let from = batch.len();
+                    sweep.filters.scan(
+                        self.buckets,
+                        generation,
+                        now,
+                        refresh_at,
+                        &mut batch,
+                        state,
+                    );
+                    filter_only.extend(&batch[from..]);
+                }
             }
             Mode::Off | Mode::Sizing => {}
         }
-        batch
+        (batch, filter_only)
     }
 
     /// Reads a sample of buckets, installs them, and chooses complete or partial mode from
@@ -851,7 +1031,7 @@ impl LocalTier {
         let sample: Vec<u32> = (0..SAMPLE.min(n))
             .map(|i| (u64::from(i) * u64::from(n) / u64::from(SAMPLE.min(n))) as u32)
             .collect();
-        self.fetch(store, &sample).await?;
+        self.fetch(store, &sample, HashSet::new()).await?;
         let sizes: Vec<u64> = sample
             .iter()
             .filter_map(|b| self.get(*b))
@@ -875,8 +1055,9 @@ impl LocalTier {
             Mode::Partial
         };
         let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
-        if previous != mode {
+        if previous != mode || (mode == Mode::Partial && self.filters_outgrown(mean)) {
             self.index_for(mode);
+            self.filters_for(mode, mean);
             let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
             tracing::info!(
                 mode = mode.label(),
@@ -886,13 +1067,14 @@ impl LocalTier {
                 budget_bytes = s.budget_bytes,
                 "local tier mode chosen"
             );
-            if mode == Mode::Complete && s.fetch_rate > 0 && per_refresh > s.fetch_rate as f64 {
+            let every_bucket = mode == Mode::Complete || self.filter_bytes() > 0;
+            if every_bucket && s.fetch_rate > 0 && per_refresh > s.fetch_rate as f64 {
                 tracing::warn!(
                     buckets = self.buckets,
                     fetch_rate = s.fetch_rate,
-                    "refreshing every bucket within cache_ttl_ms / 2 needs more than fetch_rate \
-                     reads/s: buckets will pass their TTL and be answered by the store; raise \
-                     cache_ttl_ms or local_fetch_rate"
+                    "refreshing every bucket (copy or filter) within cache_ttl_ms / 2 needs more \
+                     than fetch_rate reads/s: buckets will pass their TTL and be answered by the \
+                     store; raise cache_ttl_ms or local_fetch_rate"
                 );
             }
         }
@@ -916,9 +1098,67 @@ impl LocalTier {
         }
     }
 
-    /// Re-evaluates the mode from the copies held (once enough are held to say).
+    /// Entries a bucket of `mean_bytes` holds (a copy's bytes less its overhead, 12 an entry).
+    fn entries_in(mean_bytes: f64) -> f64 {
+        (mean_bytes - copy::COPY_OVERHEAD as f64) / 12.0
+    }
+
+    /// Whether buckets of `mean_bytes` want filters a quarter larger or smaller than those
+    /// held (the keyspace grew or shrank since they were sized), or some where there are none.
+    fn filters_outgrown(&self, mean_bytes: f64) -> bool {
+        let room = (FILTER_SHARE * self.settings.budget_bytes as f64) as u64;
+        let want = filter::Filters::plan(self.buckets, Self::entries_in(mean_bytes), room);
+        let have = self.filters.load().as_ref().map(|f| f.words());
+        match (want, have) {
+            (Some(w), Some(h)) => w * 4 > h * 5 || w * 5 < h * 4,
+            (w, h) => w.is_some() != h.is_some(),
+        }
+    }
+
+    /// Sizes filters of every bucket for partial mode (within `FILTER_SHARE` of the budget,
+    /// if at least `filter::MIN_BITS_PER_ENTRY` fit) and makes the cache charge copies for
+    /// their room; drops them in the other modes.
+    fn filters_for(&self, mode: Mode, mean_bytes: f64) {
+        if self.copies.is_none() {
+            return;
+        }
+        let budget = self.settings.budget_bytes;
+        let made = (mode == Mode::Partial)
+            .then(|| {
+                let entries = Self::entries_in(mean_bytes);
+                let room = (FILTER_SHARE * budget as f64) as u64;
+                filter::Filters::sized(self.buckets, entries, room, self.epoch)
+                    .map(|f| (f, entries))
+            })
+            .flatten();
+        let scale = match &made {
+            Some((f, entries)) => {
+                tracing::info!(
+                    bytes = f.bytes(),
+                    bits_per_entry = format!("{:.1}", f.bits_per_entry(*entries)),
+                    probes = f.probes(),
+                    "local tier: filters of every bucket"
+                );
+                let rest = budget.saturating_sub(f.bytes()).max(1);
+                (u128::from(SCALE_ONE) * u128::from(budget)).div_ceil(u128::from(rest)) as u64
+            }
+            None => SCALE_ONE,
+        };
+        self.held.scale.store(scale, Ordering::Relaxed);
+        self.filters.store(made.map(|(f, _)| Arc::new(f)));
+    }
+
+    /// Re-evaluates the mode from the buckets read since last time, or else the copies held
+    /// (once enough are read or held to say).
     fn reconsider(&self) {
         let Some(copies) = &self.copies else { return };
+        let reads = self.held.read_buckets.swap(0, Ordering::Relaxed);
+        let entries = self.held.read_entries.swap(0, Ordering::Relaxed);
+        if reads >= u64::from(SAMPLE) {
+            let per_bucket = entries as f64 / reads as f64;
+            self.choose(copy::COPY_OVERHEAD as f64 + 12.0 * per_bucket);
+            return;
+        }
         let count = copies.entry_count();
         if count >= u64::from(SAMPLE) {
             let mean = self.held.bytes.load(Ordering::Relaxed).max(0) as f64 / count as f64;
@@ -937,7 +1177,7 @@ impl LocalTier {
         gauges.budget_bytes.set(self.settings.budget_bytes as i64);
         gauges
             .bytes
-            .set(self.held.bytes.load(Ordering::Relaxed).max(0));
+            .set(self.held.bytes.load(Ordering::Relaxed).max(0) + self.filter_bytes() as i64);
         gauges.buckets.set(copies.entry_count() as i64);
         let current = self.held.current.load(Ordering::Relaxed).max(0) as f64;
         gauges
@@ -999,7 +1239,7 @@ impl LocalTier {
                 self.reconsider();
                 reconsidered = now;
             }
-            let batch = self.next_batch(now);
+            let (batch, filter_only) = self.next_batch(now);
             if batch.is_empty() {
                 self.busy.store(false, Ordering::Release);
                 let _ =
@@ -1007,7 +1247,7 @@ impl LocalTier {
                 continue;
             }
             let started = Instant::now();
-            let fetched = self.fetch(&store, &batch).await;
+            let fetched = self.fetch(&store, &batch, filter_only.clone()).await;
             if fetched.is_ok() {
                 self.busy.store(false, Ordering::Release);
             }
@@ -1021,6 +1261,9 @@ impl LocalTier {
                         for b in batch.iter().rev() {
                             if q.queued.insert(*b) {
                                 q.urgent.push_front(*b);
+                                if filter_only.contains(b) {
+                                    q.filter_only.insert(*b);
+                                }
                             }
                         }
                         self.busy.store(false, Ordering::Release);
@@ -1082,18 +1325,23 @@ impl LocalTier {
         false
     }
 
-    /// Copies held and the bytes they take (tests and benches).
+    /// Copies held, and the bytes they and the filters take (tests and benches).
     pub fn held_stats(&self) -> (u64, u64) {
         match &self.copies {
             Some(c) => {
                 c.run_pending_tasks();
                 (
                     c.entry_count(),
-                    self.held.bytes.load(Ordering::Relaxed).max(0) as u64,
+                    self.held.bytes.load(Ordering::Relaxed).max(0) as u64 + self.filter_bytes(),
                 )
             }
             None => (0, 0),
         }
+    }
+
+    /// Bytes the filters take (0 without).
+    pub fn filter_bytes(&self) -> u64 {
+        self.filters.load().as_ref().map_or(0, |f| f.bytes())
     }
 }
 
@@ -1219,6 +1467,24 @@ mod tests {
         t
     }
 
+    /// A trusted tier in partial mode over 8 buckets with filters (10 bits an entry for
+    /// buckets of ~4 entries), no worker running.
+    fn filtered_tier(window: Duration) -> Arc<LocalTier> {
+        let t = LocalTier::new(8, settings(64 << 20, window), true);
+        t.resynced();
+        t.mode.store(Mode::Partial as u8, Ordering::Relaxed);
+        t.filters_for(Mode::Partial, (copy::COPY_OVERHEAD + 4 * 12) as f64);
+        assert!(t.filter_bytes() > 0);
+        t
+    }
+
+    /// Reads bucket 1 for its filter only, as the partial sweep does.
+    fn read_filter(t: &LocalTier, pairs: Vec<(i64, u32)>) {
+        let mut read = t.begin_read(&[1]);
+        read.filter_only = HashSet::from([1]);
+        t.finish_read(read, Ok(vec![pairs])).unwrap();
+    }
+
     fn key(field: i64) -> EntryKey {
         EntryKey { bucket: 1, field }
     }
@@ -1256,10 +1522,12 @@ mod tests {
         fn a_read_racing_writes_never_installs_an_older_state(
             initial in proptest::collection::btree_map(0i64..4, 1u32..4, 0..4),
             held_before in any::<bool>(),
+            filter_only in any::<bool>(),
             events in events(),
             marks in (0usize..=24, 0usize..=24, 0usize..=24),
         ) {
-            let t = tier(Duration::ZERO);
+            // Complete mode with copies, or partial mode with a read for the filter only.
+            let t = if filter_only { filtered_tier(Duration::ZERO) } else { tier(Duration::ZERO) };
             let mut store: BTreeMap<i64, u32> =
                 initial.iter().map(|(f, c)| (*f, LATER - c)).collect();
             if held_before {
@@ -1294,7 +1562,11 @@ mod tests {
             };
             for i in 0..=n {
                 if i == begin_at {
-                    read = Some(t.begin_read(&[1]));
+                    let mut r = t.begin_read(&[1]);
+                    if filter_only {
+                        r.filter_only = HashSet::from([1]);
+                    }
+                    read = Some(r);
                 }
                 if i == read_at {
                     snapshot = Some(store.iter().map(|(f, c)| (*f, *c)).collect::<Vec<_>>());
@@ -1329,10 +1601,100 @@ mod tests {
                 delivered += 1;
                 check(&t, &store, &writes, delivered)?;
             }
-            let copy = t.get(1).expect("installed");
-            prop_assert!(copy.dirty_since.is_none());
-            prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), store);
+            if filter_only && !held_before {
+                prop_assert!(t.get(1).is_none(), "a filter-only read keeps no copy");
+                let f = t.filters.load();
+                let f = f.as_ref().unwrap();
+                prop_assert!(f.stamp(1, t.generation()).is_some(), "usable");
+                for field in store.keys() {
+                    prop_assert!(f.may_hold(1, *field), "field {field} lost");
+                }
+            } else {
+                let copy = t.get(1).expect("installed");
+                prop_assert!(copy.dirty_since.is_none());
+                prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), store);
+            }
         }
+    }
+
+    #[test]
+    fn filters_answer_absent_fields_until_they_cannot_be_trusted() {
+        let t = filtered_tier(Duration::from_secs(3));
+        let now = Instant::now();
+        assert_eq!(t.lookup(&key(9), now), Lookup::Remote, "never read");
+        read_filter(&t, vec![(5, LATER), (6, LATER)]);
+        assert!(t.get(1).is_none(), "no copy kept");
+        let now = Instant::now();
+        assert_eq!(t.lookup(&key(5), now), Lookup::Remote, "present: the store");
+        let absent: Vec<i64> = (100..200)
+            .filter(|f| t.lookup(&key(*f), now) == Lookup::Local(None))
+            .collect();
+        assert!(
+            absent.len() > 90,
+            "{} of 100 absent fields answered",
+            absent.len()
+        );
+        let gone = absent[0];
+
+        // A write heard: the field is "maybe" from then on.
+        t.apply(&[(key(gone), Some(LATER))], true);
+        assert_eq!(t.lookup(&key(gone), Instant::now()), Lookup::Remote);
+        // A removal is not taken out of the bits: still the store.
+        t.apply(&[(key(gone), None)], true);
+        assert_eq!(t.lookup(&key(gone), Instant::now()), Lookup::Remote);
+
+        // Past the TTL: not used.
+        let other = absent[1];
+        let later = Instant::now() + Duration::from_secs(61);
+        assert_eq!(t.lookup(&key(other), later), Lookup::Remote);
+
+        // Fail-open: an absent field answers "not listed", as of the read.
+        let (code, _) = t.held(&key(other), Instant::now()).expect("filter answers");
+        assert_eq!(code, None);
+        assert_eq!(t.held(&key(5), Instant::now()), None, "maybe: unknown");
+
+        // A write of this instance (outcome unknown): unusable, queued for its filter only.
+        t.wrote(&[key(other)]);
+        assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Remote);
+        {
+            let q = t.queue.lock().unwrap();
+            assert!(q.queued.contains(&1) && q.filter_only.contains(&1));
+        }
+        let (batch, only) = t.next_batch(Instant::now());
+        assert_eq!(batch[0], 1, "urgent first");
+        assert!(only.contains(&1));
+        assert_eq!(batch.iter().filter(|b| **b == 1).count(), 1, "once");
+        read_filter(&t, vec![(5, LATER), (6, LATER)]);
+        assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Local(None));
+
+        // A new generation (resubscribed, or an import): unusable until read again.
+        t.invalidate_all();
+        assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Remote);
+        // Untrusted: not used either.
+        read_filter(&t, vec![(5, LATER)]);
+        assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Local(None));
+        t.lost_sync();
+        assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Remote);
+    }
+
+    #[test]
+    fn filters_take_their_room_out_of_the_copies_budget() {
+        // 1,000 buckets of 200 entries (2.6 KB a copy): 150 KB holds ~55 copies, or filters
+        // of every bucket at 4.8 bits an entry and ~5 copies.
+        let budget = 150_000;
+        let t = LocalTier::new(1_000, settings(budget, Duration::ZERO), true);
+        t.resynced();
+        t.mode.store(Mode::Partial as u8, Ordering::Relaxed);
+        t.filters_for(Mode::Partial, (copy::COPY_OVERHEAD + 200 * 12) as f64);
+        let fb = t.filter_bytes();
+        assert!(fb > 0 && fb as f64 <= FILTER_SHARE * budget as f64, "{fb}");
+        read_full_buckets(&t, 200);
+        let (held, bytes) = t.held_stats();
+        assert!(bytes <= budget, "{bytes} bytes with {held} copies");
+        // Complete again: no filters, the whole budget for copies.
+        t.filters_for(Mode::Complete, 0.0);
+        assert_eq!(t.filter_bytes(), 0);
+        assert_eq!(t.held.scale.load(Ordering::Relaxed), SCALE_ONE);
     }
 
     #[test]
@@ -1637,6 +1999,24 @@ mod tests {
         assert!(
             (1..16).contains(&held) && bytes <= 6_000,
             "{held} copies, {bytes} bytes"
+        );
+        // Filters of every bucket: present fields are never "absent", most absent ones are.
+        assert!(t.filter_bytes() > 0);
+        let now = Instant::now();
+        let mut answered = 0;
+        for bucket in 0..16 {
+            for field in 0..100 {
+                let k = EntryKey { bucket, field };
+                assert_ne!(t.lookup(&k, now), Lookup::Local(None), "{k:?}");
+            }
+            for field in 1_000..1_100 {
+                let k = EntryKey { bucket, field };
+                answered += usize::from(t.lookup(&k, now) == Lookup::Local(None));
+            }
+        }
+        assert!(
+            answered > 1_500,
+            "{answered} of 1,600 absent fields answered locally"
         );
         worker.abort();
     }

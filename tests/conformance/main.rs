@@ -56,7 +56,7 @@ struct Harness {
 enum Tier {
     /// Room for every bucket: all loaded before the case starts.
     Complete,
-    /// Room for about 16 of the keyspace's 128 buckets.
+    /// Room for about 16 of the keyspace's 128 buckets, or filters of all and a few copies.
     Partial,
     Off,
 }
@@ -109,6 +109,12 @@ async fn ready(
             Tier::Off => Mode::Off,
         };
         assert_eq!(mode, expected, "tier mode");
+        // Partial mode keeps filters of every bucket: the cases' checks go through them.
+        assert_eq!(
+            lists.cache().filter_bytes() > 0,
+            tier == Tier::Partial,
+            "filters in partial mode only"
+        );
     }
     Harness {
         lists,
