@@ -10,13 +10,19 @@
 //!   If all N buckets fit the budget, the tier is *complete*: the worker loads every bucket in
 //!   the background (pipelined, paced at `fetch_rate` buckets/s, resumed where it stopped
 //!   after a store error) and then answers every lookup locally. Otherwise it is *partial*: it
-//!   preloads buckets until the budget is 90 % full, then fetches a bucket only when the
-//!   sketch (`sketch`) says it is touched far more than the average bucket (at most once per
-//!   `ttl / 2` each), and moka's TinyLFU keeps the hottest. Every other lookup goes to the store per key (`HGET`), on
+//!   keeps a Bloom filter of every bucket's fields (`filter`, 4-10 bits an entry, up to
+//!   `FILTER_SHARE` of the budget; the cache's weigher charges copies for that room), read by
+//!   the worker like a copy (every bucket, again from `ttl / 2` on, not kept as a copy), so a
+//!   lookup of a value on no list is answered locally whatever its bucket (87-99 % of them).
+//!   In the rest of the budget it preloads copies until 90 % full, then fetches a bucket only
+//!   when the sketch (`sketch`) says it is touched far more than the average bucket (at most
+//!   once per `ttl / 2` each), and moka's TinyLFU keeps the hottest. Every other lookup (the
+//!   listed values, and the filters' false positives) goes to the store per key (`HGET`), on
 //!   the caller's path as before; a whole bucket is never fetched on a caller's path. Why: a
 //!   bucket read costs Redis ~9 `HGET`s (`dump`), and with uniform traffic a bucket fetched
 //!   into a tier holding a fraction c of the keyspace serves c/(1-c) lookups before it is
-//!   evicted: at 20x the budget, 0.05. (README, *Local tier*, has the measurements.)
+//!   evicted: at 20x the budget, 0.05; a filter read every `ttl / 2` serves every absent
+//!   lookup in its bucket meanwhile. (README, *Local tier*, has the measurements.)
 //! * **Exact in place.** Every write's message carries the new codes (`Invalidation::Changes`)
 //!   and is applied to the copy in place. A bucket being read when a change arrives gets the
 //!   change logged and applied on top of what the read returns, so a read that raced a write
@@ -37,6 +43,11 @@
 //!   worker does at once. A copy is never used for a normal answer more than `ttl` after the
 //!   read it comes from started (the bound on staleness if a message is lost); the worker
 //!   reads every held bucket again from `ttl / 2` on, never on a caller's path.
+//! * **Filters** follow the same rules: one answers only while trusted, for the current
+//!   generation, within `ttl` of its read and unless a change of unknown value reached its
+//!   bucket since (then it is read again, for the filter only); every insert or refresh heard
+//!   is added to its bits, and a deletion stays in them (a false positive) until the next read.
+//!   With Redis unreachable, a filter's "absent" answers fail-open lookups too.
 //! * **The read path of a complete tier** is an index by bucket number (`Index`) mirroring
 //!   the cache: a lookup loads one pointer, where a cache read also records itself for the
 //!   eviction policy (in a profile of the new-subject mix, moka's `get` and its bookkeeping
