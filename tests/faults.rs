@@ -347,3 +347,28 @@ async fn redis_paused_answers_within_the_deadline() {
         "answers are whole again after the pause"
     );
 }
+
+/// Checks on an HTTP worker read over that worker's own connection once it is up
+/// (`store::worker_conn`), not only the shared one: after a few checks, more than one
+/// connection has `HGET` as its last command. (With the per-worker path broken, only the
+/// shared connection would.) The outage tests above then cover its reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_ride_the_workers_own_connections() {
+    let (redis, app) = setup(FailMode::Open, Tier::Off).await;
+    for i in 0..40 {
+        let body = app
+            .check(&json!({"lists": ["black"], "subjects": {"device": format!("w-{i}")}}))
+            .await;
+        assert_eq!(body["degraded"], false);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.conn())
+        .unwrap();
+    let reading = list.lines().filter(|l| l.contains(" cmd=hget ")).count();
+    assert!(
+        reading >= 2,
+        "connections whose last command was HGET:\n{list}"
+    );
+}

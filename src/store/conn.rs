@@ -143,7 +143,7 @@ impl RedisConn {
     /// `resp3` a node's connection notices a disconnection at once and reconnects in the
     /// background, used or not (the write pool's members are often idle when Redis restarts
     /// or drops them).
-    async fn open(
+    pub(super) async fn open(
         opts: &ConnectOptions,
         clients: &[Client],
         resp3: bool,

@@ -21,6 +21,7 @@ pub mod memory;
 pub mod redis;
 pub mod replicas;
 pub mod scripts;
+pub mod worker_conn;
 
 use std::time::Duration;
 

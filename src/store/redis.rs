@@ -40,6 +40,7 @@ use super::dump;
 use super::scripts::{
     self, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
 };
+use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
@@ -101,6 +102,8 @@ pub struct RedisStore {
     pubsub_next: AtomicUsize,
     /// Reads, and nothing that blocks on the server.
     conn: RedisConn,
+    /// The checks' reads on an HTTP worker: a connection of the worker's own (one node).
+    per_worker: Option<PerWorker>,
     /// The local tier's whole-bucket reads (`DUMP`/`HGETALL` of ~200-field buckets, 64 to a
     /// pipeline), on a connection of their own: Redis answers one connection's commands in
     /// order, so a reload of every bucket (start-up, a resubscription after a failover) on
@@ -121,6 +124,17 @@ pub struct RedisStore {
     /// The server refused `DUMP` once (ACLs, renamed command): buckets are read with
     /// `HGETALL` from then on.
     dump_refused: AtomicBool,
+}
+
+impl RedisStore {
+    /// The connection for a check's reads: the calling HTTP worker's own when it has one up
+    /// (`worker_conn`), else the shared one.
+    fn reads(&self) -> RedisConn {
+        self.per_worker
+            .as_ref()
+            .and_then(PerWorker::get)
+            .unwrap_or_else(|| self.conn.clone())
+    }
 }
 
 fn unavailable(e: RedisError) -> StoreError {
@@ -369,10 +383,12 @@ impl RedisStore {
 
         let (writes, monitor) =
             Self::write_path(&connect, &pubsub_clients, opts.write_replicas).await?;
+        let per_worker = PerWorker::new(&connect, &pubsub_clients);
         let store = Self {
             pubsub_clients,
             pubsub_next: AtomicUsize::new(0),
             conn,
+            per_worker,
             bulk,
             writes,
             monitor,
@@ -794,8 +810,9 @@ impl StoreBase for RedisStore {
         &self.layout
     }
 
+    /// On the connection the calling worker's checks use (its own, or the shared one).
     async fn ping(&self) -> StoreResult<()> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.reads();
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await
@@ -815,7 +832,7 @@ impl EntryStore for RedisStore {
                 })
             })
             .collect();
-        self.conn
+        self.reads()
             .run_all(cmds)
             .await
             .map_err(unavailable)?
@@ -898,7 +915,7 @@ impl EntryStore for RedisStore {
                 })
             })
             .collect();
-        let raw = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        let raw = self.reads().run_all(cmds).await.map_err(unavailable)?;
         raw.iter()
             .map(|v| {
                 let members: Vec<String> = redis::from_redis_value_ref(v)
