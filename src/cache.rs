@@ -311,7 +311,7 @@ impl Ring {
 
 /// Complete mode's read path: every copy the cache holds, by bucket number (8 bytes a bucket,
 /// taken from the copies' budget; made only when the keyspace could be held complete, so at
-/// most 8 / `COPY_OVERHEAD` = 4 % of the budget). Filled when complete mode is chosen, kept
+/// most 8 / `COPY_OVERHEAD` = 1.3 % of the budget). Filled when complete mode is chosen, kept
 /// by `put` and the eviction listener while it lasts, off and emptied in partial mode.
 struct Index {
     on: AtomicBool,
@@ -1155,8 +1155,17 @@ impl LocalTier {
             }
             None => SCALE_ONE,
         };
-        self.held.scale.store(scale, Ordering::Relaxed);
+        let previous = self.held.scale.swap(scale, Ordering::Relaxed);
         self.filters.store(made.map(|(f, _)| Arc::new(f)));
+        // The weight of a copy is fixed when it is inserted: under a larger scale, those held
+        // would count for less than they now should and the budget would be overrun. Filters
+        // are sized again only when the mean bucket moved by a quarter (rare), so the copies
+        // go (their listener keeps the counts) and are read again as the mode's rules say.
+        if scale > previous
+            && let Some(copies) = &self.copies
+        {
+            copies.invalidate_all();
+        }
     }
 
     /// Re-evaluates the mode from the buckets read since last time, or else the copies held
@@ -1696,7 +1705,16 @@ mod tests {
         let t = LocalTier::new(1_000, settings(budget, Duration::ZERO), true);
         t.resynced();
         t.mode.store(Mode::Partial as u8, Ordering::Relaxed);
+        // Copies first, filling the whole budget; then filters: the copies held go rather
+        // than stay weighed as if the filters took nothing.
+        read_full_buckets(&t, 100);
+        assert!(t.held_stats().0 > 0);
         t.filters_for(Mode::Partial, (copy::COPY_OVERHEAD + 200 * 12) as f64);
+        let (held, bytes) = t.held_stats();
+        assert!(
+            bytes <= budget,
+            "{bytes} bytes with {held} copies and the filters"
+        );
         let fb = t.filter_bytes();
         assert!(fb > 0 && fb as f64 <= FILTER_SHARE * budget as f64, "{fb}");
         read_full_buckets(&t, 200);
@@ -1872,8 +1890,9 @@ mod tests {
 
     #[test]
     fn the_index_holds_exactly_what_the_cache_holds() {
-        // 200 buckets could be complete (each weighs at least 224 B), so there is an index.
-        let budget = 64 * 1024;
+        // 200 buckets could be complete (each weighs at least `COPY_OVERHEAD`), so there is an
+        // index.
+        let budget = 160 * 1024;
         let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
         t.resynced();
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);

@@ -128,8 +128,8 @@ async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
     let redis = RedisServer::start();
     let mut settings = redis_settings(&redis);
     settings.expected_entries = Some(100_000); // 500 buckets
-    // 20,000 entries: ~40 per bucket, ~700 B a copy, ~350 KB in all; room for ~1/7, or for
-    // filters of every bucket at ~10 bits an entry and a few copies.
+    // 20,000 entries: ~40 per bucket, ~1.1 KB a copy, ~560 KB in all; room for ~1/10, or
+    // for filters of every bucket at ~10 bits an entry and a few copies.
     settings.local_memory_mb = 0.05;
     // The tier reconsiders its sizes once a TTL: the filters, sized on the empty keyspace at
     // start-up, are sized again for the entries written below within a second.

@@ -8,8 +8,8 @@
 //! room, 10 bits (~1 %).
 //!
 //! One flat array: every bucket has `words` 64-bit words of bits and a stamp (no allocation
-//! or cache entry per bucket: at ~120 bytes a bucket, a copy's fixed overhead alone would be
-//! twice that). The stamp says which read the bits come from: the tier's generation (its low
+//! or cache entry per bucket: at ~120 bytes a bucket, a copy's fixed overhead alone is five
+//! times that). The stamp says which read the bits come from: the tier's generation (its low
 //! 24 bits) and when that read started, or 0 for "no usable filter" (never read, or dirty).
 //!
 //! Exactness: a filter may say "maybe" for an absent field, never "absent" for a present one,
