@@ -4,7 +4,7 @@
 //! no list, and "not in this bucket" needs far fewer bits than the bucket itself: a Bloom
 //! filter of a bucket's fields at `b` bits an entry (12 bytes an entry for a copy) answers a
 //! lookup of an absent field locally except with probability ~(1 − e^(−k/b))^k. At 20× the
-//! budget there are ~4.3 bits an entry (~13 % of absent fields still go to the store); with
+//! budget there are ~5.1 bits an entry (~9 % of absent fields still go to the store); with
 //! room, 10 bits (~1 %).
 //!
 //! One flat array: every bucket has `words` 64-bit words of bits and a stamp (no allocation
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(f.words, 4);
         assert_eq!(f.probes(), 7);
         assert_eq!(f.bytes(), 100 * (4 + 1) * 8);
-        // 20x a copy's budget for 200-entry buckets: ~125 B a bucket, 13 words, 4.2 bits.
+        // ~125 B a bucket of 200 entries: 13 words, 4.2 bits.
         let f = Filters::sized(5_000, 200.0, 5_000 * 125 * 9 / 10, now).unwrap();
         assert_eq!(f.words, 13);
         assert_eq!(f.probes(), 3);
