@@ -106,6 +106,59 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
     assert_eq!(reads, 0, "nor read a bucket again");
 }
 
+/// The same with B's tier partial (a budget far below the keyspace's buckets): B answers a
+/// value on no list from its filter of the bucket, sees A's write within 100 ms (the message
+/// adds the field to the filter, so B asks Redis), and answers exactly after A's delete (the
+/// deleted field stays in the filter: Redis answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_is_seen_through_b_s_filters_within_100ms() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.cache_ttl_ms = 600_000;
+    settings.write_deadline_ms = 200;
+    settings.expected_entries = Some(100_000); // 500 buckets
+    let a = spawn_app(settings.clone()).await;
+    settings.local_memory_mb = 0.05; // 500 copies would take ~320 KB
+    let b = spawn_app(settings).await;
+    assert_eq!(b.lists.cache().mode(), namelist::cache::Mode::Partial);
+    assert!(b.lists.cache().filter_bytes() > 0, "B keeps filters");
+
+    // B's filters are read in the background; then a value on no list stays local.
+    let started = Instant::now();
+    loop {
+        let (hits, sent) = (
+            cache_hits(&b).await,
+            counter(&b, "namelist_cache_misses_total").await,
+        );
+        assert!(!listed(&b, "d-filt").await);
+        if cache_hits(&b).await > hits && counter(&b, "namelist_cache_misses_total").await == sent {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "filters not read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    list(&a, "d-filt").await;
+    let seen = until(&b, "d-filt", true, Duration::from_millis(100)).await;
+    eprintln!("upsert on A seen through B's filter after {seen:?}");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let res = a
+        .delete(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-filt"}]}),
+        )
+        .await;
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
+    let seen = until(&b, "d-filt", false, Duration::from_millis(100)).await;
+    eprintln!("delete on A seen on B after {seen:?}");
+    list(&a, "d-filt").await;
+    let seen = until(&b, "d-filt", true, Duration::from_millis(100)).await;
+    eprintln!("second upsert on A seen on B after {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_subscription_is_restored_and_loses_nothing() {
     let redis = RedisServer::start();
