@@ -68,6 +68,8 @@ async fn stream_checks(app: Arc<TestApp>, stop: Arc<AtomicBool>) -> Vec<Answer> 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tier {
     Complete,
+    /// A budget far below the keyspace: partial mode, filters of every bucket.
+    Filters,
     Off,
 }
 
@@ -75,8 +77,11 @@ async fn setup(mode: FailMode, tier: Tier) -> (RedisServer, Arc<TestApp>) {
     let redis = RedisServer::start();
     let mut settings = redis_settings(&redis);
     settings.fail_mode = mode;
-    if tier == Tier::Off {
-        settings.local_memory_mb = 0.0;
+    match tier {
+        Tier::Off => settings.local_memory_mb = 0.0,
+        // 5,000 buckets would take 3.2 MB as copies.
+        Tier::Filters => settings.local_memory_mb = 1.0,
+        Tier::Complete => {}
     }
     settings.check_deadline_ms = DEADLINE_MS;
     settings.write_deadline_ms = 300;
@@ -96,6 +101,39 @@ async fn setup(mode: FailMode, tier: Tier) -> (RedisServer, Arc<TestApp>) {
     assert_eq!(body["hits"].as_array().unwrap().len(), 1);
     // The write's bucket has been read again: the copy is complete and current.
     assert!(app.lists.cache().wait_idle(Duration::from_secs(5)).await);
+    if tier == Tier::Filters {
+        assert!(
+            app.lists.cache().filter_bytes() > 0,
+            "partial mode keeps filters"
+        );
+        // Every bucket's filter read: a value never seen is answered without Redis.
+        let started = Instant::now();
+        let mut n = 0;
+        loop {
+            n += 1;
+            let sent = app
+                .metric("namelist_cache_misses_total")
+                .await
+                .unwrap_or(0.0);
+            let body = app
+                .check(&json!({"lists": ["black"], "subjects": {"device": format!("warm-{n}")}}))
+                .await;
+            assert!(body["hits"].as_array().unwrap().is_empty());
+            if app
+                .metric("namelist_cache_misses_total")
+                .await
+                .unwrap_or(0.0)
+                == sent
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "filters not read"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     (redis, app)
 }
 
@@ -237,6 +275,19 @@ async fn outage(mode: FailMode, tier: Tier) {
                             "stale_ms {stale} for an answer {since_kill} ms after the kill"
                         );
                     }
+                    Tier::Filters => {
+                        // The listed value is answered if its bucket is held as a copy (it is
+                        // hot), else missed; the values on no list come from their buckets'
+                        // filters, as of about the kill. (Which lookups a filter answered is
+                        // not visible here: `cache::tests` checks that one does.)
+                        let since_kill = a.at.duration_since(killed_at).as_millis() as u64;
+                        let stale = a.stale_ms.flatten().expect("stale_ms in a degraded answer");
+                        assert!(
+                            stale <= since_kill + a.took.as_millis() as u64 + 5
+                                && stale + 200 >= since_kill,
+                            "stale_ms {stale} for an answer {since_kill} ms after the kill"
+                        );
+                    }
                     Tier::Off => {
                         assert!(!a.listed_hit, "nothing local to answer from");
                         assert_eq!(a.stale_ms, Some(None), "stale_ms null: no local copy");
@@ -271,6 +322,11 @@ async fn outage(mode: FailMode, tier: Tier) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_fail_open_with_a_complete_copy() {
     outage(FailMode::Open, Tier::Complete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_fail_open_with_filters() {
+    outage(FailMode::Open, Tier::Filters).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
