@@ -274,20 +274,16 @@ impl Ring {
         let mut looked = 0;
         while batch.len() < BATCH && looked < SCAN_STEP && buckets > 0 {
             let b = self.cursor;
-            match state(b) {
-                Some((at, due)) => {
-                    self.pass_oldest = self.pass_oldest.max(now.saturating_duration_since(at));
-                    if due {
-                        self.pass_found = true;
-                        if !batch.contains(&b) {
-                            batch.push(b);
-                        }
-                    } else {
-                        let at = at + refresh_at;
-                        self.pass_due = Some(self.pass_due.map_or(at, |d| d.min(at)));
-                    }
+            let held = state(b);
+            if let Some((at, _)) = held {
+                self.pass_oldest = self.pass_oldest.max(now.saturating_duration_since(at));
+            }
+            match held {
+                Some((at, false)) => {
+                    let at = at + refresh_at;
+                    self.pass_due = Some(self.pass_due.map_or(at, |d| d.min(at)));
                 }
-                None => {
+                _ => {
                     self.pass_found = true;
                     if !batch.contains(&b) {
                         batch.push(b);
@@ -1067,7 +1063,9 @@ impl LocalTier {
         };
         let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
         if previous != mode || (mode == Mode::Partial && self.filters_outgrown(mean)) {
-            self.index_for(mode);
+            if previous != mode {
+                self.index_for(mode);
+            }
             self.filters_for(mode, mean);
             let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
             tracing::info!(

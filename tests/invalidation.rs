@@ -53,6 +53,28 @@ async fn cache_hits(app: &TestApp) -> u64 {
     counter(app, "namelist_cache_hits_total").await
 }
 
+/// A lists `device`, deletes it (past the conflict window of a delete's non-atomic message),
+/// and lists it again: B sees each change within 100 ms (hit, miss, hit).
+async fn hit_miss_hit(a: &TestApp, b: &TestApp, device: &str) {
+    list(a, device).await;
+    let seen = until(b, device, true, Duration::from_millis(100)).await;
+    eprintln!("upsert on A seen on B after {seen:?}");
+    assert!(listed(b, device).await, "B keeps answering the hit");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let res = a
+        .delete(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": device}]}),
+        )
+        .await;
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
+    let seen = until(b, device, false, Duration::from_millis(100)).await;
+    eprintln!("delete on A seen on B after {seen:?}");
+    list(a, device).await;
+    let seen = until(b, device, true, Duration::from_millis(100)).await;
+    eprintln!("second upsert on A seen on B after {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_on_a_is_seen_on_b_within_100ms() {
     let redis = RedisServer::start();
@@ -77,26 +99,7 @@ async fn a_write_on_a_is_seen_on_b_within_100ms() {
         "B answers the miss from its local copy"
     );
 
-    list(&a, "d-inv").await;
-    let seen = until(&b, "d-inv", true, Duration::from_millis(100)).await;
-    eprintln!("upsert on A seen on B after {seen:?}");
-
-    assert!(listed(&b, "d-inv").await, "B caches the hit");
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let res = a
-        .delete(
-            "/v1/lists/black/entries",
-            &json!({"entries": [{"dimension": "device", "value": "d-inv"}]}),
-        )
-        .await;
-    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
-    let seen = until(&b, "d-inv", false, Duration::from_millis(100)).await;
-    eprintln!("delete on A seen on B after {seen:?}");
-
-    // And listed again: hit, miss, hit.
-    list(&a, "d-inv").await;
-    let seen = until(&b, "d-inv", true, Duration::from_millis(100)).await;
-    eprintln!("second upsert on A seen on B after {seen:?}");
+    hit_miss_hit(&a, &b, "d-inv").await;
     assert_eq!(
         counter(&b, "namelist_cache_misses_total").await,
         sent_before,
@@ -141,22 +144,7 @@ async fn a_write_on_a_is_seen_through_b_s_filters_within_100ms() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    list(&a, "d-filt").await;
-    let seen = until(&b, "d-filt", true, Duration::from_millis(100)).await;
-    eprintln!("upsert on A seen through B's filter after {seen:?}");
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let res = a
-        .delete(
-            "/v1/lists/black/entries",
-            &json!({"entries": [{"dimension": "device", "value": "d-filt"}]}),
-        )
-        .await;
-    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
-    let seen = until(&b, "d-filt", false, Duration::from_millis(100)).await;
-    eprintln!("delete on A seen on B after {seen:?}");
-    list(&a, "d-filt").await;
-    let seen = until(&b, "d-filt", true, Duration::from_millis(100)).await;
-    eprintln!("second upsert on A seen on B after {seen:?}");
+    hit_miss_hit(&a, &b, "d-filt").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,6 +49,9 @@ enum State {
 }
 
 struct Slot {
+    /// The connection once seen up: later calls take it without the lock.
+    conn: Option<RedisConn>,
+    /// Set by the connecting task.
     state: Arc<Mutex<State>>,
     /// A task that never ends on the runtime that made the connection: finished once that
     /// runtime is gone, and the connection with it.
@@ -88,23 +91,25 @@ impl PerWorker {
             return None;
         }
         SLOTS.with_borrow_mut(|slots| {
-            if let Some(slot) = slots.get(&self.id) {
-                let retry = {
-                    let state = slot.state.lock().expect("slot lock");
-                    match &*state {
-                        _ if slot.sentinel.is_finished() => true,
-                        State::Ready(conn) => return Some(conn.clone()),
-                        State::Connecting => return None,
-                        State::Failed(at) => at.elapsed() >= RETRY,
-                    }
-                };
-                if !retry {
-                    return None;
+            if let Some(slot) = slots.get_mut(&self.id)
+                && !slot.sentinel.is_finished()
+            {
+                if let Some(conn) = &slot.conn {
+                    return Some(conn.clone());
                 }
-                slots.remove(&self.id);
+                match &*slot.state.lock().expect("slot lock") {
+                    State::Connecting => return None,
+                    State::Ready(conn) => {
+                        slot.conn = Some(conn.clone());
+                        return Some(conn.clone());
+                    }
+                    State::Failed(at) if at.elapsed() < RETRY => return None,
+                    State::Failed(_) => {}
+                }
             }
-            // A new slot: forget those of dropped stores first.
-            slots.retain(|_, s| s.owner.strong_count() > 0);
+            // No slot, its runtime ended, or a retry is due: a new one, and those of dropped
+            // stores forgotten.
+            slots.retain(|id, s| *id != self.id && s.owner.strong_count() > 0);
             let state = Arc::new(Mutex::new(State::Connecting));
             let (opts, clients, filled) = (self.opts.clone(), self.clients.clone(), state.clone());
             handle.spawn(async move {
@@ -122,6 +127,7 @@ impl PerWorker {
             slots.insert(
                 self.id,
                 Slot {
+                    conn: None,
                     state,
                     sentinel,
                     owner: Arc::downgrade(&self.alive),
