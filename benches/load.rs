@@ -54,7 +54,10 @@
 //!    `namelist_cache_misses_total`), the CPU each process used, and **Redis CPU per 1,000
 //!    checks** (`used_cpu_user + used_cpu_sys` from `INFO cpu` around the run, divided by
 //!    the checks answered: the tier's background refresh is included). A sample of answers is
-//!    verified after each mix.
+//!    verified after each mix. **Writes go on meanwhile**: during every run of the service,
+//!    `NAMELIST_LOAD_WRITE_RATE` (50) upserts a second of 10 device entries each (never
+//!    checked; sandbox `loan`, one-hour TTL) to list `grey` through the same service, as list operators do; each run's line
+//!    is followed by what they got (acknowledged, refused, slowest).
 //! 4. **direct-Redis baseline**, with the service stopped: the new mix's subjects turned into
 //!    the exact keys a check reads (`Layout::entry_key` over 2 lists x 7 dimensions, plus one
 //!    probe per registered prefix length of the address's family, read from the registries),
@@ -81,6 +84,7 @@
 //! (2; a list such as `1,2` runs every mix per count), `NAMELIST_LOAD_HIT_RATES`
 //! (1000,5000,10000,20000), `NAMELIST_LOAD_NEW_RATES` (1000,2500,5000),
 //! `NAMELIST_LOAD_BUDGET_FACTOR` (20), `NAMELIST_LOAD_STARTUP_ENTRIES` (10000000),
+//! `NAMELIST_LOAD_WRITE_RATE` (50 upserts/s during every service run; 0: none),
 //! `NAMELIST_LOAD_CONNECTIONS` (64), `NAMELIST_LOAD_GEN_THREADS` (1), `NAMELIST_LOAD_OHA`,
 //! `NAMELIST_LOAD_MIXES` (all: `hit,new,new-off,new-20x,new-cap1,redis-direct`; a subset runs
 //! only those, for a quicker look at one), `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
@@ -168,6 +172,8 @@ struct Knobs {
     new_rates: Vec<u64>,
     budget_factor: f64,
     startup_entries: u64,
+    /// Upserts a second during every service run (`NAMELIST_LOAD_WRITE_RATE`).
+    write_rate: u64,
     connections: usize,
     gen_threads: usize,
     perf_dir: Option<PathBuf>,
@@ -206,6 +212,7 @@ impl Knobs {
             new_rates: env_list("NAMELIST_LOAD_NEW_RATES", "1000,2500,5000"),
             budget_factor: env_u64("NAMELIST_LOAD_BUDGET_FACTOR", 20).max(1) as f64,
             startup_entries: env_u64("NAMELIST_LOAD_STARTUP_ENTRIES", 10_000_000),
+            write_rate: env_u64("NAMELIST_LOAD_WRITE_RATE", 50),
             connections: env_u64("NAMELIST_LOAD_CONNECTIONS", 64).max(1) as usize,
             gen_threads: env_u64("NAMELIST_LOAD_GEN_THREADS", 1).max(1) as usize,
             perf_dir: std::env::var_os("NAMELIST_LOAD_PERF").map(PathBuf::from),
@@ -935,6 +942,79 @@ fn redis_cpu_seconds(url: &str) -> f64 {
     })
 }
 
+/// Upserts at a fixed rate through the service while a run goes on (`NAMELIST_LOAD_WRITE_RATE`).
+struct Writer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<WriteStats>,
+}
+
+#[derive(Default)]
+struct WriteStats {
+    acked: u64,
+    failed: u64,
+    slowest: Duration,
+}
+
+impl WriteStats {
+    fn print(&self) {
+        println!(
+            "  {:<12} writes meanwhile: {} acknowledged, {} refused or failed, slowest {:.1} ms",
+            "",
+            self.acked,
+            self.failed,
+            self.slowest.as_secs_f64() * 1e3
+        );
+    }
+}
+
+impl Writer {
+    /// `None` when `rate` is 0. Each upsert carries 10 device values of its own (`tag`, a
+    /// counter), never checked by any mix.
+    fn start(http: reqwest::Client, url: String, rate: u64, tag: String) -> Option<Self> {
+        if rate == 0 {
+            return None;
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut stats = WriteStats::default();
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let entries: Vec<Json> = (0..10)
+                    .map(|i| {
+                        json!({"dimension": "device", "value": format!("w-{tag}-{n}-{i}"),
+                               "sandbox": SANDBOX, "ttl_seconds": 3600, "reason": "load bench"})
+                    })
+                    .collect();
+                n += 1;
+                let started = Instant::now();
+                let ok = http
+                    .post(&url)
+                    .json(&json!({ "entries": entries }))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                stats.slowest = stats.slowest.max(started.elapsed());
+                if ok {
+                    stats.acked += 1;
+                } else {
+                    stats.failed += 1;
+                }
+            }
+            stats
+        });
+        Some(Self { stop, task })
+    }
+
+    async fn stop(self) -> WriteStats {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}
+
 impl Phase<'_> {
     /// One generator run against `service`, with the service's counters and CPU around it.
     async fn measure(
@@ -974,6 +1054,12 @@ impl Phase<'_> {
         };
         let url = service.url("/v1/check");
         let (generator, knobs, path) = (self.generator, self.knobs, bodies.to_path_buf());
+        let writer = Writer::start(
+            self.http.clone(),
+            service.url("/v1/lists/grey/entries"),
+            knobs.write_rate,
+            format!("{mix}-{}", rate.map_or("max".into(), |r| r.to_string())),
+        );
         let m = tokio::task::block_in_place(|| {
             generator.run(
                 &url,
@@ -1004,6 +1090,9 @@ impl Phase<'_> {
             cpu,
         };
         row.print();
+        if let Some(w) = writer {
+            w.stop().await.print();
+        }
         row
     }
 
@@ -1334,7 +1423,7 @@ async fn bench(knobs: Knobs) {
     println!(
         "namelist load benchmark: {entries} entries imported ({} lists x 7 dimensions, sandbox {SANDBOX}; {buckets} buckets, \
          ~{} per bucket) + {} ranges; generator {} ({}), {} thread(s), -c {}; {} s per fixed rate, {} s unlimited; \
-         setup {:.1} s",
+         writes meanwhile: {} upserts/s of 10 entries (NAMELIST_LOAD_WRITE_RATE); setup {:.1} s",
         LISTS.len(),
         knobs.entries / buckets.max(1),
         RANGES.len(),
@@ -1344,6 +1433,7 @@ async fn bench(knobs: Knobs) {
         knobs.connections,
         knobs.secs,
         knobs.secs * 1.5,
+        knobs.write_rate,
         setup.elapsed().as_secs_f64()
     );
     println!(
