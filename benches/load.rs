@@ -89,7 +89,7 @@
 //! `NAMELIST_LOAD_MIXES` (all: `hit,new,new-off,new-20x,new-cap1,redis-direct`; a subset runs
 //! only those, for a quicker look at one), `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
 //! a larger figure makes smaller buckets), `NAMELIST_LOAD_PERF=DIR` (`perf record -e cpu-clock
-//! -g` of the service and of Redis during each unlimited run, into DIR; `perf report -i`).
+//! -g` of the service and of Redis during each run, into DIR; `perf report -i`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -1030,8 +1030,9 @@ impl Phase<'_> {
         let redis_cpu = redis_cpu_seconds(self.redis_url);
         let cpu = CpuMark::take(Some(service.pid()), self.redis_pid);
         let perf: Vec<Child> = match (&self.knobs.perf_dir, rate) {
-            (Some(dir), None) => {
+            (Some(dir), _) => {
                 std::fs::create_dir_all(dir).expect("perf directory");
+                let at = rate.map_or("max".to_owned(), |r| r.to_string());
                 [("service", service.pid()), ("redis", self.redis_pid)]
                     .into_iter()
                     .filter_map(|(who, pid)| {
@@ -1040,7 +1041,7 @@ impl Phase<'_> {
                             .args(["record", "-e", "cpu-clock", "-F", "999", "-g", "-p"])
                             .arg(pid.to_string())
                             .arg("-o")
-                            .arg(dir.join(format!("{mix}-w{workers}-{who}.perf.data")))
+                            .arg(dir.join(format!("{mix}-w{workers}-{at}-{who}.perf.data")))
                             .args(["--", "sleep"])
                             .arg(format!("{}", secs.ceil() as u64))
                             .stdout(Stdio::null())
