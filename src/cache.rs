@@ -48,12 +48,15 @@
 //!   bucket since (then it is read again, for the filter only); every insert or refresh heard
 //!   is added to its bits, and a deletion stays in them (a false positive) until the next read.
 //!   With Redis unreachable, a filter's "absent" answers fail-open lookups too.
-//! * **The read path of a complete tier** is an index by bucket number (`Index`) mirroring
-//!   the cache: a lookup loads one pointer, where a cache read also records itself for the
+//! * **A complete tier keeps its copies in an index** by bucket number (`Index`), not in the
+//!   cache: a lookup loads one pointer, where a cache read also records itself for the
 //!   eviction policy (in a profile of the new-subject mix, moka's `get` and its bookkeeping
-//!   were ~15 % of the service's CPU). Nothing is evicted from a complete tier, so the policy
-//!   needs no reads; a partial tier reads the cache itself, and its index is off and empty
-//!   (one kept up would hold copies the cache declined or evicted, past the budget).
+//!   were ~15 % of the service's CPU), and a copy costs ~190 B less without the cache's
+//!   bookkeeping (`INDEXED_OVERHEAD`; 14.3 B against 15.7 B an entry resident at 10M
+//!   entries). Nothing is evicted from a complete tier, so it needs no policy; a copy that
+//!   would take it past the budget (the keyspace grew) is not kept and the worker turns the
+//!   tier partial at once. A partial tier keeps its copies in the cache, the index off and
+//!   empty; a mode change moves them under every stripe lock.
 //! * **Staleness of a fail-open answer** (`stale_ms`): the time since each copy used was last
 //!   known in sync (now, while trusted and current; when the subscription broke, or its
 //!   generation ended, or it turned dirty, otherwise).
@@ -215,6 +218,24 @@ struct Held {
     read_entries: AtomicU64,
 }
 
+impl Held {
+    /// A copy weighing `bytes` is now held (in the cache or the index).
+    fn holding(&self, copy: &BucketCopy, bytes: usize) {
+        self.bytes.fetch_add(bytes as i64, Ordering::Relaxed);
+        if copy.generation == self.generation.load(Ordering::Relaxed) {
+            self.current.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A copy weighing `bytes` is no longer held.
+    fn released(&self, copy: &BucketCopy, bytes: usize) {
+        self.bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+        if copy.generation == self.generation.load(Ordering::Relaxed) {
+            self.current.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Progress of the background sweep.
 struct Sweep {
     /// Partial mode's preload: the next bucket to look at.
@@ -304,13 +325,16 @@ impl Ring {
     }
 }
 
-/// Complete mode's read path: every copy the cache holds, by bucket number (8 bytes a bucket,
-/// taken from the copies' budget; made only when the keyspace could be held complete, so at
-/// most 8 / `COPY_OVERHEAD` = 1.3 % of the budget). Filled when complete mode is chosen, kept
-/// by `put` and the eviction listener while it lasts, off and emptied in partial mode.
+/// Where a complete tier keeps its copies: a slot per bucket (8 bytes a bucket, taken from
+/// the copies' budget; made only when the keyspace could be held complete, so at most
+/// 8 / `COPY_OVERHEAD` = 1.3 % of the budget). On in complete mode, when the cache holds
+/// nothing; off and empty in partial mode. A copy is in one of the two, never both.
 struct Index {
     on: AtomicBool,
     slots: Box<[ArcSwapOption<BucketCopy>]>,
+    /// Slots set, and the bytes (`BucketCopy::indexed_bytes`) of their copies.
+    held: AtomicI64,
+    bytes: AtomicI64,
 }
 
 impl Index {
@@ -321,27 +345,36 @@ impl Index {
         self.slots.get(bucket as usize).map(ArcSwapOption::load)
     }
 
-    fn set(&self, bucket: u32, copy: &Arc<BucketCopy>) {
-        if self.on.load(Ordering::Acquire)
-            && let Some(slot) = self.slots.get(bucket as usize)
-        {
-            slot.store(Some(copy.clone()));
-        }
+    fn is_on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
     }
 
-    /// The cache dropped `copy`: so does the index, unless a newer copy is there already.
-    fn evicted(&self, bucket: u32, copy: &Arc<BucketCopy>) {
-        if let Some(slot) = self.slots.get(bucket as usize) {
-            slot.compare_and_swap(Arc::as_ptr(copy), None);
-        }
+    /// Sets `bucket`'s slot (`None` empties it) and returns what it held; the caller holds
+    /// the bucket's stripe lock.
+    fn swap(&self, bucket: u32, copy: Option<Arc<BucketCopy>>) -> Option<Arc<BucketCopy>> {
+        let slot = self.slots.get(bucket as usize)?;
+        let (set, bytes) = copy
+            .as_ref()
+            .map_or((0, 0), |c| (1, c.indexed_bytes() as i64));
+        let old = slot.swap(copy);
+        let (unset, freed) = old
+            .as_ref()
+            .map_or((0, 0), |c| (1, c.indexed_bytes() as i64));
+        self.held.fetch_add(set - unset, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes - freed, Ordering::Relaxed);
+        old
     }
 }
 
 /// The local tier of one instance.
 pub struct LocalTier {
     copies: Option<moka::sync::Cache<u32, Arc<BucketCopy>>>,
-    /// Complete mode's read path (see the module docs); `None` when the tier is off.
+    /// Complete mode's copies (see the module docs); `None` when complete mode is impossible.
     index: Option<Arc<Index>>,
+    /// What the copies may take (the budget less the index's slots).
+    copies_budget: u64,
+    /// Set when a copy did not fit the index: the worker turns the tier partial.
+    overflowed: AtomicBool,
     /// Partial mode's filters of every bucket (`filter`), while partial and room allows.
     filters: ArcSwapOption<filter::Filters>,
     /// When the tier was made: the filters' stamps count from here.
@@ -387,6 +420,8 @@ impl LocalTier {
             Arc::new(Index {
                 on: AtomicBool::new(false),
                 slots: (0..buckets).map(|_| ArcSwapOption::empty()).collect(),
+                held: AtomicI64::new(0),
+                bytes: AtomicI64::new(0),
             })
         });
         let copies_budget = settings.budget_bytes - if indexed { index_bytes } else { 0 };
@@ -395,7 +430,6 @@ impl LocalTier {
                 (settings.budget_bytes / settings.max_buckets).min(u64::from(u32::MAX));
             let listener_held = held.clone();
             let weigher_held = held.clone();
-            let listener_index = index.clone();
             moka::sync::Cache::builder()
                 .max_capacity(copies_budget)
                 .weigher(move |_: &u32, c: &Arc<BucketCopy>| {
@@ -404,26 +438,16 @@ impl LocalTier {
                     (u128::from(bytes) * u128::from(scale) / u128::from(SCALE_ONE))
                         .min(u128::from(u32::MAX)) as u32
                 })
-                .eviction_listener(
-                    move |b: Arc<u32>, c: Arc<BucketCopy>, cause: RemovalCause| {
-                        listener_held
-                            .bytes
-                            .fetch_sub(c.bytes() as i64, Ordering::Relaxed);
-                        if c.generation == listener_held.generation.load(Ordering::Relaxed) {
-                            listener_held.current.fetch_sub(1, Ordering::Relaxed);
-                        }
-                        if cause != RemovalCause::Replaced
-                            && let Some(index) = &listener_index
-                        {
-                            index.evicted(*b, &c);
-                        }
-                    },
-                )
+                .eviction_listener(move |_: Arc<u32>, c: Arc<BucketCopy>, _: RemovalCause| {
+                    listener_held.released(&c, c.bytes());
+                })
                 .build()
         });
         Arc::new(Self {
             copies,
             index,
+            copies_budget,
+            overflowed: AtomicBool::new(false),
             filters: ArcSwapOption::empty(),
             epoch: Instant::now(),
             buckets,
@@ -593,7 +617,8 @@ impl LocalTier {
     /// when that copy was last known in sync. `None` when the bucket is not held.
     /// A filter that says the key is absent answers too.
     pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
-        if let Some(c) = self.copies.as_ref()?.get(&key.bucket) {
+        self.copies.as_ref()?;
+        if let Some(c) = self.get(key.bucket) {
             let at = self.synced_at(c.generation, c.dirty_since, c.fetched_at, now);
             return Some((c.get(key.field), at));
         }
@@ -776,24 +801,63 @@ impl LocalTier {
         }
     }
 
+    /// The index while it is on (complete mode).
+    fn index_on(&self) -> Option<&Index> {
+        self.index.as_deref().filter(|i| i.is_on())
+    }
+
+    /// The copy held of `bucket`, wherever the mode keeps it.
     fn get(&self, bucket: u32) -> Option<Arc<BucketCopy>> {
-        self.copies.as_ref()?.get(&bucket)
+        match self.index_on() {
+            Some(index) => index.get(bucket).and_then(|slot| (*slot).clone()),
+            None => self.copies.as_ref()?.get(&bucket),
+        }
     }
 
     /// Installs a copy (the caller holds the bucket's stripe lock).
     fn put(&self, bucket: u32, copy: BucketCopy) {
+        self.put_arc(bucket, Arc::new(copy));
+    }
+
+    /// Installs a copy: in the index in complete mode, else in the cache. A copy that would
+    /// take the index past the copies' budget (the keyspace outgrew a complete copy) is not
+    /// kept, nor is the older one it replaces: that bucket is answered by the store until the
+    /// worker turns the tier partial (`overflowed`). The caller holds the bucket's stripe
+    /// lock, or every stripe lock.
+    fn put_arc(&self, bucket: u32, copy: Arc<BucketCopy>) {
         let Some(copies) = &self.copies else { return };
-        self.held
-            .bytes
-            .fetch_add(copy.bytes() as i64, Ordering::Relaxed);
-        if copy.generation == self.generation() {
-            self.held.current.fetch_add(1, Ordering::Relaxed);
+        let Some(index) = self.index_on() else {
+            self.held.holding(&copy, copy.bytes());
+            copies.insert(bucket, copy);
+            return;
+        };
+        let replaced = index
+            .get(bucket)
+            .and_then(|slot| slot.as_ref().map(|c| c.indexed_bytes()))
+            .unwrap_or(0);
+        let after =
+            index.bytes.load(Ordering::Relaxed) - replaced as i64 + copy.indexed_bytes() as i64;
+        let copy = if after > self.copies_budget as i64 {
+            self.overflowed.store(true, Ordering::Relaxed);
+            self.wake.notify_one();
+            None
+        } else {
+            self.held.holding(&copy, copy.indexed_bytes());
+            Some(copy)
+        };
+        if let Some(old) = index.swap(bucket, copy) {
+            self.held.released(&old, old.indexed_bytes());
         }
-        let copy = Arc::new(copy);
-        copies.insert(bucket, copy.clone());
-        if let Some(index) = &self.index {
-            index.set(bucket, &copy);
-        }
+    }
+
+    /// Copies held, in the cache and the index.
+    fn count(&self) -> u64 {
+        let Some(copies) = &self.copies else { return 0 };
+        let indexed = self
+            .index
+            .as_ref()
+            .map_or(0, |i| i.held.load(Ordering::Relaxed).max(0) as u64);
+        copies.entry_count() + indexed
     }
 
     /// Reads `buckets` from the store and installs them (with the changes heard meanwhile).
@@ -891,8 +955,7 @@ impl LocalTier {
             if fetching.poisoned {
                 copy = copy.dirtied(read.started);
             }
-            let keep = !read.filter_only.contains(&b)
-                || self.copies.as_ref().is_some_and(|c| c.contains_key(&b));
+            let keep = !read.filter_only.contains(&b) || self.get(b).is_some();
             if keep {
                 self.put(b, copy);
             }
@@ -1065,6 +1128,12 @@ impl LocalTier {
         } else {
             Mode::Partial
         };
+        self.set_mode(mode, mean, projected);
+    }
+
+    /// Puts the tier in `mode` (buckets of `mean` bytes, `projected` for all of them).
+    fn set_mode(&self, mode: Mode, mean: f64, projected: f64) {
+        let s = &self.settings;
         let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
         if previous != mode || (mode == Mode::Partial && self.filters_outgrown(mean)) {
             if previous != mode {
@@ -1093,21 +1162,35 @@ impl LocalTier {
         }
     }
 
-    /// Turns the index on for complete mode and fills it from the cache, or off for partial
-    /// mode and empties it. The flag changes first and each slot is then set under its
-    /// bucket's stripe lock, which every `put` holds: a `put` before the flag changed is in
-    /// the cache and copied from there; one after it keeps the index itself. Meanwhile an
-    /// empty slot only sends a lookup to the store.
+    /// Moves the copies where `mode` keeps them, under every stripe lock (so no `put`, which
+    /// holds one, sees the flag and the copies disagree). Complete: the index turns on and
+    /// the cache's copies are dropped (the sweep reads every bucket anyway; moving them
+    /// would count them twice until the cache's listener ran). Partial: the index turns off
+    /// and its copies go to the cache, which keeps what its budget admits. Meanwhile a
+    /// lookup finding nothing goes to the store.
     fn index_for(&self, mode: Mode) {
         let (Some(index), Some(copies)) = (&self.index, &self.copies) else {
             return;
         };
         let on = mode == Mode::Complete;
+        if index.is_on() == on {
+            return;
+        }
+        let _stripes: Vec<_> = self
+            .stripes
+            .iter()
+            .map(|s| s.lock().expect("stripe lock"))
+            .collect();
         index.on.store(on, Ordering::Release);
-        for (b, slot) in index.slots.iter().enumerate() {
-            let b = b as u32;
-            let _stripe = self.stripe(b);
-            slot.store(if on { copies.get(&b) } else { None });
+        if on {
+            copies.invalidate_all();
+            return;
+        }
+        for b in 0..self.buckets {
+            if let Some(copy) = index.swap(b, None) {
+                self.held.released(&copy, copy.indexed_bytes());
+                self.put_arc(b, copy);
+            }
         }
     }
 
@@ -1170,10 +1253,25 @@ impl LocalTier {
         }
     }
 
+    /// The mean copy held, as the cache weighs it (`BucketCopy::bytes`), once `at_least`
+    /// (and one) are.
+    fn mean_held(&self, at_least: u64) -> Option<f64> {
+        let count = self.count();
+        (count >= at_least.max(1)).then(|| {
+            let bytes = self.held.bytes.load(Ordering::Relaxed).max(0) as f64 / count as f64;
+            match self.index_on() {
+                Some(_) => bytes - copy::INDEXED_OVERHEAD as f64 + copy::COPY_OVERHEAD as f64,
+                None => bytes,
+            }
+        })
+    }
+
     /// Re-evaluates the mode from the buckets read since last time, or else the copies held
     /// (once enough are read or held to say).
     fn reconsider(&self) {
-        let Some(copies) = &self.copies else { return };
+        if self.copies.is_none() {
+            return;
+        }
         let reads = self.held.read_buckets.swap(0, Ordering::Relaxed);
         let entries = self.held.read_entries.swap(0, Ordering::Relaxed);
         if reads >= u64::from(SAMPLE) {
@@ -1181,26 +1279,24 @@ impl LocalTier {
             self.choose(copy::COPY_OVERHEAD as f64 + 12.0 * per_bucket);
             return;
         }
-        let count = copies.entry_count();
-        if count >= u64::from(SAMPLE) {
-            let mean = self.held.bytes.load(Ordering::Relaxed).max(0) as f64 / count as f64;
+        if let Some(mean) = self.mean_held(u64::from(SAMPLE)) {
             self.choose(mean);
         }
     }
 
     /// Exports the tier's state.
     fn export(&self, gauges: &TierGauges) {
-        let Some(copies) = &self.copies else {
+        if self.copies.is_none() {
             gauges.set_mode(Mode::Off.label());
             return;
-        };
+        }
         let now = Instant::now();
         gauges.set_mode(self.mode().label());
         gauges.budget_bytes.set(self.settings.budget_bytes as i64);
         gauges
             .bytes
             .set(self.held.bytes.load(Ordering::Relaxed).max(0) + self.filter_bytes() as i64);
-        gauges.buckets.set(copies.entry_count() as i64);
+        gauges.buckets.set(self.count() as i64);
         let current = self.held.current.load(Ordering::Relaxed).max(0) as f64;
         gauges
             .loaded
@@ -1259,6 +1355,18 @@ impl LocalTier {
             }
             if now.duration_since(reconsidered) >= self.settings.ttl {
                 self.reconsider();
+                reconsidered = now;
+            }
+            if self.overflowed.swap(false, Ordering::Relaxed) && self.mode() == Mode::Complete {
+                // A copy did not fit: the keyspace outgrew the budget before `reconsider`
+                // saw it. Partial, with buckets the size of those held.
+                let mean = self.mean_held(1).unwrap_or(self.copies_budget as f64);
+                let projected = f64::from(self.buckets) * mean;
+                tracing::warn!(
+                    budget_bytes = self.settings.budget_bytes,
+                    "the keyspace outgrew a complete local tier: turning partial"
+                );
+                self.set_mode(Mode::Partial, mean, projected);
                 reconsidered = now;
             }
             let (batch, filter_only) = self.next_batch(now);
@@ -1353,7 +1461,7 @@ impl LocalTier {
             Some(c) => {
                 c.run_pending_tasks();
                 (
-                    c.entry_count(),
+                    self.count(),
                     self.held.bytes.load(Ordering::Relaxed).max(0) as u64 + self.filter_bytes(),
                 )
             }
@@ -1916,25 +2024,43 @@ mod tests {
         assert!(t.held_stats().0 <= 3);
     }
 
-    /// Every slot of the index holds the cache's own copy of its bucket or nothing, through
-    /// evictions and mode changes, so it never answers from a copy the cache dropped nor
-    /// keeps one alive past the budget.
-    fn assert_index_mirrors_cache(t: &LocalTier) -> usize {
+    /// A copy is in the index (complete mode) or the cache (partial mode), never both, and
+    /// the counts say exactly what each holds. Returns (indexed, cached).
+    fn assert_copies_in_one_place(t: &LocalTier) -> (usize, usize) {
         let (index, copies) = (t.index.as_ref().unwrap(), t.copies.as_ref().unwrap());
         copies.run_pending_tasks();
-        let mut set = 0;
-        for (b, slot) in index.slots.iter().enumerate() {
-            if let Some(c) = &*slot.load() {
-                let cached = copies.get(&(b as u32)).expect("indexed but not cached");
-                assert!(Arc::ptr_eq(c, &cached), "bucket {b}: an older copy indexed");
-                set += 1;
-            }
+        let indexed: Vec<Arc<BucketCopy>> = index
+            .slots
+            .iter()
+            .filter_map(|slot| (*slot.load()).clone())
+            .collect();
+        let cached: Vec<Arc<BucketCopy>> = copies.iter().map(|(_, c)| c).collect();
+        if index.is_on() {
+            assert!(
+                cached.is_empty(),
+                "{} copies cached in complete mode",
+                cached.len()
+            );
+        } else {
+            assert!(
+                indexed.is_empty(),
+                "{} copies indexed in partial mode",
+                indexed.len()
+            );
         }
-        set
+        let in_index: usize = indexed.iter().map(|c| c.indexed_bytes()).sum();
+        let in_cache: usize = cached.iter().map(|c| c.bytes()).sum();
+        assert_eq!(index.held.load(Ordering::Relaxed), indexed.len() as i64);
+        assert_eq!(index.bytes.load(Ordering::Relaxed), in_index as i64);
+        assert_eq!(
+            t.held.bytes.load(Ordering::Relaxed),
+            (in_index + in_cache) as i64
+        );
+        (indexed.len(), cached.len())
     }
 
     #[test]
-    fn the_index_holds_exactly_what_the_cache_holds() {
+    fn a_complete_tier_keeps_its_copies_in_the_index_alone_within_the_budget() {
         // 200 buckets could be complete (each weighs at least `COPY_OVERHEAD`), so there is an
         // index.
         let budget = 160 * 1024;
@@ -1942,20 +2068,23 @@ mod tests {
         t.resynced();
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
         t.index_for(Mode::Complete);
-        // Far more than the budget holds: the cache evicts, the index follows.
+        // Far more than the budget holds: what does not fit is not kept, and the worker is
+        // told to turn partial.
         read_full_buckets(&t, 200);
-        let indexed = assert_index_mirrors_cache(&t);
+        let (indexed, _) = assert_copies_in_one_place(&t);
         assert!(indexed > 0 && indexed < 200, "{indexed} indexed");
+        assert!(t.overflowed.load(Ordering::Relaxed));
         // The index's own bytes come out of the copies' budget.
         let index_bytes = 200 * 8;
-        assert!(t.copies.as_ref().unwrap().weighted_size() <= budget - index_bytes);
+        let (_, bytes) = t.held_stats();
+        assert!(bytes <= budget - index_bytes, "{bytes} bytes held");
         // A keyspace that could never be complete gets no index.
         assert!(
             LocalTier::new(1_000, settings(budget, Duration::ZERO), true)
                 .index
                 .is_none()
         );
-        // A change replaces a copy in both.
+        // A change replaces the indexed copy.
         let held = (0..200u32)
             .find(|b| t.get(*b).is_some())
             .expect("something held");
@@ -1966,18 +2095,30 @@ mod tests {
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(LATER)));
         t.apply(&[(key, None)], true);
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(None));
-        assert_index_mirrors_cache(&t);
+        assert_copies_in_one_place(&t);
 
-        // Partial: the index is emptied and lookups read the cache.
+        // Partial: the copies go to the cache (which keeps what its budget admits), and every
+        // one it kept answers as it did.
+        t.mode.store(Mode::Partial as u8, Ordering::Relaxed);
         t.index_for(Mode::Partial);
-        assert_eq!(assert_index_mirrors_cache(&t), 0);
-        assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(None));
-        // A copy installed while partial is in the cache only, and copied when complete again.
+        let (_, cached) = assert_copies_in_one_place(&t);
+        assert!(cached > 0);
+        assert!(t.copies.as_ref().unwrap().weighted_size() <= budget - index_bytes);
+        if t.get(held).is_some() {
+            assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(None));
+        }
+        // A copy installed while partial is in the cache only; complete again, the cache is
+        // emptied and the bucket read again into the index.
         let read = t.begin_read(&[held]);
         t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
-        assert_eq!(assert_index_mirrors_cache(&t), 0);
+        assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
+        t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
         t.index_for(Mode::Complete);
-        assert!(assert_index_mirrors_cache(&t) > 0);
+        assert_eq!(assert_copies_in_one_place(&t), (0, 0));
+        assert_eq!(t.lookup(&key, Instant::now()), Lookup::Remote);
+        let read = t.begin_read(&[held]);
+        t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
+        assert_eq!(assert_copies_in_one_place(&t), (1, 0));
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
     }
 
@@ -2060,6 +2201,50 @@ mod tests {
                 .run(instrumented(&store), Arc::new(TierGauges::new())),
         );
         assert!(t.wait_settled(Duration::from_secs(5)).await);
+        worker.abort();
+    }
+
+    /// The keyspace grows past a complete tier's budget between two `reconsider`s: the
+    /// copies that do not fit are not kept, the tier turns partial at once, and memory and
+    /// answers stay right throughout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keyspace_outgrowing_a_complete_tier_turns_it_partial() {
+        let store = memory_store();
+        fill(&store, 50).await;
+        // 16 buckets of 50 entries: 16 x (640 + 600) B = 19.8 KB, within 90 % of 24 KB.
+        let budget = 24_000;
+        let t = LocalTier::new(16, settings(budget, Duration::ZERO), true);
+        let worker = tokio::spawn(
+            t.clone()
+                .run(instrumented(&store), Arc::new(TierGauges::new())),
+        );
+        t.resynced();
+        assert!(t.wait_settled(Duration::from_secs(5)).await);
+        assert_eq!(t.mode(), Mode::Complete);
+        // Ten times the entries, then a new generation (as a bulk import makes).
+        fill(&store, 500).await;
+        t.invalidate_all();
+        let started = Instant::now();
+        while t.mode() != Mode::Partial {
+            assert!(started.elapsed() < Duration::from_secs(5), "still complete");
+            let (_, bytes) = t.held_stats();
+            assert!(bytes <= budget, "{bytes} bytes held");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (held, bytes) = t.held_stats();
+        assert!(held > 0 && bytes <= budget, "{held} copies, {bytes} bytes");
+        for b in 0..16 {
+            let key = EntryKey {
+                bucket: b,
+                field: 499,
+            };
+            let got = t.lookup(&key, Instant::now());
+            assert!(
+                matches!(got, Lookup::Local(Some(0)) | Lookup::Remote),
+                "{got:?}"
+            );
+        }
         worker.abort();
     }
 
