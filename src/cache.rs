@@ -2,7 +2,7 @@
 //! bucket is held never leaves the process, whether the entry is listed or not.
 //!
 //! * **Unit.** A bucket (~200 entries) is read whole (`EntryStore::get_buckets`) and kept as a
-//!   sorted copy (`copy`, 12 bytes an entry): every lookup that falls in it, hit or miss, is a
+//!   sorted copy (`copy`, 8 to 12 bytes an entry): every lookup that falls in it, hit or miss, is a
 //!   binary search. Copies live in a moka cache weighted by their bytes, capped at the memory
 //!   budget (and at `max_buckets` copies: each weighs at least `budget / max_buckets`), so
 //!   memory stays within the budget whatever the keyspace.
@@ -216,6 +216,8 @@ struct Held {
     /// Buckets read and the entries they held, since the mode was last reconsidered.
     read_buckets: AtomicU64,
     read_entries: AtomicU64,
+    /// And what their copies took (`BucketCopy::bytes`).
+    read_bytes: AtomicU64,
 }
 
 impl Held {
@@ -935,14 +937,16 @@ impl LocalTier {
         self.held
             .read_buckets
             .fetch_add(read.buckets.len() as u64, Ordering::Relaxed);
-        self.held.read_entries.fetch_add(
-            all.iter().map(|pairs| pairs.len() as u64).sum(),
-            Ordering::Relaxed,
-        );
         let now_ms = now_ms();
         let filters = self.filters.load();
         for (b, pairs) in read.buckets.into_iter().zip(all) {
             let mut copy = BucketCopy::from_pairs(pairs, now_ms, read.started, read.generation);
+            self.held
+                .read_entries
+                .fetch_add(copy.len() as u64, Ordering::Relaxed);
+            self.held
+                .read_bytes
+                .fetch_add(copy.bytes() as u64, Ordering::Relaxed);
             let mut stripe = self.stripe(b);
             let fetching = stripe.remove(&b).expect("registered by begin_read");
             if !fetching.log.is_empty() {
@@ -1106,18 +1110,17 @@ impl LocalTier {
             .map(|i| (u64::from(i) * u64::from(n) / u64::from(SAMPLE.min(n))) as u32)
             .collect();
         self.fetch(store, &sample, HashSet::new()).await?;
-        let sizes: Vec<u64> = sample
-            .iter()
-            .filter_map(|b| self.get(*b))
-            .map(|c| c.bytes() as u64)
-            .collect();
-        let mean = sizes.iter().sum::<u64>() as f64 / sizes.len().max(1) as f64;
-        self.choose(mean);
+        let held: Vec<Arc<BucketCopy>> = sample.iter().filter_map(|b| self.get(*b)).collect();
+        let n = held.len().max(1) as f64;
+        let mean = held.iter().map(|c| c.bytes()).sum::<usize>() as f64 / n;
+        let entries = held.iter().map(|c| c.len()).sum::<usize>() as f64 / n;
+        self.choose(mean, entries);
         Ok(())
     }
 
-    /// Complete when N copies of `mean` bytes fit the budget (with room) and the bucket cap.
-    fn choose(&self, mean: f64) {
+    /// Complete when N copies of `mean` bytes (as the cache weighs them) fit the budget (with
+    /// room) and the bucket cap; buckets hold `entries` on average (for the filters).
+    fn choose(&self, mean: f64, entries: f64) {
         let s = &self.settings;
         let min_weight = (s.budget_bytes / s.max_buckets) as f64;
         let projected = f64::from(self.buckets) * mean.max(min_weight);
@@ -1128,18 +1131,19 @@ impl LocalTier {
         } else {
             Mode::Partial
         };
-        self.set_mode(mode, mean, projected);
+        self.set_mode(mode, mean, entries, projected);
     }
 
-    /// Puts the tier in `mode` (buckets of `mean` bytes, `projected` for all of them).
-    fn set_mode(&self, mode: Mode, mean: f64, projected: f64) {
+    /// Puts the tier in `mode` (buckets of `mean` bytes and `entries` entries, `projected`
+    /// bytes for all of them).
+    fn set_mode(&self, mode: Mode, mean: f64, entries: f64, projected: f64) {
         let s = &self.settings;
         let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
-        if previous != mode || (mode == Mode::Partial && self.filters_outgrown(mean)) {
+        if previous != mode || (mode == Mode::Partial && self.filters_outgrown(entries)) {
             if previous != mode {
                 self.index_for(mode);
             }
-            self.filters_for(mode, mean);
+            self.filters_for(mode, entries);
             let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
             tracing::info!(
                 mode = mode.label(),
@@ -1194,16 +1198,17 @@ impl LocalTier {
         }
     }
 
-    /// Entries a bucket of `mean_bytes` holds (a copy's bytes less its overhead, 12 an entry).
+    /// Entries a bucket of `mean_bytes` holds at least (a copy's bytes less its overhead, at
+    /// most 12 an entry): where only bytes are known.
     fn entries_in(mean_bytes: f64) -> f64 {
         (mean_bytes - copy::COPY_OVERHEAD as f64) / 12.0
     }
 
-    /// Whether buckets of `mean_bytes` want filters a quarter larger or smaller than those
+    /// Whether buckets of `entries` want filters a quarter larger or smaller than those
     /// held (the keyspace grew or shrank since they were sized), or some where there are none.
-    fn filters_outgrown(&self, mean_bytes: f64) -> bool {
+    fn filters_outgrown(&self, entries: f64) -> bool {
         let room = (FILTER_SHARE * self.settings.budget_bytes as f64) as u64;
-        let want = filter::Filters::plan(self.buckets, Self::entries_in(mean_bytes), room);
+        let want = filter::Filters::plan(self.buckets, entries, room);
         let have = self.filters.load().as_ref().map(|f| f.words());
         match (want, have) {
             (Some(w), Some(h)) => w * 4 > h * 5 || w * 5 < h * 4,
@@ -1214,14 +1219,13 @@ impl LocalTier {
     /// Sizes filters of every bucket for partial mode (within `FILTER_SHARE` of the budget,
     /// if at least `filter::MIN_BITS_PER_ENTRY` fit) and makes the cache charge copies for
     /// their room; drops them in the other modes.
-    fn filters_for(&self, mode: Mode, mean_bytes: f64) {
+    fn filters_for(&self, mode: Mode, entries: f64) {
         if self.copies.is_none() {
             return;
         }
         let budget = self.settings.budget_bytes;
         let made = (mode == Mode::Partial)
             .then(|| {
-                let entries = Self::entries_in(mean_bytes);
                 let room = (FILTER_SHARE * budget as f64) as u64;
                 filter::Filters::sized(self.buckets, entries, room, self.epoch)
                     .map(|f| (f, entries))
@@ -1274,13 +1278,13 @@ impl LocalTier {
         }
         let reads = self.held.read_buckets.swap(0, Ordering::Relaxed);
         let entries = self.held.read_entries.swap(0, Ordering::Relaxed);
+        let bytes = self.held.read_bytes.swap(0, Ordering::Relaxed);
         if reads >= u64::from(SAMPLE) {
-            let per_bucket = entries as f64 / reads as f64;
-            self.choose(copy::COPY_OVERHEAD as f64 + 12.0 * per_bucket);
+            self.choose(bytes as f64 / reads as f64, entries as f64 / reads as f64);
             return;
         }
         if let Some(mean) = self.mean_held(u64::from(SAMPLE)) {
-            self.choose(mean);
+            self.choose(mean, Self::entries_in(mean));
         }
     }
 
@@ -1366,7 +1370,7 @@ impl LocalTier {
                     budget_bytes = self.settings.budget_bytes,
                     "the keyspace outgrew a complete local tier: turning partial"
                 );
-                self.set_mode(Mode::Partial, mean, projected);
+                self.set_mode(Mode::Partial, mean, Self::entries_in(mean), projected);
                 reconsidered = now;
             }
             let (batch, filter_only) = self.next_batch(now);
@@ -1646,7 +1650,7 @@ mod tests {
         let t = LocalTier::new(8, settings(64 << 20, window), true);
         t.resynced();
         t.mode.store(Mode::Partial as u8, Ordering::Relaxed);
-        t.filters_for(Mode::Partial, (copy::COPY_OVERHEAD + 4 * 12) as f64);
+        t.filters_for(Mode::Partial, 4.0);
         assert!(t.filter_bytes() > 0);
         t
     }
@@ -1862,7 +1866,7 @@ mod tests {
         // than stay weighed as if the filters took nothing.
         read_full_buckets(&t, 100);
         assert!(t.held_stats().0 > 0);
-        t.filters_for(Mode::Partial, (copy::COPY_OVERHEAD + 200 * 12) as f64);
+        t.filters_for(Mode::Partial, 200.0);
         let (held, bytes) = t.held_stats();
         assert!(
             bytes <= budget,

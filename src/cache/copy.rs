@@ -1,6 +1,12 @@
 //! One bucket held locally: its fields sorted, their expiry codes beside them, in one
-//! allocation of 12 bytes per entry (a field is 8 bytes, two codes share 8), so a lookup is a
-//! binary search and a bucket of ~200 entries costs ~2.4 KB plus a fixed overhead.
+//! allocation, so a lookup is a binary search and a bucket of ~200 entries costs ~2.4 KB at
+//! most plus a fixed overhead.
+//!
+//! A field takes 8 bytes. A code takes only the bits the bucket's codes need: each is stored
+//! as its distance from the bucket's earliest expiry, plus one (0 stays 0, "never"), in as
+//! many bits as the largest distance needs. Expiries spread over a year need 25 bits (a
+//! bucket of 200 such entries: 2,232 B rather than 2,400); a list that never expires needs 0
+//! bits, 8 bytes an entry; no bucket needs more than 32.
 //!
 //! A copy is immutable once built: a change makes a new copy (`with_changes`), swapped in
 //! whole, so a reader never sees half an update and needs no lock.
@@ -26,9 +32,13 @@ pub const INDEXED_OVERHEAD: usize = 448;
 /// A bucket as it was read, with the changes heard since applied.
 #[derive(Debug)]
 pub struct BucketCopy {
-    /// `len` sorted fields, then the codes, two to a word (even index in the low half).
+    /// `len` sorted fields, then the codes, `bits` each, packed from the low bit of the
+    /// first word on (a code may straddle two words).
     words: Box<[i64]>,
     len: usize,
+    /// Each code is stored as 0 ("never") or its distance from `base` plus one.
+    base: u32,
+    bits: u32,
     /// When the read this copy comes from started: it is at least this fresh.
     pub fetched_at: Instant,
     /// The tier's generation when that read started (see `cache`).
@@ -62,15 +72,29 @@ impl BucketCopy {
         dirty_since: Option<Instant>,
     ) -> Self {
         let len = sorted.len();
-        let mut words = vec![0i64; len + len.div_ceil(2)];
+        let expiring = sorted.iter().map(|(_, c)| *c).filter(|c| *c != 0);
+        let base = expiring.clone().min().unwrap_or(0);
+        let top = expiring.max().map_or(0, |c| u64::from(c - base) + 1);
+        let bits = u64::BITS - top.leading_zeros();
+        let mut words = vec![0i64; len + (len * bits as usize).div_ceil(64)];
         for (i, (f, c)) in sorted.iter().enumerate() {
             words[i] = *f;
-            let w = &mut words[len + i / 2];
-            *w |= (i64::from(*c) & 0xFFFF_FFFF) << (32 * (i % 2));
+            if bits == 0 {
+                continue;
+            }
+            let stored = if *c == 0 { 0 } else { u64::from(c - base) + 1 };
+            let at = i * bits as usize;
+            let (w, o) = (len + at / 64, (at % 64) as u32);
+            words[w] |= (stored << o) as i64;
+            if o + bits > 64 {
+                words[w + 1] |= (stored >> (64 - o)) as i64;
+            }
         }
         Self {
             words: words.into_boxed_slice(),
             len,
+            base,
+            bits,
             fetched_at,
             generation,
             dirty_since,
@@ -78,7 +102,21 @@ impl BucketCopy {
     }
 
     fn code_at(&self, i: usize) -> u32 {
-        (self.words[self.len + i / 2] as u64 >> (32 * (i % 2))) as u32
+        if self.bits == 0 {
+            return 0;
+        }
+        let at = i * self.bits as usize;
+        let (w, o) = (self.len + at / 64, (at % 64) as u32);
+        let mut stored = self.words[w] as u64 >> o;
+        if o + self.bits > 64 {
+            stored |= (self.words[w + 1] as u64) << (64 - o);
+        }
+        let stored = stored & ((1u64 << self.bits) - 1);
+        if stored == 0 {
+            0
+        } else {
+            (u64::from(self.base) + stored - 1) as u32
+        }
     }
 
     /// The raw code stored for `field`, if the copy holds it.
@@ -210,6 +248,7 @@ mod tests {
         assert_eq!(c.get(i64::MIN), Some(LATER - 1));
         assert_eq!(c.get(i64::MAX), Some(7));
         assert_eq!(c.get(6), None);
+        // Codes 7 to LATER need 32 bits: 12 bytes an entry.
         assert_eq!(c.bytes(), (4 + 2) * 8 + COPY_OVERHEAD, "12 bytes an entry");
     }
 
@@ -223,6 +262,50 @@ mod tests {
             1,
         );
         assert_eq!(c.pairs().collect::<Vec<_>>(), vec![(2, 0), (3, LATER)]);
+    }
+
+    #[test]
+    fn codes_take_the_bits_their_spread_needs() {
+        let now = EPOCH_2020_MS;
+        let fields = |n: i64| (0..n).map(|i| i * 7_919);
+        // Never: no bits at all, 8 bytes an entry.
+        let c = BucketCopy::from_pairs(
+            fields(200).map(|f| (f, 0)).collect(),
+            now,
+            Instant::now(),
+            1,
+        );
+        assert_eq!(c.bytes(), 200 * 8 + COPY_OVERHEAD);
+        assert!(c.pairs().all(|(_, code)| code == 0));
+        // Spread over a year (31.5M seconds: 25 bits), some never: 200 x 8 + 79 words.
+        let year: u64 = 365 * 86_400;
+        let pairs: Vec<(i64, u32)> = fields(200)
+            .map(|f| {
+                (
+                    f,
+                    if f % 5 == 0 {
+                        0
+                    } else {
+                        220_000_000 + ((f as u64 * 7_717) % year) as u32
+                    },
+                )
+            })
+            .collect();
+        let c = BucketCopy::from_pairs(pairs.clone(), now, Instant::now(), 1);
+        assert_eq!(c.bits, 25);
+        assert_eq!(c.bytes(), 200 * 8 + 79 * 8 + COPY_OVERHEAD);
+        for (f, code) in &pairs {
+            assert_eq!(c.get(*f), Some(*code));
+        }
+        // One code, whatever its value: 1 bit.
+        let c = BucketCopy::from_pairs(
+            fields(64).map(|f| (f, LATER)).collect(),
+            now,
+            Instant::now(),
+            1,
+        );
+        assert_eq!((c.bits, c.bytes()), (1, 65 * 8 + COPY_OVERHEAD));
+        assert!(c.pairs().all(|(_, code)| code == LATER));
     }
 
     proptest! {
@@ -248,6 +331,39 @@ mod tests {
                 let want = sorted.binary_search(f).ok().map(code);
                 prop_assert_eq!(copy.get(*f), want, "field {}", f);
             }
+        }
+
+        /// Whatever the codes (never, one value, a narrow or the widest spread), a copy
+        /// gives back exactly what it was built from, in the bits the spread needs.
+        #[test]
+        fn codes_survive_packing(
+            entries in proptest::collection::btree_map(
+                any::<i64>(),
+                prop_oneof![Just(0u32), 1u32.., 1_000u32..1_010, Just(1u32), Just(u32::MAX)],
+                0..300),
+        ) {
+            // At 2020-01-01 every code from 1 s on is live.
+            let c = BucketCopy::from_pairs(
+                entries.iter().map(|(f, c)| (*f, *c)).collect(),
+                EPOCH_2020_MS,
+                Instant::now(),
+                1,
+            );
+            prop_assert_eq!(
+                c.pairs().collect::<Vec<_>>(),
+                entries.iter().map(|(f, c)| (*f, *c)).collect::<Vec<_>>()
+            );
+            for (f, code) in &entries {
+                prop_assert_eq!(c.get(*f), Some(*code));
+            }
+            let expiring: Vec<u64> =
+                entries.values().filter(|c| **c != 0).map(|c| u64::from(*c)).collect();
+            let spread = match (expiring.iter().min(), expiring.iter().max()) {
+                (Some(lo), Some(hi)) => hi - lo + 1,
+                _ => 0,
+            };
+            prop_assert_eq!(c.bits, u64::BITS - spread.leading_zeros());
+            prop_assert!(c.bits <= 32);
         }
 
         /// Changes applied to a copy give what applying them to a map gives.

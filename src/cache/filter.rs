@@ -2,7 +2,7 @@
 //!
 //! A keyspace larger than the budget cannot be held whole, but most lookups are for values on
 //! no list, and "not in this bucket" needs far fewer bits than the bucket itself: a Bloom
-//! filter of a bucket's fields at `b` bits an entry (12 bytes an entry for a copy) answers a
+//! filter of a bucket's fields at `b` bits an entry (8 to 12 bytes an entry for a copy) answers a
 //! lookup of an absent field locally except with probability ~(1 − e^(−k/b))^k. At 20× the
 //! budget there are ~5.1 bits an entry (~9 % of absent fields still go to the store); with
 //! room, 10 bits (~1 %).
