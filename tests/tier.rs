@@ -5,6 +5,8 @@
 //! * A write from an older build (a `Keys` message without the codes trailer) is seen at once.
 //! * A keyspace larger than the budget: answers exact, memory within the budget, a bucket
 //!   checked again and again ends up held.
+//! * A keyspace growing past a complete tier's budget while checks go on: the tier turns
+//!   partial at once, every answer exact throughout, memory within the budget.
 //! * `EntryStore::get_buckets` reads what `HGET` reads: listpacks by `DUMP`, a bucket past the
 //!   listpack limit and a server refusing `DUMP` by `HGETALL`.
 
@@ -209,6 +211,98 @@ async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
     }
     assert!(local_from.is_some(), "a hot bucket is admitted");
     eprintln!("hot bucket answered locally from check {local_from:?}");
+}
+
+/// Values `in-0` .. `in-{n}`, `ttl` seconds spread over a day (17 bits a code).
+fn grow_entries(from: usize, to: usize) -> serde_json::Value {
+    let entries: Vec<_> = (from..to)
+        .map(|i| json!({"dimension": "device", "value": format!("in-{i}"), "ttl_seconds": 3_600 + (i * 7) % 86_400}))
+        .collect();
+    json!({"entries": entries})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_outgrowing_a_complete_tier_turns_it_partial_while_checks_stay_exact() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.expected_entries = Some(100_000); // 500 buckets
+    // Empty, the keyspace fits 0.5 MiB whole; 40,000 entries (~80 a bucket, ~1.4 KB a copy,
+    // ~700 KB) do not. The default TTL keeps `reconsider` out of it: the copies that do not
+    // fit must turn the tier partial by themselves.
+    settings.local_memory_mb = 0.5;
+    let app = Arc::new(spawn_app(settings).await);
+    assert!(app.lists.cache().is_complete());
+
+    // Checks all along: a value written (acknowledged) is listed, one never written is not.
+    let acknowledged = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let checker = tokio::spawn({
+        let (app, acknowledged, done) = (app.clone(), acknowledged.clone(), done.clone());
+        async move {
+            let mut checks = 0;
+            let mut n = 0usize;
+            while !done.load(Ordering::Relaxed) {
+                let written = acknowledged.load(Ordering::Acquire);
+                n = (n + 7_919) % 40_000;
+                // Before the first acknowledgement nothing is known written yet.
+                let devices = match written {
+                    0 => vec![format!("out-{n}")],
+                    _ => vec![format!("in-{}", n % written), format!("out-{n}")],
+                };
+                let body = app
+                    .check(&json!({"lists": ["black"], "subjects": {"device": devices}}))
+                    .await;
+                let hits: Vec<&str> = body["hits"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| h["value"].as_str().unwrap())
+                    .collect();
+                let want: Vec<&str> = match written {
+                    0 => vec![],
+                    _ => vec![&devices[0]],
+                };
+                assert_eq!(hits, want, "{written} written");
+                assert_eq!(body["degraded"], false);
+                checks += 1;
+            }
+            checks
+        }
+    });
+    for chunk in 0..8 {
+        let res = app
+            .post(
+                "/v1/lists/black/entries",
+                &grow_entries(chunk * 5_000, (chunk + 1) * 5_000),
+            )
+            .await;
+        assert_eq!(res.status(), 200);
+        acknowledged.store((chunk + 1) * 5_000, Ordering::Release);
+    }
+    let started = Instant::now();
+    while app.lists.cache().mode() != Mode::Partial {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still complete, {:?} held",
+            app.lists.cache().held_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("partial {:?} after the last write", started.elapsed());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    done.store(true, Ordering::Relaxed);
+    let checks = checker.await.unwrap();
+    assert!(checks > 100, "{checks} checks");
+    let (held, bytes) = app.lists.cache().held_stats();
+    let budget = metric(&app, "namelist_tier_budget_bytes").await as u64;
+    assert!(
+        bytes <= budget && held > 0,
+        "{held} buckets, {bytes} bytes held for a budget of {budget}"
+    );
+    eprintln!("{checks} checks exact; {held} copies, {bytes} B of {budget} B");
 }
 
 async fn open(url: String, prefix: &str) -> RedisStore {
