@@ -1119,11 +1119,13 @@ impl LocalTier {
     }
 
     /// Complete when N copies of `mean` bytes (as the cache weighs them) fit the budget (with
-    /// room) and the bucket cap; buckets hold `entries` on average (for the filters).
+    /// room) and the bucket cap, at what the index, where a complete tier keeps them, costs;
+    /// buckets hold `entries` on average (for the filters).
     fn choose(&self, mean: f64, entries: f64) {
         let s = &self.settings;
         let min_weight = (s.budget_bytes / s.max_buckets) as f64;
-        let projected = f64::from(self.buckets) * mean.max(min_weight);
+        let indexed = mean - copy::COPY_OVERHEAD as f64 + copy::INDEXED_OVERHEAD as f64;
+        let projected = f64::from(self.buckets) * indexed.max(min_weight);
         let complete = projected <= COMPLETE_SHARE * s.budget_bytes as f64
             && u64::from(self.buckets) <= s.max_buckets;
         let mode = if complete {
@@ -2026,6 +2028,20 @@ mod tests {
             t.finish_read(read, Ok(vec![vec![(1, 0)]])).unwrap();
         }
         assert!(t.held_stats().0 <= 3);
+    }
+
+    /// Complete mode is chosen at the index's cost per copy, not the cache's: 100 buckets of
+    /// 200 entries with 32-bit codes take 100 x (2,400 + 480) B in the index, 100 x (2,400 +
+    /// 640) B in the cache.
+    #[test]
+    fn complete_mode_is_chosen_at_what_the_index_costs() {
+        let mean = (2_400 + copy::COPY_OVERHEAD) as f64;
+        for (budget, want) in [(330_000, Mode::Complete), (310_000, Mode::Partial)] {
+            let t = LocalTier::new(100, settings(budget, Duration::ZERO), true);
+            t.resynced();
+            t.choose(mean, 200.0);
+            assert_eq!(t.mode(), want, "budget {budget}");
+        }
     }
 
     /// A copy is in the index (complete mode) or the cache (partial mode), never both, and
