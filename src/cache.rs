@@ -86,6 +86,8 @@ use crate::store::{Deadline, EntryKey, EntryStore, PrefixLen, Scope, StoreError}
 
 /// Buckets read per round trip.
 const BATCH: usize = 64;
+/// Passes over every bucket per refresh period, at most (see `Ring`).
+const PASSES_PER_REFRESH: u32 = 16;
 /// Buckets the worker looks at per sweep step (complete mode).
 const SCAN_STEP: u32 = 4096;
 /// Buckets read to measure their mean size before choosing the mode.
@@ -255,12 +257,16 @@ struct Sweep {
 }
 
 /// Passes over every bucket, reading what is missing or due; each pass then sleeps until the
-/// first bucket it found not yet due falls due. What a pass found due is read in its batches
-/// (a failed read goes back to the queue), so nothing else can fall due by age before then;
-/// a new generation ends the sleep, and a dirty copy or a missing bucket is queued. A pass
-/// that started the next one at once whenever it found anything due spun over every bucket
-/// without pause while writes went on (each write dirties a bucket): with 50 upserts a second
-/// that took ~40 % of the service's CPU.
+/// first bucket it found not yet due falls due, and at least `refresh_at /
+/// PASSES_PER_REFRESH`. What a pass found due is read in its batches (a failed read goes back
+/// to the queue), so nothing else can fall due by age before then; a new generation ends the
+/// sleep, and a dirty copy or a missing bucket is queued. A pass that started the next one at
+/// once whenever it found anything due spun over every bucket without pause while writes
+/// went on (each write dirties a bucket): with 50 upserts a second that took ~40 % of the
+/// service's CPU. Without the least sleep, a tier running for a while (its reads spread over
+/// time) made a pass per bucket falling due, ~300 passes over every bucket a second at 1M
+/// entries (8 % of the CPU); a bucket is now read again at most `refresh_at /
+/// PASSES_PER_REFRESH` late, far within the TTL (twice `refresh_at`).
 #[derive(Default)]
 struct Ring {
     cursor: u32,
@@ -318,7 +324,12 @@ impl Ring {
             self.cursor = (b + 1) % buckets;
             if self.cursor == 0 {
                 finished = Some(std::mem::take(&mut self.pass_oldest));
-                self.idle_until = Some(self.pass_due.take().unwrap_or(now + refresh_at));
+                let at_least = now + refresh_at / PASSES_PER_REFRESH;
+                self.idle_until = Some(
+                    self.pass_due
+                        .take()
+                        .map_or(now + refresh_at, |due| due.max(at_least)),
+                );
                 self.idle_generation = generation;
                 break;
             }
@@ -1635,6 +1646,19 @@ mod tests {
             state,
         );
         assert_eq!((batch, looked.get()), (vec![3], 24));
+
+        // Buckets falling due one after another (reads spread over time): at most
+        // `PASSES_PER_REFRESH` passes a refresh period, not one per bucket.
+        let spread = |b: u32| Some((t0 + Duration::from_millis(u64::from(b)), false));
+        let mut ring = Ring::default();
+        let mut passes = 0;
+        let mut now = t0 + refresh;
+        while now < t0 + refresh * 2 {
+            let mut batch = Vec::new();
+            passes += usize::from(ring.scan(8, 1, now, refresh, &mut batch, spread).is_some());
+            now += Duration::from_millis(1);
+        }
+        assert!(passes <= PASSES_PER_REFRESH as usize + 1, "{passes} passes");
     }
 
     /// A trusted tier in complete mode over 8 buckets, no worker running.
