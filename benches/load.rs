@@ -1349,6 +1349,23 @@ fn load_keyspace(
     (members_csv, imported)
 }
 
+/// The idle resident memory of a tier-off instance started with `extra`: what the tier's
+/// instance is measured against.
+async fn rss_without_tier(
+    redis_url: &str,
+    workers: usize,
+    extra: &[(&str, &str)],
+    dir: &Path,
+    http: &reqwest::Client,
+) -> u64 {
+    let mut env = extra.to_vec();
+    env.push(("NAMELIST_LOCAL_MEMORY_MB", "0"));
+    let probe = Service::start(redis_url, workers, &env, dir, http).await;
+    let rss = probe.idle_rss().await;
+    probe.stop();
+    rss
+}
+
 /// A service started with `extra`, once its tier has settled; the seconds from spawning it
 /// to a settled tier, and the mode reached.
 async fn start_settled(
@@ -1473,17 +1490,7 @@ async fn bench(knobs: Knobs) {
             tier_bytes / entries.max(1) as f64,
             rss_tier as f64 / 1_048_576.0
         );
-        // A tier-off instance for the resident-memory difference.
-        let off_probe = Service::start(
-            &redis_url,
-            workers,
-            &[("NAMELIST_LOCAL_MEMORY_MB", "0")],
-            dir.path(),
-            &http,
-        )
-        .await;
-        let rss_off = off_probe.idle_rss().await;
-        off_probe.stop();
+        let rss_off = rss_without_tier(&redis_url, workers, &[], dir.path(), &http).await;
         let rss_per_entry = rss_tier.saturating_sub(rss_off) as f64 / entries.max(1) as f64;
         println!(
             "  resident memory once idle (2 s, least of 5 samples) with the tier {:.1} MiB, without {:.1} MiB: {rss_per_entry:.2} B per entry",
@@ -1628,19 +1635,14 @@ async fn bench(knobs: Knobs) {
         let bytes = service.metric(&http, "namelist_tier_bytes").await;
         let rss = service.idle_rss().await;
         service.stop();
-        let off_probe = Service::start(
+        let rss_off = rss_without_tier(
             &redis_url,
             knobs.workers[0],
-            &[
-                ("NAMELIST_KEY_PREFIX", big_prefix),
-                ("NAMELIST_LOCAL_MEMORY_MB", "0"),
-            ],
+            &[("NAMELIST_KEY_PREFIX", big_prefix)],
             dir.path(),
             &http,
         )
         .await;
-        let rss_off = off_probe.idle_rss().await;
-        off_probe.stop();
         let rss_per_entry = rss.saturating_sub(rss_off) as f64 / big_entries.max(1) as f64;
         println!(
             "  start-up at {big_entries} entries (imported in {setup_secs:.1} s): tier {mode}, loaded {load_secs:.2} s after start, \

@@ -88,7 +88,7 @@ use crate::store::{Deadline, EntryKey, EntryStore, PrefixLen, Scope, StoreError}
 const BATCH: usize = 64;
 /// Passes over every bucket per refresh period, at most (see `Ring`).
 const PASSES_PER_REFRESH: u32 = 16;
-/// Buckets the worker looks at per sweep step (complete mode).
+/// Buckets the worker looks at per sweep step.
 const SCAN_STEP: u32 = 4096;
 /// Buckets read to measure their mean size before choosing the mode.
 const SAMPLE: u32 = 64;
@@ -206,7 +206,8 @@ struct Queue {
 /// Counters shared with the cache's eviction listener.
 #[derive(Default)]
 struct Held {
-    /// Bytes of the copies held (`BucketCopy::bytes`).
+    /// Bytes of the copies held (`BucketCopy::bytes` in the cache, `indexed_bytes` in the
+    /// index).
     bytes: AtomicI64,
     /// Copies of the current generation held (approximate).
     current: AtomicI64,
@@ -260,20 +261,18 @@ struct Sweep {
 /// first bucket it found not yet due falls due, and at least `refresh_at /
 /// PASSES_PER_REFRESH`. What a pass found due is read in its batches (a failed read goes back
 /// to the queue), so nothing else can fall due by age before then; a new generation ends the
-/// sleep, and a dirty copy or a missing bucket is queued. A pass that started the next one at
-/// once whenever it found anything due spun over every bucket without pause while writes
-/// went on (each write dirties a bucket): with 50 upserts a second that took ~40 % of the
-/// service's CPU. Without the least sleep, a tier running for a while (its reads spread over
-/// time) made a pass per bucket falling due, ~300 passes over every bucket a second at 1M
-/// entries (8 % of the CPU); a bucket is now read again at most `refresh_at /
-/// PASSES_PER_REFRESH` late, far within the TTL (twice `refresh_at`).
+/// sleep, and a dirty copy or a missing bucket is queued. So a bucket is read again at most
+/// `refresh_at / PASSES_PER_REFRESH` late, far within the TTL (twice `refresh_at`), and the
+/// sweep costs at most that many passes a period: passes that followed each other at once
+/// while writes dirtied buckets, or whenever the next bucket fell due (reads spread over
+/// time), took 40 % and 8 % of the service's CPU.
 #[derive(Default)]
 struct Ring {
     cursor: u32,
     /// This pass: the oldest read seen, and when the first bucket not yet due will be.
     pass_oldest: Duration,
     pass_due: Option<Instant>,
-    /// After a pass with nothing due: no scanning until then, in this generation.
+    /// After a pass: no scanning until then, in this generation.
     idle_until: Option<Instant>,
     idle_generation: u64,
 }
@@ -340,7 +339,7 @@ impl Ring {
 
 /// Where a complete tier keeps its copies: a slot per bucket (8 bytes a bucket, taken from
 /// the copies' budget; made only when the keyspace could be held complete, so at most
-/// 8 / `COPY_OVERHEAD` = 1.3 % of the budget). On in complete mode, when the cache holds
+/// 8 / `INDEXED_OVERHEAD` = 1.7 % of the budget). On in complete mode, when the cache holds
 /// nothing; off and empty in partial mode. A copy is in one of the two, never both.
 struct Index {
     on: AtomicBool,
@@ -352,7 +351,7 @@ struct Index {
 
 impl Index {
     fn get(&self, bucket: u32) -> Option<arc_swap::Guard<Option<Arc<BucketCopy>>>> {
-        if !self.on.load(Ordering::Acquire) {
+        if !self.is_on() {
             return None;
         }
         self.slots.get(bucket as usize).map(ArcSwapOption::load)
@@ -383,7 +382,7 @@ impl Index {
 pub struct LocalTier {
     copies: Option<moka::sync::Cache<u32, Arc<BucketCopy>>>,
     /// Complete mode's copies (see the module docs); `None` when complete mode is impossible.
-    index: Option<Arc<Index>>,
+    index: Option<Index>,
     /// What the copies may take (the budget less the index's slots).
     copies_budget: u64,
     /// Set when a copy did not fit the index: the worker turns the tier partial.
@@ -422,20 +421,18 @@ impl LocalTier {
         let held = Arc::new(Held::default());
         held.generation.store(1, Ordering::Relaxed);
         held.scale.store(SCALE_ONE, Ordering::Relaxed);
-        // The index only where complete mode is possible (every copy weighs at least
-        // `COPY_OVERHEAD`), and its bytes come out of the copies' budget.
+        // The index only where complete mode is possible (every copy there weighs at least
+        // `INDEXED_OVERHEAD`), and its bytes come out of the copies' budget.
         let index_bytes =
             u64::from(buckets) * std::mem::size_of::<ArcSwapOption<BucketCopy>>() as u64;
         let indexed = on
-            && u64::from(buckets) * copy::COPY_OVERHEAD as u64 <= settings.budget_bytes
+            && u64::from(buckets) * copy::INDEXED_OVERHEAD as u64 <= settings.budget_bytes
             && u64::from(buckets) <= settings.max_buckets;
-        let index = indexed.then(|| {
-            Arc::new(Index {
-                on: AtomicBool::new(false),
-                slots: (0..buckets).map(|_| ArcSwapOption::empty()).collect(),
-                held: AtomicI64::new(0),
-                bytes: AtomicI64::new(0),
-            })
+        let index = indexed.then(|| Index {
+            on: AtomicBool::new(false),
+            slots: (0..buckets).map(|_| ArcSwapOption::empty()).collect(),
+            held: AtomicI64::new(0),
+            bytes: AtomicI64::new(0),
         });
         let copies_budget = settings.budget_bytes - if indexed { index_bytes } else { 0 };
         let copies = on.then(|| {
@@ -816,7 +813,7 @@ impl LocalTier {
 
     /// The index while it is on (complete mode).
     fn index_on(&self) -> Option<&Index> {
-        self.index.as_deref().filter(|i| i.is_on())
+        self.index.as_ref().filter(|i| i.is_on())
     }
 
     /// The copy held of `bucket`, wherever the mode keeps it.
@@ -2170,6 +2167,14 @@ mod tests {
         Instrumented::new(store.clone(), Arc::new(crate::metrics::Metrics::new()))
     }
 
+    /// The tier's background worker over `store`, on the test's runtime.
+    fn spawn_worker(t: &Arc<LocalTier>, store: &Arc<MemoryStore>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(
+            t.clone()
+                .run(instrumented(store), Arc::new(TierGauges::new())),
+        )
+    }
+
     fn memory_store() -> Arc<MemoryStore> {
         let key = FingerprintKey::generate("test").unwrap();
         Arc::new(MemoryStore::open(Layout::new("c:", 16, Hashing::Keyed(key)), 10, None).unwrap())
@@ -2206,10 +2211,7 @@ mod tests {
         let store = memory_store();
         fill(&store, 50).await;
         let t = LocalTier::new(16, settings(1 << 20, Duration::ZERO), true);
-        let worker = tokio::spawn(
-            t.clone()
-                .run(instrumented(&store), Arc::new(TierGauges::new())),
-        );
+        let worker = spawn_worker(&t, &store);
         t.resynced();
         assert!(t.wait_settled(Duration::from_secs(5)).await);
         assert_eq!(t.mode(), Mode::Complete);
@@ -2240,10 +2242,7 @@ mod tests {
             ),
             Lookup::Remote
         );
-        let worker = tokio::spawn(
-            t.clone()
-                .run(instrumented(&store), Arc::new(TierGauges::new())),
-        );
+        let worker = spawn_worker(&t, &store);
         assert!(t.wait_settled(Duration::from_secs(5)).await);
         worker.abort();
     }
@@ -2258,10 +2257,7 @@ mod tests {
         // 16 buckets of 50 entries: 16 x (640 + 600) B = 19.8 KB, within 90 % of 24 KB.
         let budget = 24_000;
         let t = LocalTier::new(16, settings(budget, Duration::ZERO), true);
-        let worker = tokio::spawn(
-            t.clone()
-                .run(instrumented(&store), Arc::new(TierGauges::new())),
-        );
+        let worker = spawn_worker(&t, &store);
         t.resynced();
         assert!(t.wait_settled(Duration::from_secs(5)).await);
         assert_eq!(t.mode(), Mode::Complete);
@@ -2298,10 +2294,7 @@ mod tests {
         fill(&store, 100).await;
         // 16 buckets of ~1.4 KB: room for about 4.
         let t = LocalTier::new(16, settings(6_000, Duration::ZERO), true);
-        let worker = tokio::spawn(
-            t.clone()
-                .run(instrumented(&store), Arc::new(TierGauges::new())),
-        );
+        let worker = spawn_worker(&t, &store);
         t.resynced();
         assert!(t.wait_settled(Duration::from_secs(5)).await);
         assert_eq!(t.mode(), Mode::Partial);

@@ -264,8 +264,18 @@ async fn outage(mode: FailMode, tier: Tier) {
                 );
                 assert_eq!(a.other_hits, 0, "no false hit");
                 match tier {
-                    Tier::Complete => {
-                        assert!(a.listed_hit, "the complete copy still reports the hit");
+                    Tier::Off => {
+                        assert!(!a.listed_hit, "nothing local to answer from");
+                        assert_eq!(a.stale_ms, Some(None), "stale_ms null: no local copy");
+                    }
+                    Tier::Complete | Tier::Filters => {
+                        // With filters, the listed value is answered if its bucket is held as
+                        // a copy (it is hot), else missed; the values on no list come from
+                        // their buckets' filters. (Which lookups a filter answered is not
+                        // visible here: `cache::tests` checks that one does.)
+                        if tier == Tier::Complete {
+                            assert!(a.listed_hit, "the complete copy still reports the hit");
+                        }
                         // Stale since the subscription saw Redis go: about since the kill.
                         let since_kill = a.at.duration_since(killed_at).as_millis() as u64;
                         let stale = a.stale_ms.flatten().expect("stale_ms in a degraded answer");
@@ -274,23 +284,6 @@ async fn outage(mode: FailMode, tier: Tier) {
                                 && stale + 200 >= since_kill,
                             "stale_ms {stale} for an answer {since_kill} ms after the kill"
                         );
-                    }
-                    Tier::Filters => {
-                        // The listed value is answered if its bucket is held as a copy (it is
-                        // hot), else missed; the values on no list come from their buckets'
-                        // filters, as of about the kill. (Which lookups a filter answered is
-                        // not visible here: `cache::tests` checks that one does.)
-                        let since_kill = a.at.duration_since(killed_at).as_millis() as u64;
-                        let stale = a.stale_ms.flatten().expect("stale_ms in a degraded answer");
-                        assert!(
-                            stale <= since_kill + a.took.as_millis() as u64 + 5
-                                && stale + 200 >= since_kill,
-                            "stale_ms {stale} for an answer {since_kill} ms after the kill"
-                        );
-                    }
-                    Tier::Off => {
-                        assert!(!a.listed_hit, "nothing local to answer from");
-                        assert_eq!(a.stale_ms, Some(None), "stale_ms null: no local copy");
                     }
                 }
             }

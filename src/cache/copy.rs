@@ -214,13 +214,11 @@ impl BucketCopy {
 
     /// The same entries, marked out of date since `at` (kept for fail-open answers).
     pub fn dirtied(&self, at: Instant) -> Self {
-        let pairs: Vec<(i64, u32)> = self.pairs().collect();
-        Self::packed(
-            &pairs,
-            self.fetched_at,
-            self.generation,
-            Some(self.dirty_since.unwrap_or(at)),
-        )
+        Self {
+            words: self.words.clone(),
+            dirty_since: Some(self.dirty_since.unwrap_or(at)),
+            ..*self
+        }
     }
 }
 
@@ -297,6 +295,16 @@ mod tests {
         for (f, code) in &pairs {
             assert_eq!(c.get(*f), Some(*code));
         }
+        // Marked dirty, the same entries in the same bits, dirty from the first time on.
+        let first = Instant::now();
+        let d = c
+            .dirtied(first)
+            .dirtied(first + std::time::Duration::from_secs(1));
+        assert_eq!(d.pairs().collect::<Vec<_>>(), pairs);
+        assert_eq!(
+            (d.bits, d.bytes(), d.dirty_since),
+            (25, c.bytes(), Some(first))
+        );
         // One code, whatever its value: 1 bit.
         let c = BucketCopy::from_pairs(
             fields(64).map(|f| (f, LATER)).collect(),
