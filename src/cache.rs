@@ -1178,8 +1178,7 @@ impl LocalTier {
 
     /// Moves the copies where `mode` keeps them, under every stripe lock (so no `put`, which
     /// holds one, sees the flag and the copies disagree). Complete: the index turns on and
-    /// the cache's copies are dropped (the sweep reads every bucket anyway; moving them
-    /// would count them twice until the cache's listener ran). Partial: the index turns off
+    /// the cache's copies are dropped (the sweep reads every bucket anyway). Partial: the index turns off
     /// and its copies go to the cache, which keeps what its budget admits. Meanwhile a
     /// lookup finding nothing goes to the store.
     fn index_for(&self, mode: Mode) {
@@ -1197,7 +1196,12 @@ impl LocalTier {
             .collect();
         index.on.store(on, Ordering::Release);
         if on {
-            copies.invalidate_all();
+            // One by one: the listener runs at once for each (`invalidate_all` would leave
+            // the counts, and so `is_complete`, to the cache's next maintenance).
+            let held: Vec<u32> = copies.iter().map(|(b, _)| *b).collect();
+            for b in held {
+                copies.invalidate(&b);
+            }
             return;
         }
         for b in 0..self.buckets {
@@ -2155,6 +2159,10 @@ mod tests {
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
         t.index_for(Mode::Complete);
+        // Released at once, not at the cache's next maintenance: until then the tier would
+        // count itself loaded (`is_complete`) with an empty index.
+        assert_eq!(t.held.bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(t.held.current.load(Ordering::Relaxed), 0);
         assert_eq!(assert_copies_in_one_place(&t), (0, 0));
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Remote);
         let read = t.begin_read(&[held]);
