@@ -184,6 +184,9 @@ struct Fetching {
     log: Vec<(i64, Option<u32>)>,
     /// A change of unknown value arrived meanwhile: install the copy dirty.
     poisoned: bool,
+    /// A read for the copy found this one (for the filter only) in flight and was skipped:
+    /// keep the copy.
+    wanted: bool,
 }
 
 /// A read of some buckets, between `begin_read` and `finish_read`.
@@ -878,8 +881,7 @@ impl LocalTier {
         buckets: &[u32],
         filter_only: HashSet<u32>,
     ) -> Result<(), StoreError> {
-        let mut read = self.begin_read(buckets);
-        read.filter_only = filter_only;
+        let read = self.begin_read(buckets, filter_only);
         if read.buckets.is_empty() {
             return Ok(());
         }
@@ -905,21 +907,25 @@ impl LocalTier {
     }
 
     /// Registers a read of `buckets` (those not already being read), so that changes heard
-    /// from now on are logged for it.
-    fn begin_read(&self, buckets: &[u32]) -> Read {
+    /// from now on are logged for it. A bucket wanted as a copy whose read for the filter only
+    /// is in flight is skipped, and that read keeps the copy instead.
+    fn begin_read(&self, buckets: &[u32], filter_only: HashSet<u32>) -> Read {
+        use std::collections::hash_map::Entry;
         let mut owned = Vec::with_capacity(buckets.len());
         for &b in buckets {
-            let mut stripe = self.stripe(b);
-            if let std::collections::hash_map::Entry::Vacant(e) = stripe.entry(b) {
-                e.insert(Fetching::default());
-                owned.push(b);
+            match self.stripe(b).entry(b) {
+                Entry::Vacant(e) => {
+                    e.insert(Fetching::default());
+                    owned.push(b);
+                }
+                Entry::Occupied(mut e) => e.get_mut().wanted |= !filter_only.contains(&b),
             }
         }
         Read {
             buckets: owned,
             generation: self.generation(),
             started: Instant::now(),
-            filter_only: HashSet::new(),
+            filter_only,
         }
     }
 
@@ -967,7 +973,7 @@ impl LocalTier {
             if fetching.poisoned {
                 copy = copy.dirtied(read.started);
             }
-            let keep = !read.filter_only.contains(&b) || self.get(b).is_some();
+            let keep = !read.filter_only.contains(&b) || fetching.wanted || self.get(b).is_some();
             if keep {
                 self.put(b, copy);
             }
@@ -1684,8 +1690,7 @@ mod tests {
 
     /// Reads bucket 1 for its filter only, as the partial sweep does.
     fn read_filter(t: &LocalTier, pairs: Vec<(i64, u32)>) {
-        let mut read = t.begin_read(&[1]);
-        read.filter_only = HashSet::from([1]);
+        let read = t.begin_read(&[1], HashSet::from([1]));
         t.finish_read(read, Ok(vec![pairs])).unwrap();
     }
 
@@ -1694,7 +1699,7 @@ mod tests {
     }
 
     fn install(t: &LocalTier, pairs: Vec<(i64, u32)>) {
-        let read = t.begin_read(&[1]);
+        let read = t.begin_read(&[1], HashSet::new());
         t.finish_read(read, Ok(vec![pairs])).unwrap();
     }
 
@@ -1766,11 +1771,8 @@ mod tests {
             };
             for i in 0..=n {
                 if i == begin_at {
-                    let mut r = t.begin_read(&[1]);
-                    if filter_only {
-                        r.filter_only = HashSet::from([1]);
-                    }
-                    read = Some(r);
+                    let only = if filter_only { HashSet::from([1]) } else { HashSet::new() };
+                    read = Some(t.begin_read(&[1], only));
                 }
                 if i == read_at {
                     snapshot = Some(store.iter().map(|(f, c)| (*f, *c)).collect::<Vec<_>>());
@@ -1882,6 +1884,29 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_wanted_while_its_filter_is_read_is_kept_by_that_read() {
+        let t = filtered_tier(Duration::from_secs(3));
+        // The sweep reads bucket 1 for its filter; meanwhile it turns hot and is read for a
+        // copy, which finds that read in flight and is skipped.
+        let sweep = t.begin_read(&[1], HashSet::from([1]));
+        let hot = t.begin_read(&[1], HashSet::new());
+        assert!(hot.buckets.is_empty(), "already being read");
+        t.finish_read(sweep, Ok(vec![vec![(5, LATER)]])).unwrap();
+        assert!(t.get(1).is_some(), "the filter's read keeps the copy");
+        assert_eq!(
+            t.lookup(&key(5), Instant::now()),
+            Lookup::Local(Some(LATER))
+        );
+
+        // Another filter-only read in flight changes nothing of that.
+        t.copies.as_ref().unwrap().invalidate_all();
+        let sweep = t.begin_read(&[1], HashSet::from([1]));
+        assert!(t.begin_read(&[1], HashSet::from([1])).buckets.is_empty());
+        t.finish_read(sweep, Ok(vec![vec![(5, LATER)]])).unwrap();
+        assert!(t.get(1).is_none(), "no copy wanted, none kept");
+    }
+
+    #[test]
     fn filters_take_their_room_out_of_the_copies_budget() {
         // 1,000 buckets of 200 entries (2.6 KB a copy): 150 KB holds ~55 copies, or filters
         // of every bucket at 4.8 bits an entry and ~5 copies.
@@ -1964,7 +1989,7 @@ mod tests {
         assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Remote);
         // A read in flight when it arrives installs its result dirty.
         t.queue.lock().unwrap().queued.clear();
-        let read = t.begin_read(&[1]);
+        let read = t.begin_read(&[1], HashSet::new());
         t.changed_unknown(&[key(7)]);
         t.finish_read(read, Ok(vec![vec![(5, LATER)]])).unwrap();
         assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Remote);
@@ -2019,7 +2044,7 @@ mod tests {
     /// Reads buckets `0..n`, 200 entries each (field `b * 1,000 + i`), through the tier.
     fn read_full_buckets(t: &LocalTier, n: u32) {
         for b in 0..n {
-            let read = t.begin_read(&[b]);
+            let read = t.begin_read(&[b], HashSet::new());
             let pairs = (0..200)
                 .map(|i| (i64::from(b) * 1_000 + i, LATER))
                 .collect();
@@ -2049,7 +2074,7 @@ mod tests {
         let t = LocalTier::new(1_000, capped, true);
         t.resynced();
         for b in 0..20u32 {
-            let read = t.begin_read(&[b]);
+            let read = t.begin_read(&[b], HashSet::new());
             t.finish_read(read, Ok(vec![vec![(1, 0)]])).unwrap();
         }
         assert!(t.held_stats().0 <= 3);
@@ -2154,7 +2179,7 @@ mod tests {
         }
         // A copy installed while partial is in the cache only; complete again, the cache is
         // emptied and the bucket read again into the index.
-        let read = t.begin_read(&[held]);
+        let read = t.begin_read(&[held], HashSet::new());
         t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
@@ -2165,7 +2190,7 @@ mod tests {
         assert_eq!(t.held.current.load(Ordering::Relaxed), 0);
         assert_eq!(assert_copies_in_one_place(&t), (0, 0));
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Remote);
-        let read = t.begin_read(&[held]);
+        let read = t.begin_read(&[held], HashSet::new());
         t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
         assert_eq!(assert_copies_in_one_place(&t), (1, 0));
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
