@@ -379,6 +379,35 @@ impl Index {
         self.bytes.fetch_add(bytes - freed, Ordering::Relaxed);
         old
     }
+
+    /// Sets `bucket`'s slot to `copy` if the bytes held stay within `budget` (or do not
+    /// grow), and returns what it held; else leaves it and gives `copy` back. The growth is
+    /// reserved atomically, so copies of different buckets installed at once cannot together
+    /// pass the budget. The caller holds the bucket's stripe lock.
+    fn put_within(
+        &self,
+        bucket: u32,
+        copy: Arc<BucketCopy>,
+        budget: i64,
+    ) -> Result<Option<Arc<BucketCopy>>, Arc<BucketCopy>> {
+        let Some(slot) = self.slots.get(bucket as usize) else {
+            return Err(copy);
+        };
+        let replaced = slot.load().as_ref().map_or(0, |c| c.indexed_bytes() as i64);
+        let grow = copy.indexed_bytes() as i64 - replaced;
+        let reserved = self
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (grow <= 0 || held + grow <= budget).then_some(held + grow)
+            });
+        if reserved.is_err() {
+            return Err(copy);
+        }
+        let old = slot.swap(Some(copy));
+        self.held
+            .fetch_add(1 - i64::from(old.is_some()), Ordering::Relaxed);
+        Ok(old)
+    }
 }
 
 /// The local tier of one instance.
@@ -844,21 +873,18 @@ impl LocalTier {
             copies.insert(bucket, copy);
             return;
         };
-        let replaced = index
-            .get(bucket)
-            .and_then(|slot| slot.as_ref().map(|c| c.indexed_bytes()))
-            .unwrap_or(0);
-        let after =
-            index.bytes.load(Ordering::Relaxed) - replaced as i64 + copy.indexed_bytes() as i64;
-        let copy = if after > self.copies_budget as i64 {
-            self.overflowed.store(true, Ordering::Relaxed);
-            self.wake.notify_one();
-            None
-        } else {
-            self.held.holding(&copy, copy.indexed_bytes());
-            Some(copy)
+        let old = match index.put_within(bucket, copy.clone(), self.copies_budget as i64) {
+            Ok(old) => {
+                self.held.holding(&copy, copy.indexed_bytes());
+                old
+            }
+            Err(_) => {
+                self.overflowed.store(true, Ordering::Relaxed);
+                self.wake.notify_one();
+                index.swap(bucket, None)
+            }
         };
-        if let Some(old) = index.swap(bucket, copy) {
+        if let Some(old) = old {
             self.held.released(&old, old.indexed_bytes());
         }
     }
@@ -2127,6 +2153,44 @@ mod tests {
             (in_index + in_cache) as i64
         );
         (indexed.len(), cached.len())
+    }
+
+    /// Reads of different buckets install their copies at once (the worker's batches, changes
+    /// heard, the preload): together they never take the index past its budget.
+    #[test]
+    fn concurrent_installs_never_take_the_index_past_its_budget() {
+        let budget = 160 * 1024;
+        let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
+        t.resynced();
+        t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
+        t.index_for(Mode::Complete);
+        let limit = t.copies_budget as i64;
+        let index = t.index.as_ref().unwrap();
+        let most = AtomicI64::new(0);
+        std::thread::scope(|s| {
+            for thread in 0..8u32 {
+                let (t, most) = (&t, &most);
+                s.spawn(move || {
+                    for round in 0..40u32 {
+                        // Each thread its own buckets, each read growing or shrinking.
+                        for b in (thread..200).step_by(8) {
+                            let entries = 50 + i64::from((round * 37 + b) % 300);
+                            let pairs = (0..entries).map(|i| (i64::from(b) * 1_000 + i, LATER));
+                            let read = t.begin_read(&[b], HashSet::new());
+                            t.finish_read(read, Ok(vec![pairs.collect()])).unwrap();
+                            most.fetch_max(index.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        let most = most.into_inner();
+        assert!(most <= limit, "{most} bytes indexed, budget {limit}");
+        assert!(
+            t.overflowed.load(Ordering::Relaxed),
+            "the reads did not all fit"
+        );
+        assert_copies_in_one_place(&t);
     }
 
     #[test]
