@@ -3,9 +3,10 @@
 //!
 //! * **Unit.** A bucket (~200 entries) is read whole (`EntryStore::get_buckets`) and kept as a
 //!   sorted copy (`copy`, 8 to 12 bytes an entry): every lookup that falls in it, hit or miss, is a
-//!   binary search. Copies live in a moka cache weighted by their bytes, capped at the memory
-//!   budget (and at `max_buckets` copies: each weighs at least `budget / max_buckets`), so
-//!   memory stays within the budget whatever the keyspace.
+//!   binary search. Copies live in an index by bucket number (complete mode, below) or a moka
+//!   cache weighted by their bytes (partial mode), capped at the memory budget (and at
+//!   `max_buckets` copies: each weighs at least `budget / max_buckets`), so memory stays
+//!   within the budget whatever the keyspace.
 //! * **Modes.** At start-up the worker reads a sample of buckets to measure their mean size.
 //!   If all N buckets fit the budget, the tier is *complete*: the worker loads every bucket in
 //!   the background (pipelined, paced at `fetch_rate` buckets/s, resumed where it stopped
@@ -55,7 +56,8 @@
 //!   bookkeeping (`INDEXED_OVERHEAD`; 14.3 B against 15.7 B an entry resident at 10M
 //!   entries). Nothing is evicted from a complete tier, so it needs no policy; a copy that
 //!   would take it past the budget (the keyspace grew) is not kept and the worker turns the
-//!   tier partial at once. A partial tier keeps its copies in the cache, the index off and
+//!   tier partial at once (a copy's growth is reserved atomically, so copies installed at
+//!   once cannot pass the budget together). A partial tier keeps its copies in the cache, the index off and
 //!   empty; a mode change moves them under every stripe lock.
 //! * **Staleness of a fail-open answer** (`stale_ms`): the time since each copy used was last
 //!   known in sync (now, while trusted and current; when the subscription broke, or its
