@@ -1666,6 +1666,7 @@ async fn bench(knobs: Knobs) {
     let max_of = |mix: &str| row_of(mix, None).map_or(0.0, |r| r.m.rps);
     let both = |a: f64, b: f64, ok: bool| (a > 0.0 && b > 0.0).then_some(ok);
     let p99_at = |mix: &str| row_of(mix, Some(5_000)).map(|r| r.m.p99_ms);
+    let local_of = |mix: &str| row_of(mix, None).and_then(|r| r.cache_hit_pct);
     let redis_per_1k = |mix: &str| {
         rows.iter()
             .filter(|r| r.mix == mix)
@@ -1736,6 +1737,16 @@ async fn bench(knobs: Knobs) {
         small_max / base_max,
         verdict(t_small_cap1),
         small_max / cap1_max
+    );
+    // `NAMELIST_CACHE_CAPACITY=1` caps copies, not partial mode's filters, which its default
+    // budget makes 10 bits an entry: what answered every lookup from Redis when the issue
+    // set this target is `new-off` now.
+    println!(
+        "    (new-cap1 answers {} of lookups locally from filters in its default budget; against new-off, every lookup to Redis as the one-entry cache did: {:.2}x)",
+        local_of("new-cap1")
+            .map(|p| format!("{p:.1} %"))
+            .unwrap_or("-".into()),
+        small_max / off_max
     );
     println!(
         "  Redis CPU per 1,000 new-subject checks: tier off {} ms, complete tier {} ms: {} ({})",
