@@ -1184,10 +1184,12 @@ impl LocalTier {
         let s = &self.settings;
         let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
         if previous != mode || (mode == Mode::Partial && self.filters_outgrown(entries)) {
+            // Filters first: copies the index hands to the cache are then weighed with the
+            // filters' room already charged.
+            self.filters_for(mode, entries);
             if previous != mode {
                 self.index_for(mode);
             }
-            self.filters_for(mode, entries);
             let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
             tracing::info!(
                 mode = mode.label(),
@@ -1292,16 +1294,27 @@ impl LocalTier {
             }
             None => SCALE_ONE,
         };
-        let previous = self.held.scale.swap(scale, Ordering::Relaxed);
-        self.filters.store(made.map(|(f, _)| Arc::new(f)));
         // The weight of a copy is fixed when it is inserted: under a larger scale, those held
         // would count for less than they now should and the budget would be overrun. Filters
         // are sized again only when the mean bucket moved by a quarter (rare), so the copies
-        // go (their listener keeps the counts) and are read again as the mode's rules say.
+        // go and are read again as the mode's rules say. Under every stripe lock (each `put`
+        // holds one, so none weighed at the old scale lands after) and one by one (the
+        // listener keeps the counts at once; `invalidate_all` would leave them, and entries
+        // inserted in its instant, to the cache's maintenance).
+        let _stripes: Vec<_> = self
+            .stripes
+            .iter()
+            .map(|s| s.lock().expect("stripe lock"))
+            .collect();
+        let previous = self.held.scale.swap(scale, Ordering::Relaxed);
+        self.filters.store(made.map(|(f, _)| Arc::new(f)));
         if scale > previous
             && let Some(copies) = &self.copies
         {
-            copies.invalidate_all();
+            let held: Vec<u32> = copies.iter().map(|(b, _)| *b).collect();
+            for b in held {
+                copies.invalidate(&b);
+            }
         }
     }
 
@@ -1947,6 +1960,9 @@ mod tests {
         read_full_buckets(&t, 100);
         assert!(t.held_stats().0 > 0);
         t.filters_for(Mode::Partial, 200.0);
+        // At once, not at the cache's next maintenance: none weighed at the old scale stays.
+        assert_eq!(t.held.bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(t.copies.as_ref().unwrap().iter().count(), 0);
         let (held, bytes) = t.held_stats();
         assert!(
             bytes <= budget,
