@@ -454,12 +454,22 @@ impl NameLists {
             ));
         }
         let keys: Vec<EntryKey> = batch.entries.iter().map(|(k, _)| *k).collect();
+        let changes: Vec<(EntryKey, Option<u32>)> =
+            batch.entries.iter().map(|(k, c)| (*k, Some(*c))).collect();
         let deadline = Deadline::after(self.settings.write_deadline);
+        let mark = self.cache.write_mark();
         let result = self
             .store
             .call(StoreOp::Write, deadline, |s| s.write(batch, deadline))
             .await;
-        self.cache.wrote(&keys);
+        // Read-your-writes: acknowledged (its message atomic with it), the change is applied
+        // here at once; otherwise (an error may still have landed, or messages may overtake
+        // writes) its buckets are answered by the store until read again.
+        if result.is_ok() && self.store.inner().atomic_messages() {
+            self.cache.wrote_acked(&changes, mark);
+        } else {
+            self.cache.wrote(&keys);
+        }
         if !scopes.is_empty() {
             self.registries
                 .invalidate(&scopes.into_iter().collect::<Vec<_>>())

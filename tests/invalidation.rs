@@ -182,3 +182,127 @@ async fn a_broken_subscription_is_restored_and_loses_nothing() {
     list(&a, "d-after").await;
     until(&b, "d-after", true, Duration::from_millis(100)).await;
 }
+
+/// `expires_at` of `device`'s hit on `app`, if listed.
+async fn expiry(app: &TestApp, device: &str) -> Option<i64> {
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"device": device}}))
+        .await;
+    body["hits"]
+        .as_array()
+        .unwrap()
+        .first()
+        .map(|h| h["expires_at"].as_i64().unwrap())
+}
+
+/// One upsert, as the test saw it.
+#[derive(Debug, Clone, Copy)]
+struct Upsert {
+    device: usize,
+    expires_at: i64,
+    sent: Instant,
+    acked: Instant,
+}
+
+/// Upserts `rounds` devices (cycling over 4) through `app`, each with its own expiry, and
+/// checks each right after its acknowledgement: the writes, and what each check answered.
+async fn write_and_check(
+    app: &TestApp,
+    rounds: usize,
+    base: i64,
+    odd: bool,
+) -> Vec<(Upsert, Option<i64>)> {
+    let mut seen = Vec::new();
+    for round in 0..rounds {
+        let device = round % 4;
+        let expires_at = base + (2 * round as i64 + i64::from(odd)) * 1_000;
+        let sent = Instant::now();
+        let res = app
+            .post(
+                "/v1/lists/black/entries",
+                &json!({"entries": [{"dimension": "device", "value": format!("d-race-{device}"), "expires_at": expires_at}]}),
+            )
+            .await;
+        assert_eq!(res.status(), 200);
+        let acked = Instant::now();
+        let answer = expiry(app, &format!("d-race-{device}")).await;
+        seen.push((
+            Upsert {
+                device,
+                expires_at,
+                sent,
+                acked,
+            },
+            answer,
+        ));
+    }
+    seen
+}
+
+/// The writing instance applies its own acknowledged upserts to its complete copy at once:
+/// its next check is local and no bucket is read. Two instances writing the same entries at
+/// once: right after each acknowledgement the writer answers its own write or one the other
+/// instance had not had acknowledged before it was sent (never an older state), and once
+/// they stop both agree with Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_sees_its_own_upserts_at_once_and_never_an_older_state() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.cache_ttl_ms = 600_000;
+    let a = spawn_app(settings.clone()).await;
+    let b = spawn_app(settings.clone()).await;
+    settings.local_memory_mb = 0.0;
+    let redis_only = spawn_app(settings).await;
+    assert!(a.lists.cache().is_complete() && b.lists.cache().is_complete());
+
+    let reads_before = a.lists.cache().fetched.load(Ordering::Relaxed);
+    let sent_before = counter(&a, "namelist_cache_misses_total").await;
+    list(&a, "d-own").await;
+    assert!(listed(&a, "d-own").await);
+    assert_eq!(
+        counter(&a, "namelist_cache_misses_total").await,
+        sent_before,
+        "the writer's own check is answered locally"
+    );
+    assert_eq!(
+        a.lists.cache().fetched.load(Ordering::Relaxed),
+        reads_before,
+        "and reads no bucket"
+    );
+
+    let base = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        / 1_000
+        + 86_400)
+        * 1_000;
+    let (on_a, on_b) = tokio::join!(
+        write_and_check(&a, 150, base, false),
+        write_and_check(&b, 150, base, true)
+    );
+    for (mine, theirs, name) in [(&on_a, &on_b, "A"), (&on_b, &on_a, "B")] {
+        for (w, answer) in mine {
+            let allowed: Vec<i64> = std::iter::once(w.expires_at)
+                .chain(
+                    theirs
+                        .iter()
+                        .filter(|(o, _)| o.device == w.device && o.acked > w.sent)
+                        .map(|(o, _)| o.expires_at),
+                )
+                .collect();
+            assert!(
+                answer.is_some_and(|e| allowed.contains(&e)),
+                "{name} wrote {w:?} and then answered {answer:?}; allowed {allowed:?}"
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for device in 0..4 {
+        let device = format!("d-race-{device}");
+        let truth = expiry(&redis_only, &device).await;
+        assert!(truth.is_some());
+        assert_eq!(expiry(&a, &device).await, truth, "A on {device}");
+        assert_eq!(expiry(&b, &device).await, truth, "B on {device}");
+    }
+}

@@ -461,6 +461,13 @@ pub trait EntryStore: StoreBase {
         false
     }
 
+    /// Whether a write's invalidation is published atomically with it (one transaction on
+    /// one node), so that messages arrive in the order of the writes: what lets the writing
+    /// instance apply its own acknowledged upserts at once (`LocalTier::wrote_acked`).
+    fn atomic_messages(&self) -> bool {
+        false
+    }
+
     /// The registered prefix lengths of each scope, in order.
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>>;
 

@@ -823,6 +823,12 @@ impl StoreBase for RedisStore {
 
 #[async_trait]
 impl EntryStore for RedisStore {
+    /// One node: `write` publishes inside its `MULTI`. A cluster has no transaction across
+    /// slots, so there the message follows the write.
+    fn atomic_messages(&self) -> bool {
+        !self.conn.is_cluster()
+    }
+
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
         let cmds = keys
             .iter()
