@@ -31,12 +31,20 @@
 //!   the read already saw is a no-op, and messages of one bucket arrive in write order.
 //! * **When values are not known** the bucket's copy is marked dirty (used only for fail-open)
 //!   and read again in the background: a message from an older build (`Keys`), a write made
-//!   by this instance (its outcome may be unknown: a timeout may still land), and a
-//!   non-atomic message for a field changed within `conflict_window` (on a cluster, and for
-//!   deletes, a write and its message are not one atomic step, so two concurrent writers'
-//!   messages may arrive in the other order than their writes; the later-arriving one is then
-//!   the non-atomic one, and reading again after it settles it; an atomic message cannot
-//!   overtake a write).
+//!   by this instance whose outcome is unknown (an error: a timeout may still land) or whose
+//!   message is not atomic with it, and a non-atomic message for a field changed within
+//!   `conflict_window` (on a cluster, and for deletes, a write and its message are not one
+//!   atomic step, so two concurrent writers' messages may arrive in the other order than
+//!   their writes; the later-arriving one is then the non-atomic one, and reading again after
+//!   it settles it; an atomic message cannot overtake a write).
+//! * **Own writes.** An upsert this instance made and had acknowledged, its message atomic
+//!   with it (one node), is applied at once (`wrote_acked`): its codes are known, and
+//!   applying them is what its message will do. Read again instead where that could be
+//!   wrong: a change of the field heard between sending and the acknowledgement with another
+//!   code (their order is unknown), or a new generation since sending. The codes written are
+//!   remembered for `conflict_window`, and a message bringing another code to such a field
+//!   reads the bucket again, so an older write's message arriving late cannot take the
+//!   writer back behind its own acknowledged write.
 //! * **Trust and generations.** While the invalidation subscription is down, writes elsewhere
 //!   go unseen: the tier is *untrusted* and every lookup goes to the store, but copies stay
 //!   for fail-open answers. Resubscribing (and a `Bulk` import) starts a new generation:
@@ -913,8 +921,9 @@ impl LocalTier {
         self.dirty(keys.iter().map(|k| k.bucket).collect());
     }
 
-    /// This instance wrote (or tried to write) these fields: their buckets are read again,
-    /// and answered from the store until then (read-your-writes whatever the outcome).
+    /// This instance wrote (or tried to write) these fields, the outcome or the order of
+    /// its message unknown (else `wrote_acked`): their buckets are read again, and answered
+    /// from the store until then (read-your-writes whatever the outcome).
     pub fn wrote(&self, keys: &[EntryKey]) {
         self.dirty(keys.iter().map(|k| k.bucket).collect());
     }
