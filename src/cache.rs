@@ -1875,6 +1875,28 @@ mod tests {
         t.finish_read(read, Ok(vec![pairs])).unwrap();
     }
 
+    /// The codes field `f` may show: from the write at `floor` on (the newest the instance must
+    /// reflect), else its initial code or any write's.
+    fn allowed_values(
+        initial: &BTreeMap<i64, u32>,
+        writes: &[(i64, Option<u32>)],
+        f: i64,
+        floor: Option<usize>,
+    ) -> Vec<Option<u32>> {
+        let of_f = |w: &[(i64, Option<u32>)]| {
+            w.iter()
+                .filter(|(g, _)| *g == f)
+                .map(|(_, c)| *c)
+                .collect::<Vec<_>>()
+        };
+        match floor {
+            Some(j) => of_f(&writes[j..]),
+            None => std::iter::once(initial.get(&f).map(|c| LATER - c))
+                .chain(of_f(writes))
+                .collect(),
+        }
+    }
+
     /// One event of an interleaving: a write lands in the store (its message pending), the
     /// oldest pending message is delivered, or the read starts / reads / is installed.
     #[derive(Debug, Clone, Copy)]
@@ -1931,12 +1953,7 @@ mod tests {
                     };
                     // Values the field may show: the last delivered write's or any later one.
                     let last = writes[..delivered].iter().rposition(|(g, _)| *g == f);
-                    let allowed: Vec<Option<u32>> = match last {
-                        Some(j) => writes[j..].iter().filter(|(g, _)| *g == f).map(|(_, c)| *c).collect(),
-                        None => std::iter::once(initial.get(&f).map(|c| LATER - c))
-                            .chain(writes.iter().filter(|(g, _)| *g == f).map(|(_, c)| *c))
-                            .collect(),
-                    };
+                    let allowed = allowed_values(&initial, writes, f, last);
                     prop_assert!(allowed.contains(&answer), "field {f}: {answer:?} not in {allowed:?}");
                 }
                 Ok(())
@@ -2101,12 +2118,7 @@ mod tests {
                     };
                     let heard = writes[..delivered].iter().rposition(|(g, _)| *g == f);
                     let floor = heard.max(acked.get(&f).copied());
-                    let allowed: Vec<Option<u32>> = match floor {
-                        Some(j) => writes[j..].iter().filter(|(g, _)| *g == f).map(|(_, c)| *c).collect(),
-                        None => std::iter::once(initial.get(&f).map(|c| LATER - c))
-                            .chain(writes.iter().filter(|(g, _)| *g == f).map(|(_, c)| *c))
-                            .collect(),
-                    };
+                    let allowed = allowed_values(&initial, writes, f, floor);
                     prop_assert!(allowed.contains(&answer), "field {f}: {answer:?} not in {allowed:?}");
                 }
                 Ok(())
