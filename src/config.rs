@@ -88,9 +88,17 @@ pub struct Settings {
     pub write_replicas: u32,
     /// TOML file of `[[tokens]]` (`name`, `role`, `token`); unset: no auth (said loudly).
     pub tokens_file: Option<PathBuf>,
-    /// `/v1` requests handled at once by this instance; more are answered 503 `overloaded`
-    /// at once (probes and `/metrics` are not counted).
+    /// The risk engine's requests (`check`, `features`, `evaluate`) handled at once by this
+    /// instance, once their bodies are read; more are answered 503 `overloaded` at once.
     pub max_in_flight_requests: usize,
+    /// Writes (entries, events) handled at once; more: 503 `overloaded`.
+    pub max_in_flight_writes: usize,
+    /// Operators' requests (lists, lookups, audit, definitions) being worked on at once, on
+    /// the operator lane; more: 503 `overloaded`.
+    pub max_in_flight_operator: usize,
+    /// Deadline of an operator's store work (a page of list counts, a lookup, an audit
+    /// page): longer than a check's, since it runs on the operator lane at a lower priority.
+    pub operator_deadline_ms: u64,
     /// Request-body bytes buffered at once over all requests; a body that does not fit is
     /// answered 503 `overloaded`. Bounds the memory of bodies in flight; at least
     /// `max_body_bytes`.
@@ -142,6 +150,9 @@ impl Default for Settings {
             write_replicas: 0,
             tokens_file: None,
             max_in_flight_requests: 4096,
+            max_in_flight_writes: 256,
+            max_in_flight_operator: 16,
+            operator_deadline_ms: 2_000,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_connections: 20_000,
             keep_alive_secs: 30,
@@ -210,6 +221,9 @@ const KEYS: &[&str] = &[
     "write_replicas",
     "tokens_file",
     "max_in_flight_requests",
+    "max_in_flight_writes",
+    "max_in_flight_operator",
+    "operator_deadline_ms",
     "max_buffered_body_bytes",
     "max_connections",
     "keep_alive_secs",
@@ -254,7 +268,10 @@ impl Settings {
         if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
             return bad("key_prefix must be non-empty and hold no braces".into());
         }
-        if self.check_deadline_ms == 0 || self.write_deadline_ms == 0 {
+        if self.check_deadline_ms == 0
+            || self.write_deadline_ms == 0
+            || self.operator_deadline_ms == 0
+        {
             return bad("deadlines must be at least 1 ms".into());
         }
         if self.cache_ttl_ms == 0 {
@@ -269,8 +286,15 @@ impl Settings {
         if self.max_buffered_body_bytes < self.max_body_bytes {
             return bad("max_buffered_body_bytes must be at least max_body_bytes".into());
         }
-        if self.max_in_flight_requests == 0 || self.max_connections == 0 {
-            return bad("max_in_flight_requests and max_connections must be at least 1".into());
+        if self.max_in_flight_requests == 0
+            || self.max_in_flight_writes == 0
+            || self.max_in_flight_operator == 0
+            || self.max_connections == 0
+        {
+            return bad(
+                "max_in_flight_requests, max_in_flight_writes, max_in_flight_operator and max_connections must be at least 1"
+                    .into(),
+            );
         }
         if self.audit_refresh_secs == 0 {
             return bad("audit_refresh_secs must be at least 1".into());
@@ -313,6 +337,7 @@ impl Settings {
     pub fn list_settings(&self) -> ListSettings {
         ListSettings {
             check_deadline: Duration::from_millis(self.check_deadline_ms),
+            operator_deadline: Duration::from_millis(self.operator_deadline_ms),
             write_deadline: Duration::from_millis(self.write_deadline_ms),
             fail_mode: self.fail_mode,
             cache_ttl: Duration::from_millis(self.cache_ttl_ms),

@@ -6,7 +6,7 @@
 //! picks its code and status: a `ValidationError` is 400 (`Invalid`), 404 (`Missing`, e.g.
 //! `unknown_metric`) or 409 (`Conflict`); a `StoreError` is 503 (`replicas_unavailable` for a
 //! write refused for want of replicas, else `store_unavailable`), with `Retry-After: 1` like
-//! every 503; 401 adds `WWW-Authenticate: Bearer`.
+//! every 503; 401 adds `WWW-Authenticate: Bearer`; 429 adds `Retry-After` in whole seconds.
 //!
 //! 5xx bodies stay opaque; the cause goes to the log. The exception is a write refused before
 //! anything was sent (`StoreError::Refused`, whatever its code): its message names the
@@ -48,9 +48,15 @@ pub enum ApiError {
     /// No valid bearer token (401).
     #[error("{0}")]
     Unauthorized(String),
-    /// A valid token whose role is too low (403).
+    /// A valid token without the permission the route needs (403).
     #[error("{0}")]
     Forbidden(String),
+    /// A token past its rate or its concurrency (429, with `Retry-After`).
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     #[error(transparent)]
     Unavailable(StoreError),
     /// This instance is at one of its limits (in-flight requests, buffered body bytes).
@@ -58,6 +64,23 @@ pub enum ApiError {
     Overloaded(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::auth::Denied> for ApiError {
+    fn from(d: crate::auth::Denied) -> Self {
+        use crate::auth::Denied;
+        match d {
+            Denied::Unauthorized(m) => ApiError::Unauthorized(m),
+            Denied::Forbidden(m) => ApiError::Forbidden(m),
+            Denied::RateLimited {
+                message,
+                retry_after,
+            } => ApiError::RateLimited {
+                message,
+                retry_after,
+            },
+        }
+    }
 }
 
 impl From<ListsError> for ApiError {
@@ -94,6 +117,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             ApiError::Unauthorized(_) => ErrorCode::Unauthorized,
             ApiError::Forbidden(_) => ErrorCode::Forbidden,
+            ApiError::RateLimited { .. } => ErrorCode::RateLimited,
             ApiError::Unavailable(StoreError::Refused(Refusal::Replicas { .. })) => {
                 ErrorCode::ReplicasUnavailable
             }
@@ -117,6 +141,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -142,6 +167,11 @@ impl ResponseError for ApiError {
         let mut res = HttpResponse::build(status);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             res.insert_header(("Retry-After", "1"));
+        }
+        if let ApiError::RateLimited { retry_after, .. } = self {
+            // Whole seconds, at least 1 (RFC 9110), rounded up so a retry at once is not early.
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            res.insert_header(("Retry-After", secs.max(1).to_string()));
         }
         if status == StatusCode::UNAUTHORIZED {
             res.insert_header(("WWW-Authenticate", "Bearer"));
@@ -171,6 +201,10 @@ mod tests {
             ApiError::MethodNotAllowed,
             ApiError::Unauthorized("x".into()),
             ApiError::Forbidden("x".into()),
+            ApiError::RateLimited {
+                message: "x".into(),
+                retry_after: std::time::Duration::from_millis(1500),
+            },
             ApiError::Unavailable(StoreError::Timeout(std::time::Duration::from_millis(1))),
             ApiError::Unavailable(StoreError::Refused(Refusal::Replicas {
                 primary: "p".into(),

@@ -13,6 +13,7 @@
 //! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
 //! * `lists`: the name-list service; `audit_trail`: the audit trail as operators read it.
 //! * `velocity`: velocity metrics and rules.
+//! * `lane`: the operator lane, a runtime of its own for operators' work.
 //! * `routes`, `error`, `auth`: HTTP. `config`, `telemetry`, `metrics`, `startup`: running it.
 //!
 //! The binary `src/main.rs` serves. The operator tools (import, gen, audit, sweep, keygen) are
@@ -27,6 +28,7 @@ pub mod domain;
 pub mod error;
 pub mod instrumented;
 pub mod invalidation;
+pub mod lane;
 pub mod lists;
 pub mod metrics;
 pub mod routes;

@@ -62,6 +62,8 @@ pub enum FailMode {
 #[derive(Debug, Clone)]
 pub struct ListSettings {
     pub check_deadline: Duration,
+    /// Deadline of operators' reads (lookups, list counts): they run on the operator lane.
+    pub operator_deadline: Duration,
     pub write_deadline: Duration,
     pub fail_mode: FailMode,
     /// The longest a local copy of a bucket answers after it was read (the staleness bound
@@ -208,8 +210,8 @@ impl TryFrom<RawCheck> for CheckQuery {
         }
         let mut subjects = Vec::with_capacity(raw.subjects.len());
         for (name, raw) in raw.subjects {
-            let dimension =
-                Dimension::try_from(name.clone()).map_err(|e| e.at(format!("subjects.{name}")))?;
+            let dimension = Dimension::try_from(name.clone())
+                .map_err(|e| e.at(format!("subjects.{}", crate::domain::shown_key(&name))))?;
             let mut parsed: Vec<Value> = Vec::with_capacity(raw.len());
             for (i, v) in raw.iter().enumerate() {
                 let v = Value::parse_check(&dimension, v)
@@ -581,7 +583,7 @@ impl NameLists {
             self.store
                 .layout()
                 .entry_key(list, &entry.dimension, &entry.sandbox, &entry.value);
-        let deadline = Deadline::after(self.settings.check_deadline);
+        let deadline = Deadline::after(self.settings.operator_deadline);
         let keys = [key];
         let codes = self
             .store

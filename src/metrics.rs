@@ -151,12 +151,14 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Feature reads that found a COUNT_DISTINCT entity at its member cap.
     pub distinct_capped: IntCounter,
-    /// Requests refused by auth, by reason (`missing`, `invalid`, `forbidden`).
+    /// Requests refused by auth, by reason (`missing`, `invalid`, `forbidden`,
+    /// `rate_limited`: over the token's rate or concurrency, answered 429).
     pub auth_failures: IntCounterVec,
-    /// Requests refused because a limit was reached, by limit (`in_flight`, `body_bytes`).
+    /// Requests refused because a limit was reached, by limit (a class budget, `engine`,
+    /// `write`, `operator`, or `body_bytes`).
     pub overloaded: IntCounterVec,
-    /// `/v1` requests being handled now.
-    pub in_flight: IntGauge,
+    /// `/v1` requests holding a place in their class budget now, by class.
+    pub in_flight: IntGaugeVec,
     /// Writes refused before anything was sent, by reason (`replicas`, `unreachable`,
     /// `deadline`, `busy`).
     pub write_refusals: IntCounterVec,
@@ -370,8 +372,14 @@ impl Metrics {
                 &["limit"],
             )
             .expect("valid metric"),
-            in_flight: IntGauge::new("namelist_in_flight_requests", "/v1 requests being handled")
-                .expect("valid metric"),
+            in_flight: IntGaugeVec::new(
+                Opts::new(
+                    "namelist_in_flight_requests",
+                    "/v1 requests holding a place in their class budget (engine, write, operator)",
+                ),
+                &["class"],
+            )
+            .expect("valid metric"),
             write_refusals: IntCounterVec::new(
                 Opts::new(
                     "namelist_write_refusals_total",
@@ -451,8 +459,14 @@ impl Metrics {
         for outcome in ["applied", "duplicate", "late"] {
             m.events.with_label_values(&[outcome]);
         }
-        for limit in ["in_flight", "body_bytes"] {
+        for limit in ["engine", "write", "operator", "body_bytes"] {
             m.overloaded.with_label_values(&[limit]);
+        }
+        for class in ["engine", "write", "operator"] {
+            m.in_flight.with_label_values(&[class]);
+        }
+        for reason in ["missing", "invalid", "forbidden", "rate_limited"] {
+            m.auth_failures.with_label_values(&[reason]);
         }
         for reason in REFUSAL_REASONS {
             m.write_refusals.with_label_values(&[reason]);

@@ -12,11 +12,12 @@ use crate::audit_trail::AuditTrail;
 use crate::auth::Tokens;
 use crate::config::{ConfigError, DEFAULT_EXPECTED_ENTRIES, LogFormat, Settings};
 use crate::instrumented::Instrumented;
+use crate::lane::OperatorLane;
 use crate::lists::NameLists;
 use crate::metrics::{Metrics, StoreOp};
 use crate::routes;
 use crate::routes::json::BodyLimit;
-use crate::routes::limits::{Limits, limit_in_flight};
+use crate::routes::limits::{ClassBudgets, Limits};
 use crate::store::fingerprint::{self, FingerprintKey, KeyError};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
@@ -34,6 +35,8 @@ pub enum StartupError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Key(#[from] KeyError),
+    #[error("starting the operator lane: {0}")]
+    Lane(std::io::Error),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: String,
@@ -277,9 +280,14 @@ impl Application {
         let metrics = web::Data::from(metrics);
         let limit = web::Data::new(BodyLimit(settings.max_body_bytes));
         let limits = web::Data::new(Limits::new(
-            settings.max_in_flight_requests,
+            ClassBudgets {
+                engine: settings.max_in_flight_requests,
+                write: settings.max_in_flight_writes,
+                operator: settings.max_in_flight_operator,
+            },
             settings.max_buffered_body_bytes,
         ));
+        let lane = web::Data::new(OperatorLane::start(1).map_err(StartupError::Lane)?);
         let app_lists = lists.clone();
         let app_tokens = web::Data::from(tokens);
         let mut server = HttpServer::new(move || {
@@ -291,8 +299,7 @@ impl Application {
                 .app_data(metrics.clone())
                 .app_data(limit.clone())
                 .app_data(limits.clone())
-                .app_data(web::QueryConfig::default().error_handler(routes::query_error))
-                .wrap(from_fn(limit_in_flight))
+                .app_data(lane.clone())
                 .wrap(from_fn(routes::observe))
                 .configure(routes::configure)
                 .default_service(web::to(routes::not_found))

@@ -1,23 +1,57 @@
 //! Logging: `tracing` with JSON lines (or plain text for a terminal), filtered by `RUST_LOG`
 //! (default `info`). Nothing logged by this crate carries a raw identifier: values appear as
 //! fingerprints or masked.
+//!
+//! Dependencies are held to the same rule whatever `RUST_LOG` says: events of the targets in
+//! [`SILENCED`] are dropped at every level, because they log what a caller sent (actix-web's
+//! extractors log the request path, a looked-up phone number, when they fail; the service
+//! uses its own extractors, and this is the second line).
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{EnvFilter, filter_fn};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, fmt};
 
 use crate::config::LogFormat;
+
+/// Log targets never written, at any level (prefixes of the `log` crate's module targets).
+pub const SILENCED: &[&str] = &[
+    "actix_web::types",
+    "actix_web::request_data",
+    "actix_web::extract",
+];
+
+/// Whether events of `target` may be written at all.
+pub fn allowed(target: &str) -> bool {
+    !SILENCED.iter().any(|s| target.starts_with(s))
+}
 
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing).
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder
+    let silenced = filter_fn(|meta| allowed(meta.target()));
+    let layer = match format {
+        LogFormat::Json => fmt::layer()
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .try_init(),
-        LogFormat::Text => builder.try_init(),
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Text => fmt::layer().with_writer(std::io::stderr).boxed(),
     };
+    let _ = tracing_subscriber::registry()
+        .with(layer.with_filter(filter).with_filter(silenced))
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_extractors_targets_are_silenced_and_ours_are_not() {
+        assert!(!super::allowed("actix_web::types::query"));
+        assert!(!super::allowed("actix_web::types::path"));
+        assert!(!super::allowed("actix_web::request_data"));
+        assert!(super::allowed("namelist::routes"));
+        assert!(super::allowed("actix_server::builder"));
+    }
 }

@@ -270,7 +270,7 @@ async fn every_bad_request_is_a_4xx_and_changes_nothing(redis: &Backend) {
             json!({"entries": [ok_entry, ok_entry, {"dimension": "Phone!", "value": "1"}]}),
             400,
             "unknown_dimension",
-            &["entries[2].dimension", "Phone!"],
+            &["entries[2].dimension", "unknown dimension"],
         ),
         bad(
             "POST",

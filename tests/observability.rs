@@ -25,18 +25,30 @@ async fn every_answer_carries_a_request_id() {
     let b = id_of(&app.get("/v1/nowhere").await);
     assert_ne!(a, b, "ids are unique");
 
-    // A caller's sane id is kept, so its logs and ours can be joined.
-    let res = app
-        .client
-        .get(app.url("/healthz"))
-        .header("x-request-id", "engine-7f3a:42")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(id_of(&res), "engine-7f3a:42");
+    // A caller's id that looks like an id is kept, so its logs and ours can be joined: a
+    // UUID, a ULID, or hex digits and `-` with a letter.
+    for sane in [
+        "0f8fad5b-d9cb-469f-a165-70867728950e",
+        "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        "7f3a42bc",
+        "bead-7f3a-0042-cafe",
+    ] {
+        let res = app
+            .client
+            .get(app.url("/healthz"))
+            .header("x-request-id", sane)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(id_of(&res), sane);
+    }
     // Anything else is replaced: it could be an identifier or forge a log line.
     for bad in [
         PHONE,
+        "203.0.113.77",
+        "139-1234-5678",
+        "490154203237518",
+        "engine-7f3a:42",
         "11010519491231002X",
         "has space",
         "13812345678\n{\"level\":\"ERROR\"}",
@@ -52,7 +64,10 @@ async fn every_answer_carries_a_request_id() {
             .unwrap();
         let id = id_of(&res);
         assert_ne!(id, bad.replace('\n', " "));
-        assert!(id.len() <= 32 && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+        assert!(
+            id.len() <= 32 && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'),
+            "{id}"
+        );
     }
 }
 

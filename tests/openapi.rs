@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use common::{spawn_app, test_settings};
 use namelist::domain::ErrorCode;
-use namelist::routes::{Access, ROUTES};
+use namelist::routes::{Need, ROUTES};
 use serde_json::Value;
 
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
@@ -55,16 +55,25 @@ async fn the_document_lists_exactly_the_routed_routes() {
                 "{method} {path}: /v1 routes need the bearer scheme, the others none"
             );
             if secured {
-                for status in ["401", "403", "503"] {
+                for status in ["401", "403", "429", "503"] {
                     assert!(
                         op["responses"][status]["content"]["application/json"]["schema"]["$ref"]
                             == "#/components/schemas/ErrorBody",
                         "{method} {path}: {status} is not an ErrorBody"
                     );
                 }
+                let route = ROUTES
+                    .iter()
+                    .find(|r| r.method == method.to_uppercase() && documented_form(r.path) == *path)
+                    .expect("a route of the table");
+                let needs = format!(
+                    "Needs: {}. Budget: {}.",
+                    route.need.describe(),
+                    route.class.label()
+                );
                 assert!(
-                    op["description"].as_str().unwrap().starts_with("Role: "),
-                    "{method} {path}: the role"
+                    op["description"].as_str().unwrap().starts_with(&needs),
+                    "{method} {path}: {needs}"
                 );
             }
         }
@@ -123,7 +132,7 @@ async fn every_route_in_the_table_is_mounted_on_its_methods_only() {
     // Open routes are exactly the probes and the scraper.
     let open: BTreeSet<&str> = ROUTES
         .iter()
-        .filter(|r| r.access == Access::Open)
+        .filter(|r| r.need == Need::Open)
         .map(|r| r.path)
         .collect();
     assert_eq!(open, BTreeSet::from(["/healthz", "/metrics", "/readyz"]));

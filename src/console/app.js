@@ -91,8 +91,11 @@ async function start() {
   }
   state.role = me.role;
   state.auth = me.auth;
+  // The page's controls follow the token's permissions (a custom set included).
+  const can = new Set(me.permissions || []);
+  state.canEdit = can.has("entries");
   document.body.classList.remove("role-read", "role-write", "role-admin");
-  document.body.classList.add("role-" + me.role);
+  document.body.classList.add(can.has("definitions") ? "role-admin" : can.has("entries") ? "role-write" : "role-read");
   $("banner-noauth").hidden = me.auth;
   $("who").textContent = me.auth ? me.name + " (" + me.role + ")" : "no authentication";
   $("logout").hidden = !sessionStorage.getItem(TOKEN_KEY);
@@ -108,7 +111,7 @@ const PAGES = ["search", "edit", "audit", "health", "definitions"];
 function route() {
   let page = location.hash.replace("#", "") || "search";
   if (!PAGES.includes(page)) page = "search";
-  if (page === "edit" && state.role === "read") page = "search";
+  if (page === "edit" && !state.canEdit) page = "search";
   for (const p of PAGES) $("page-" + p).classList.toggle("current", p === page);
   for (const a of document.querySelectorAll("#nav a")) {
     a.classList.toggle("active", a.dataset.page === page);

@@ -106,8 +106,11 @@ error_codes! {
     MetricInUse = "metric_in_use", [409];
     /// No valid `Authorization: Bearer` while tokens are configured.
     Unauthorized = "unauthorized", [401];
-    /// The token's role is too low for the route.
+    /// The token lacks the permission the route needs (`POST /v1/evaluate` with an `event`
+    /// also needs `events`).
     Forbidden = "forbidden", [403];
+    /// The token is over its `rate` or its `max_concurrency` (with `Retry-After`).
+    RateLimited = "rate_limited", [429];
     /// The body did not arrive within 10 s.
     RequestTimeout = "request_timeout", [408];
     /// The body is over `max_body_bytes`.
@@ -121,7 +124,8 @@ error_codes! {
     /// A write refused unsent: a primary it needs has fewer online replicas than
     /// `write_replicas`.
     ReplicasUnavailable = "replicas_unavailable", [503];
-    /// This instance is at `max_in_flight_requests` or `max_buffered_body_bytes`.
+    /// This instance is at the budget of the route's class (`max_in_flight_requests`,
+    /// `max_in_flight_writes`, `max_in_flight_operator`) or at `max_buffered_body_bytes`.
     Overloaded = "overloaded", [503];
     /// A bug; details in the log only.
     Internal = "internal", [500];

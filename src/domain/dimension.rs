@@ -73,10 +73,16 @@ impl TryFrom<String> for Dimension {
                 .iter()
                 .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
         if !valid {
+            // The refused name only when it is a plain name of a dimension's length.
+            let shown = if b.len() <= Self::CUSTOM_MAX_LEN && super::shown_key(&s) == s {
+                format!(" {s:?}")
+            } else {
+                String::new()
+            };
             return Err(ValidationError::new(
                 ErrorCode::UnknownDimension,
                 format!(
-                    "unknown dimension {s:?}: expected uid, phone, id_card, device, imei, wifi_mac, ip, email or a custom name matching ^[a-z][a-z0-9_]{{0,31}}$"
+                    "unknown dimension{shown}: expected uid, phone, id_card, device, imei, wifi_mac, ip, email or a custom name matching ^[a-z][a-z0-9_]{{0,31}}$"
                 ),
             ));
         }

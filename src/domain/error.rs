@@ -1,5 +1,9 @@
 //! The one error type of input validation: a stable snake_case `code` for machines and a
 //! message that says what was wrong and where (`entries[3].value: ...`).
+//!
+//! A message never quotes what the caller sent: not a value (a phone number), not a refused
+//! name (it may be 10 KB or a phone number), not a map key that is not a plain name
+//! ([`shown_key`]). It names the place and what was expected.
 
 use super::ErrorCode;
 use std::fmt;
@@ -27,4 +31,14 @@ impl ValidationError {
         self.message = format!("{location}: {}", self.message);
         self
     }
+}
+
+/// A map key as an error message may show it: itself if it is a plain name
+/// (`^[A-Za-z_][A-Za-z0-9_]{0,63}$`: a field or dimension name), else `?` (a caller's key
+/// may be anything, a phone number included).
+pub fn shown_key(key: &str) -> &str {
+    let plain = (1..=64).contains(&key.len())
+        && key.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if plain { key } else { "?" }
 }

@@ -12,7 +12,7 @@ mod value;
 
 pub use code::{ErrorCode, UnknownCode};
 pub use dimension::Dimension;
-pub use error::ValidationError;
+pub use error::{ValidationError, shown_key};
 pub use expiry::{Expiry, LATEST_EXPIRY_MS, now_ms};
 pub use mask::mask_value;
 pub use names::{EventType, FieldName, ListName, MetricId, RuleId, Sandbox};

@@ -17,10 +17,14 @@ fn check_ident(
     pattern: &str,
 ) -> Result<(), ValidationError> {
     if s.is_empty() || s.len() > max || !s.bytes().all(allowed) {
-        return Err(ValidationError::new(
-            code,
-            format!("{what} {s:?} must match {pattern}"),
-        ));
+        // The refused text only when it is a plain name within the length (`Black`): never
+        // one over its limit (10 KB) nor anything else (`+8613800138000`).
+        let shown = if s.len() <= max && super::shown_key(s) == s {
+            format!("{what} {s:?} must match {pattern}")
+        } else {
+            format!("{what} must match {pattern}")
+        };
+        return Err(ValidationError::new(code, shown));
     }
     Ok(())
 }

@@ -61,13 +61,10 @@ impl CheckBody {
     path = "/v1/check",
     tag = "lists",
     summary = "Check every subject against every list, in one sandbox",
-    description = "Role: read.",
     request_body = CheckBody,
     responses(
         (status = 200, description = "Hits; `degraded` when fail-open answered from the local tier", body = CheckOutcome),
         (status = 400, description = "A bad body, list, dimension or value; over 64 values, 16 lists or 4,096 lookups", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),

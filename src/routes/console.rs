@@ -28,8 +28,11 @@ const STYLE: &str = include_str!("../console/app.css");
 pub struct WhoAmI {
     /// The token's name (`anonymous` without tokens).
     name: String,
-    /// `read`, `write` or `admin`.
+    /// The preset its permissions are (`read`, `write`, `admin`, `engine`), else `custom`.
     role: &'static str,
+    /// What the token may do (`check`, `lists`, `audit`, `entries`, `events`,
+    /// `definitions`).
+    permissions: Vec<&'static str>,
     /// Whether tokens are configured (`false`: the API is open to anyone).
     auth: bool,
 }
@@ -39,24 +42,18 @@ pub struct WhoAmI {
     path = "/v1/whoami",
     tag = "lists",
     summary = "The caller's token name and role, and whether auth is on",
-    description = "Role: read.",
     responses(
         (status = 200, description = "The caller", body = WhoAmI),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 /// `GET /v1/whoami`
-pub async fn whoami(
-    caller: Option<web::ReqData<Caller>>,
-    tokens: web::Data<Tokens>,
-) -> HttpResponse {
-    let caller = caller.map_or_else(Caller::anonymous, |c| c.into_inner());
+pub async fn whoami(caller: Caller, tokens: web::Data<Tokens>) -> HttpResponse {
     HttpResponse::Ok().json(WhoAmI {
+        role: caller.role(),
+        permissions: caller.permissions.iter().map(|p| p.as_str()).collect(),
         name: caller.name,
-        role: caller.role.as_str(),
         auth: !tokens.is_open(),
     })
 }

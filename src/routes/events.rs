@@ -13,9 +13,10 @@ use serde_json::value::RawValue;
 use serde_json::{Value as Json, json};
 
 use super::check::CheckBody;
-use super::json::{JsonBody, decode, decode_part};
+use super::json::{JsonBody, decode, decode_part, describe};
 use super::openapi::{ErrorBody, EvaluateDoc, FeaturesDoc};
-use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError};
+use crate::auth::{Caller, Permission};
+use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError, shown_key};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, FailMode, NameLists};
 use crate::velocity::service::IngestOutcome;
@@ -51,7 +52,7 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
                         ErrorCode::InvalidField,
                         format!("not a valid string: {e}"),
                     )
-                    .at(format!("{at}fields.{name}")));
+                    .at(format!("{at}fields.{}", shown_key(&name))));
                 }
             },
             Some(b'-' | b'0'..=b'9') => FieldValue::Number(text.to_owned()),
@@ -61,7 +62,7 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
                     ErrorCode::InvalidField,
                     "expected a string or a number",
                 )
-                .at(format!("{at}fields.{name}")));
+                .at(format!("{at}fields.{}", shown_key(&name))));
             }
         };
         if value.text().len() > MAX_VALUE_LEN {
@@ -69,7 +70,7 @@ fn fields(raw: BTreeMap<String, Box<RawValue>>, at: &str) -> Result<Fields, Vali
                 ErrorCode::InvalidField,
                 format!("longer than {MAX_VALUE_LEN} bytes"),
             )
-            .at(format!("{at}fields.{name}")));
+            .at(format!("{at}fields.{}", shown_key(&name))));
         }
         out.insert(name, value);
     }
@@ -93,13 +94,10 @@ impl EventBody {
     path = "/v1/events",
     tag = "velocity",
     summary = "Apply one event, or a batch `{\"events\": [...]}` of at most 1,000",
-    description = "Role: write.",
     request_body = EventBody,
     responses(
         (status = 200, description = "Metric updates applied, duplicate and late events", body = IngestOutcome),
         (status = 400, description = "A bad event (type, id, ts, amount, field) or over 1,000 events; the whole batch is refused", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -178,13 +176,10 @@ fn response_features(f: &Features) -> Json {
     path = "/v1/features",
     tag = "velocity",
     summary = "Read metric values for one entity",
-    description = "Role: read.",
     request_body = FeaturesBody,
     responses(
         (status = 200, description = "Values by metric id", body = FeaturesDoc),
         (status = 400, description = "A bad or undefined metric, a missing group-by field, over 64 metrics", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -231,13 +226,11 @@ pub struct EvaluateBody {
     path = "/v1/evaluate",
     tag = "velocity",
     summary = "Everything for one request: list checks, the event, features, rules",
-    description = "Role: read (an event it carries is applied too).",
+    description = "An `event` in the body also needs the permission `events` (403 `forbidden` without it, nothing applied).",
     request_body = EvaluateBody,
     responses(
         (status = 200, description = "Hits, features and rule outcomes", body = EvaluateDoc),
         (status = 400, description = "Any error of a check, an event or a features read", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -250,9 +243,14 @@ pub struct EvaluateBody {
 pub async fn post_evaluate(
     lists: web::Data<NameLists>,
     v: web::Data<Velocity>,
+    caller: Caller,
     body: JsonBody<EvaluateBody>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.0;
+    // Before anything is parsed or applied: recording an event is a permission of its own.
+    if body.event.is_some() {
+        caller.require(Permission::Events, "an event in POST /v1/evaluate")?;
+    }
     let check = if body.lists.is_empty() {
         None
     } else {
@@ -265,7 +263,7 @@ pub async fn post_evaluate(
             check["precedence"] = json!(order);
         }
         let check: CheckBody =
-            serde_json::from_value(check).map_err(|e| ApiError::InvalidBody(e.to_string()))?;
+            serde_json::from_value(check).map_err(|e| ApiError::InvalidBody(describe(&e)))?;
         Some(check.parse()?)
     };
     if check.is_none() && !body.subjects.is_empty() {

@@ -6,9 +6,11 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::gate::Offload;
 use super::json::JsonBody;
 use super::openapi::{ErrorBody, ListedDoc, ListsDoc, RemovedDoc, WrittenDoc};
-use crate::auth::{Caller, caller_name};
+use super::query::Query;
+use crate::auth::Caller;
 use crate::domain::{
     Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
 };
@@ -134,14 +136,11 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
     path = "/v1/lists/{list}/entries",
     tag = "lists",
     summary = "Add or refresh entries (upsert, last write wins)",
-    description = "Role: write.",
     request_body = UpsertBody,
     params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
     responses(
         (status = 200, description = "All entries written", body = WrittenDoc),
         (status = 400, description = "A bad body, list, dimension, value, expiry or reason, or over 10,000 entries; nothing is written", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -152,7 +151,7 @@ fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, Validatio
 pub async fn upsert(
     lists: web::Data<NameLists>,
     list: web::Path<String>,
-    caller: Option<web::ReqData<Caller>>,
+    caller: Caller,
     body: JsonBody<UpsertBody>,
 ) -> Result<HttpResponse, ApiError> {
     let list = list_name(list.into_inner())?;
@@ -164,7 +163,7 @@ pub async fn upsert(
         .enumerate()
         .map(|(i, item)| new_entry(i, item, now))
         .collect::<Result<Vec<_>, _>>()?;
-    let written = lists.upsert(&list, entries, &caller_name(&caller)).await?;
+    let written = lists.upsert(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "written": written })))
 }
 
@@ -173,14 +172,11 @@ pub async fn upsert(
     path = "/v1/lists/{list}/entries",
     tag = "lists",
     summary = "Delete entries",
-    description = "Role: write.",
     request_body = DeleteBody,
     params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
     responses(
         (status = 200, description = "Entries removed that were present and not yet expired", body = RemovedDoc),
         (status = 400, description = "A bad body, list, dimension or value, or over 10,000 entries; nothing is deleted", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -191,7 +187,7 @@ pub async fn upsert(
 pub async fn remove(
     lists: web::Data<NameLists>,
     list: web::Path<String>,
-    caller: Option<web::ReqData<Caller>>,
+    caller: Caller,
     body: JsonBody<DeleteBody>,
 ) -> Result<HttpResponse, ApiError> {
     let list = list_name(list.into_inner())?;
@@ -202,7 +198,7 @@ pub async fn remove(
         .enumerate()
         .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox))
         .collect::<Result<Vec<_>, _>>()?;
-    let removed = lists.remove(&list, entries, &caller_name(&caller)).await?;
+    let removed = lists.remove(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
 }
 
@@ -211,13 +207,10 @@ pub async fn remove(
     path = "/v1/lists/{list}/entries/{dimension}/{value}",
     tag = "lists",
     summary = "Look one entry up (the exact entry; a range by its own value)",
-    description = "Role: read.",
     params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`"), ("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
     responses(
         (status = 200, description = "Listed, with its expiry, or not", body = ListedDoc),
         (status = 400, description = "A bad list, dimension, value or sandbox", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -227,7 +220,8 @@ pub async fn remove(
 pub async fn lookup(
     lists: web::Data<NameLists>,
     path: web::Path<(String, String, String)>,
-    query: web::Query<LookupQuery>,
+    query: Query<LookupQuery>,
+    offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let (list, dimension, value) = path.into_inner();
     let list = list_name(list)?;
@@ -235,15 +229,13 @@ pub async fn lookup(
     let value = Value::parse_entry(&dimension, &value).map_err(|e| e.at("path"))?;
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
-    let found = lists
-        .lookup(
-            &list,
-            &EntryRef {
-                dimension,
-                value,
-                sandbox,
-            },
-        )
+    let entry = EntryRef {
+        dimension,
+        value,
+        sandbox,
+    };
+    let found = offload
+        .run(async move { Ok(lists.lookup(&list, &entry).await?) })
         .await?;
     Ok(HttpResponse::Ok().json(match found {
         Some(expiry) => json!({"listed": true, "expires_at": expiry.expires_at_ms()}),
@@ -256,19 +248,21 @@ pub async fn lookup(
     path = "/v1/lists",
     tag = "lists",
     summary = "Every (list, sandbox) holding entries",
-    description = "Role: read.",
     responses(
         (status = 200, description = "Approximate entry counts (kept on write), last change, hits since this instance started", body = ListsDoc),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 /// `GET /v1/lists`: every (list, sandbox) holding entries, with its approximate count, its
 /// last change and the hits this instance answered.
-pub async fn summaries(lists: web::Data<NameLists>) -> Result<HttpResponse, ApiError> {
-    let lists = lists.summaries().await?;
+pub async fn summaries(
+    lists: web::Data<NameLists>,
+    offload: Offload,
+) -> Result<HttpResponse, ApiError> {
+    let lists = offload
+        .run(async move { Ok(lists.summaries().await?) })
+        .await?;
     Ok(HttpResponse::Ok().json(json!({ "lists": lists })))
 }
 
@@ -277,13 +271,10 @@ pub async fn summaries(lists: web::Data<NameLists>) -> Result<HttpResponse, ApiE
     path = "/v1/lists/-/lookup/{dimension}/{value}",
     tag = "lists",
     summary = "One identity on every list of a sandbox, as a check finds it",
-    description = "Role: read.",
     params(("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
     responses(
         (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included)", body = CheckOutcome),
         (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -293,17 +284,22 @@ pub async fn summaries(lists: web::Data<NameLists>) -> Result<HttpResponse, ApiE
 pub async fn lookup_everywhere(
     lists: web::Data<NameLists>,
     path: web::Path<(String, String)>,
-    query: web::Query<LookupQuery>,
+    query: Query<LookupQuery>,
+    offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let (dimension, value) = path.into_inner();
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
-    let outcome = lists
-        .lookup_everywhere(dimension, value, sandbox)
-        .await
-        .map_err(|e| match e {
-            crate::lists::ListsError::Invalid(v) => ApiError::from(v.at("path")),
-            other => ApiError::from(other),
-        })?;
+    let outcome = offload
+        .run(async move {
+            lists
+                .lookup_everywhere(dimension, value, sandbox)
+                .await
+                .map_err(|e| match e {
+                    crate::lists::ListsError::Invalid(v) => ApiError::from(v.at("path")),
+                    other => ApiError::from(other),
+                })
+        })
+        .await?;
     Ok(HttpResponse::Ok().json(outcome))
 }

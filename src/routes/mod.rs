@@ -5,11 +5,13 @@ pub mod audit;
 pub mod check;
 pub mod console;
 pub mod events;
+pub mod gate;
 pub mod health;
 pub mod json;
 pub mod limits;
 pub mod lists;
 pub mod openapi;
+pub mod query;
 pub mod velocity;
 
 use std::sync::OnceLock;
@@ -23,56 +25,98 @@ use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpResponse, web};
 use tracing::Instrument;
 
-use crate::auth::{require_admin, require_read, require_write};
+use crate::auth::Permission;
 use crate::domain::ErrorCode;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// Who may call a route (see `auth`).
+/// What a route needs of its caller (see `auth` for what each permission means).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub enum Need {
     /// No token: probes, scrapers, the API's own description.
     Open,
-    Read,
+    /// Any valid token.
+    Token,
+    /// A token holding this permission.
+    Permission(Permission),
+}
+
+impl Need {
+    /// As the OpenAPI document and the README say it.
+    pub fn describe(self) -> String {
+        match self {
+            Need::Open => "no token".to_owned(),
+            Need::Token => "any token".to_owned(),
+            Need::Permission(p) => format!("permission `{}`", p.as_str()),
+        }
+    }
+}
+
+/// Which budget of the instance a route's requests share (see `limits`): the risk engine's
+/// per-request calls, writes, and operators' reads and definitions never wait for each
+/// other's room, and operators' work runs on its own lane (`lane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// Probes and `/metrics`: no budget, no token.
+    Probe,
+    /// `check`, `features`, `evaluate`: `max_in_flight_requests`.
+    Engine,
+    /// Entries and events: `max_in_flight_writes`.
     Write,
-    Admin,
+    /// Lists, lookups, audit, definitions, whoami: `max_in_flight_operator`, on the operator
+    /// lane.
+    Operator,
+}
+
+impl Class {
+    /// The `class` label of the budget metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::Probe => "probe",
+            Class::Engine => "engine",
+            Class::Write => "write",
+            Class::Operator => "operator",
+        }
+    }
 }
 
 /// One API route as mounted: the method, the path pattern (actix syntax: `{value:.*}` takes
-/// the rest of the path) and who may call it.
+/// the rest of the path), what its caller needs and the budget it counts against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteDef {
     pub method: &'static str,
     pub path: &'static str,
-    pub access: Access,
+    pub need: Need,
+    pub class: Class,
 }
 
-fn guarded(route: actix_web::Route, access: Access) -> actix_web::Route {
-    match access {
-        Access::Open => route,
-        Access::Read => route.wrap(from_fn(require_read)),
-        Access::Write => route.wrap(from_fn(require_write)),
-        Access::Admin => route.wrap(from_fn(require_admin)),
+fn guarded(route: actix_web::Route, def: RouteDef) -> actix_web::Route {
+    match def.need {
+        Need::Open => route,
+        _ => route.wrap(from_fn(move |req, next| gate::gate(def, req, next))),
     }
 }
 
 /// Declares the API's routes once: `configure` mounts them (any other method on a path is a
-/// 405) and `ROUTES` lists them, which `tests/openapi.rs` compares with the OpenAPI document
-/// both ways. A route added here and not documented fails that test.
+/// 405), each behind its gate (`gate`: token, permission, per-token limits, body, class
+/// budget), and `ROUTES` lists them, which `tests/openapi.rs` compares with the OpenAPI
+/// document both ways, the OpenAPI document takes each operation's "Needs" and error
+/// responses from, and `tests/auth.rs` compares with the README's table. A route added here
+/// and not documented fails those tests.
 macro_rules! api_routes {
-    ($( $path:literal => [ $( $method:ident $handler:path, $access:ident );+ $(;)? ] ),* $(,)?) => {
+    ($( $path:literal => [ $( $method:ident $handler:path, $need:expr, $class:ident );+ $(;)? ] ),* $(,)?) => {
         /// Every API route, in mounting order.
         pub const ROUTES: &[RouteDef] = &[
-            $( $( RouteDef { method: stringify!($method), path: $path, access: Access::$access }, )+ )*
+            $( $( RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class }, )+ )*
         ];
 
-        /// Mounts every API route with its access, and the documentation (`openapi`).
+        /// Mounts every API route with its gate, and the documentation (`openapi`).
         pub fn configure(cfg: &mut web::ServiceConfig) {
             $(
                 let resource = web::resource($path)
                     $( .route(guarded(
                         web::method(actix_web::http::Method::$method).to($handler),
-                        Access::$access,
+                        RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class },
                     )) )+
                     .default_service(web::to(method_not_allowed));
                 cfg.service(resource);
@@ -83,32 +127,45 @@ macro_rules! api_routes {
     };
 }
 
+const CHECK: Need = Need::Permission(Permission::Check);
+const LISTS: Need = Need::Permission(Permission::Lists);
+const AUDIT: Need = Need::Permission(Permission::Audit);
+const ENTRIES: Need = Need::Permission(Permission::Entries);
+const EVENTS: Need = Need::Permission(Permission::Events);
+const DEFINITIONS: Need = Need::Permission(Permission::Definitions);
+
 api_routes! {
-    "/v1/lists" => [GET lists::summaries, Read],
-    "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, Read],
-    "/v1/audit" => [GET audit::audit, Read; POST audit::search, Read],
-    "/v1/whoami" => [GET console::whoami, Read],
-    "/v1/lists/{list}/entries" => [POST lists::upsert, Write; DELETE lists::remove, Write],
-    "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, Read],
-    "/v1/check" => [POST check::check, Read],
-    "/v1/metrics" => [GET velocity::list_metrics, Read],
+    "/v1/lists" => [GET lists::summaries, LISTS, Operator],
+    "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, LISTS, Operator],
+    "/v1/audit" => [GET audit::audit, AUDIT, Operator; POST audit::search, AUDIT, Operator],
+    "/v1/whoami" => [GET console::whoami, Need::Token, Operator],
+    "/v1/lists/{list}/entries" => [POST lists::upsert, ENTRIES, Write; DELETE lists::remove, ENTRIES, Write],
+    "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, LISTS, Operator],
+    "/v1/check" => [POST check::check, CHECK, Engine],
+    "/v1/metrics" => [GET velocity::list_metrics, CHECK, Operator],
     "/v1/metrics/{id}" => [
-        PUT velocity::put_metric, Admin;
-        GET velocity::get_metric, Read;
-        DELETE velocity::delete_metric, Admin
+        PUT velocity::put_metric, DEFINITIONS, Operator;
+        GET velocity::get_metric, CHECK, Operator;
+        DELETE velocity::delete_metric, DEFINITIONS, Operator
     ],
-    "/v1/rules" => [GET velocity::list_rules, Read],
+    "/v1/rules" => [GET velocity::list_rules, CHECK, Operator],
     "/v1/rules/{id}" => [
-        PUT velocity::put_rule, Admin;
-        GET velocity::get_rule, Read;
-        DELETE velocity::delete_rule, Admin
+        PUT velocity::put_rule, DEFINITIONS, Operator;
+        GET velocity::get_rule, CHECK, Operator;
+        DELETE velocity::delete_rule, DEFINITIONS, Operator
     ],
-    "/v1/events" => [POST events::post_events, Write],
-    "/v1/features" => [POST events::post_features, Read],
-    "/v1/evaluate" => [POST events::post_evaluate, Read],
-    "/healthz" => [GET health::healthz, Open],
-    "/readyz" => [GET health::readyz, Open],
-    "/metrics" => [GET health::metrics, Open],
+    "/v1/events" => [POST events::post_events, EVENTS, Write],
+    "/v1/features" => [POST events::post_features, CHECK, Engine],
+    // With an `event`, also `events` (checked by the handler, which sees the body).
+    "/v1/evaluate" => [POST events::post_evaluate, CHECK, Engine],
+    "/healthz" => [GET health::healthz, Need::Open, Probe],
+    "/readyz" => [GET health::readyz, Need::Open, Probe],
+    "/metrics" => [GET health::metrics, Need::Open, Probe],
+}
+
+/// The route of `method` and `path` pattern, if it is one.
+pub fn route_def(method: &str, path: &str) -> Option<&'static RouteDef> {
+    ROUTES.iter().find(|r| r.method == method && r.path == path)
 }
 
 /// Any path that is not a route.
@@ -120,36 +177,42 @@ async fn method_not_allowed() -> Result<HttpResponse, ApiError> {
     Err(ApiError::MethodNotAllowed)
 }
 
-/// Query-string and path extraction errors, as JSON 400s.
-pub fn query_error(
-    err: actix_web::error::QueryPayloadError,
-    _: &actix_web::HttpRequest,
-) -> actix_web::Error {
-    ApiError::InvalidBody(format!("query string: {err}")).into()
-}
-
 /// The header a request id is read from (when the caller sends a sane one) and echoed in.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// A caller's request id if it is 1 to 64 characters of `[A-Za-z0-9._:-]` and not digits
-/// alone (anything else could be a log injection, or a phone, IMEI or ID card number), else a
-/// new one.
+/// Whether a caller's request id looks like an id and nothing else: a UUID, a ULID, or 8 to
+/// 64 hex digits and `-` with at least one letter. Anything else could be a log injection, or
+/// a phone, IMEI, ID card number or address (`203.0.113.77` is not an id), and is replaced.
+pub fn sane_request_id(s: &str) -> bool {
+    let b = s.as_bytes();
+    let uuid = b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    // Crockford's base32 (no I, L, O, U), 26 characters, the first at most 7.
+    let ulid = b.len() == 26
+        && matches!(b[0], b'0'..=b'7')
+        && b.iter().all(|c| {
+            let c = c.to_ascii_uppercase();
+            c.is_ascii_digit()
+                || (c.is_ascii_uppercase() && !matches!(c, b'I' | b'L' | b'O' | b'U'))
+        });
+    let hex = (8..=64).contains(&b.len())
+        && b.iter().all(|c| c.is_ascii_hexdigit() || *c == b'-')
+        && b.iter().any(u8::is_ascii_alphabetic);
+    uuid || ulid || hex
+}
+
+/// A caller's request id if it is sane (`sane_request_id`), else a new one.
 fn request_id(req: &ServiceRequest) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static BOOT: OnceLock<u32> = OnceLock::new();
-    let sane = |s: &&str| {
-        (1..=64).contains(&s.len())
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-            && !s
-                .bytes()
-                .all(|b| b.is_ascii_digit() || matches!(b, b'X' | b'x' | b'-' | b' '))
-    };
     match req
         .headers()
         .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())
-        .filter(sane)
+        .filter(|s| sane_request_id(s))
     {
         Some(id) => id.to_owned(),
         None => format!(
@@ -157,6 +220,24 @@ fn request_id(req: &ServiceRequest) -> String {
             BOOT.get_or_init(rand::random::<u32>),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ),
+    }
+}
+
+/// The `method` label of a request: the methods HTTP defines, else `other`, so that made-up
+/// methods (`FOOBAR`) cannot each make a series of their own.
+pub fn method_label(method: &actix_web::http::Method) -> &'static str {
+    use actix_web::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
     }
 }
 
@@ -169,12 +250,13 @@ pub async fn observe(
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let started = Instant::now();
     let metrics = req.app_data::<web::Data<Metrics>>().cloned();
-    let method = req.method().clone();
+    let method = method_label(req.method());
+    // A pattern of `ROUTES` (or one of the documentation's): a closed set, never the path.
     let route = req
         .match_pattern()
         .unwrap_or_else(|| "unmatched".to_owned());
     let id = request_id(&req);
-    let span = tracing::info_span!("request", method = method.as_str(), route, request_id = id);
+    let span = tracing::info_span!("request", method, route, request_id = id);
     let mut res = next
         .call(req)
         .instrument(span.clone())
@@ -184,7 +266,7 @@ pub async fn observe(
     let elapsed = started.elapsed();
     if let Some(m) = metrics {
         m.http_requests
-            .with_label_values(&[route.as_str(), method.as_str(), status.as_str()])
+            .with_label_values(&[route.as_str(), method, status.as_str()])
             .observe(elapsed.as_secs_f64());
     }
     if let Ok(v) = HeaderValue::from_str(&id) {

@@ -145,6 +145,74 @@ pub struct StatusDoc {
     store: Option<String>,
 }
 
+/// What every gated operation shares, taken from `ROUTES` (the one table of what each route
+/// needs and which budget it counts against), so no handler repeats it: its "Needs" line,
+/// and the answers of the gate (`gate`): 401, 403, 429 and the 503 of a full budget.
+struct Gates;
+
+impl Modify for Gates {
+    fn modify(&self, doc: &mut Document) {
+        use utoipa::openapi::ResponseBuilder;
+        use utoipa::openapi::content::ContentBuilder;
+        let error = |text: &str| -> RefOr<utoipa::openapi::Response> {
+            ResponseBuilder::new()
+                .description(text)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                            "ErrorBody",
+                        ))))
+                        .build(),
+                )
+                .build()
+                .into()
+        };
+        for route in super::ROUTES {
+            if route.need == super::Need::Open {
+                continue;
+            }
+            let path = route.path.replace(":.*}", "}");
+            let Some(item) = doc.paths.paths.get_mut(&path) else {
+                continue;
+            };
+            let op = match route.method {
+                "GET" => item.get.as_mut(),
+                "POST" => item.post.as_mut(),
+                "PUT" => item.put.as_mut(),
+                "DELETE" => item.delete.as_mut(),
+                _ => None,
+            };
+            let Some(op) = op else { continue };
+            let needs = format!(
+                "Needs: {}. Budget: {}.",
+                route.need.describe(),
+                route.class.label()
+            );
+            op.description = Some(match op.description.take() {
+                Some(d) => format!("{needs} {d}"),
+                None => needs,
+            });
+            let r = &mut op.responses.responses;
+            r.insert(
+                "401".into(),
+                error("Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)"),
+            );
+            r.insert(
+                "403".into(),
+                error("The token lacks the permission this needs (`forbidden`)"),
+            );
+            r.insert(
+                "429".into(),
+                error("The token is over its `rate` or `max_concurrency` (`rate_limited`, with `Retry-After`)"),
+            );
+            r.entry("503".into()).or_insert_with(|| {
+                error("This instance's budget for the route's class is full (`overloaded`, with `Retry-After`)")
+            });
+        }
+    }
+}
+
 /// The bearer scheme every `/v1` route uses when tokens are configured.
 struct Bearer;
 
@@ -153,9 +221,10 @@ impl Modify for Bearer {
         let components = doc.components.get_or_insert_with(Default::default);
         let mut http = Http::new(HttpAuthScheme::Bearer);
         http.description = Some(
-            "A token of the tokens file (NAMELIST_TOKENS_FILE). Roles: read < write < admin; \
-             each operation says the least role it needs. Without a tokens file the API is \
-             open."
+            "A token of the tokens file (NAMELIST_TOKENS_FILE). A token holds permissions \
+             (check, lists, audit, entries, events, definitions; the roles read, write, admin \
+             and engine are presets of them); each operation says what it needs. Without a \
+             tokens file the API is open."
                 .into(),
         );
         components.add_security_scheme("bearer", SecurityScheme::Http(http));
@@ -196,7 +265,7 @@ impl Modify for Bearer {
         super::health::metrics,
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
-    modifiers(&Bearer),
+    modifiers(&Bearer, &Gates),
     tags(
         (name = "lists", description = "Name-list entries, checks and operators' reads"),
         (name = "velocity", description = "Velocity metrics, rules, events and features"),

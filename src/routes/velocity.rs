@@ -4,6 +4,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::gate::Offload;
 use super::json::JsonBody;
 use super::openapi::{DeletedDoc, ErrorBody, MetricsDoc, RulesDoc};
 use crate::domain::{MetricId, RuleId};
@@ -39,14 +40,11 @@ fn rule_id(raw: String) -> Result<RuleId, ApiError> {
     path = "/v1/metrics/{id}",
     tag = "velocity",
     summary = "Define or change a metric",
-    description = "Role: admin.",
     request_body = MetricBody,
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The definition (a changed one gets a new version)", body = MetricDef),
         (status = 400, description = "A bad id, expression (the message gives the column) or resolution", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -58,10 +56,15 @@ pub async fn put_metric(
     v: web::Data<Velocity>,
     id: web::Path<String>,
     body: JsonBody<MetricBody>,
+    offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let id = metric_id(id.into_inner())?;
-    let def = v
-        .put_metric(id, &body.0.expr, body.0.resolution.as_deref())
+    let body = body.0;
+    let def = offload
+        .run(async move {
+            Ok(v.put_metric(id, &body.expr, body.resolution.as_deref())
+                .await?)
+        })
         .await?;
     Ok(HttpResponse::Ok().json(def))
 }
@@ -71,13 +74,10 @@ pub async fn put_metric(
     path = "/v1/metrics/{id}",
     tag = "velocity",
     summary = "One metric",
-    description = "Role: read.",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The definition", body = MetricDef),
         (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
@@ -96,11 +96,8 @@ pub async fn get_metric(
     path = "/v1/metrics",
     tag = "velocity",
     summary = "Every metric",
-    description = "Role: read.",
     responses(
         (status = 200, description = "Every definition", body = MetricsDoc),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -115,13 +112,10 @@ pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
     path = "/v1/metrics/{id}",
     tag = "velocity",
     summary = "Delete a metric",
-    description = "Role: admin.",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "Deleted", body = DeletedDoc),
         (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
         (status = 409, description = "A rule reads it (`metric_in_use`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -132,9 +126,13 @@ pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
 pub async fn delete_metric(
     v: web::Data<Velocity>,
     id: web::Path<String>,
+    offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let id = metric_id(id.into_inner())?;
-    v.delete_metric(&id).await?;
+    let gone = id.clone();
+    offload
+        .run(async move { Ok(v.delete_metric(&gone).await?) })
+        .await?;
     Ok(HttpResponse::Ok().json(json!({ "deleted": id })))
 }
 
@@ -143,14 +141,11 @@ pub async fn delete_metric(
     path = "/v1/rules/{id}",
     tag = "velocity",
     summary = "Define or change a rule",
-    description = "Role: admin.",
     request_body = RuleBody,
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The rule", body = RuleDef),
         (status = 400, description = "A bad id or expression, or a metric that is not defined", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
@@ -162,9 +157,14 @@ pub async fn put_rule(
     v: web::Data<Velocity>,
     id: web::Path<String>,
     body: JsonBody<RuleBody>,
+    offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let id = rule_id(id.into_inner())?;
-    Ok(HttpResponse::Ok().json(v.put_rule(id, &body.0.expr).await?))
+    let expr = body.0.expr;
+    let rule = offload
+        .run(async move { Ok(v.put_rule(id, &expr).await?) })
+        .await?;
+    Ok(HttpResponse::Ok().json(rule))
 }
 
 #[utoipa::path(
@@ -172,13 +172,10 @@ pub async fn put_rule(
     path = "/v1/rules/{id}",
     tag = "velocity",
     summary = "One rule",
-    description = "Role: read.",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The rule", body = RuleDef),
         (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
@@ -197,11 +194,8 @@ pub async fn get_rule(
     path = "/v1/rules",
     tag = "velocity",
     summary = "Every rule",
-    description = "Role: read.",
     responses(
         (status = 200, description = "Every rule", body = RulesDoc),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -216,13 +210,10 @@ pub async fn list_rules(v: web::Data<Velocity>) -> HttpResponse {
     path = "/v1/rules/{id}",
     tag = "velocity",
     summary = "Delete a rule",
-    description = "Role: admin.",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "Deleted", body = DeletedDoc),
         (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)", body = ErrorBody),
-        (status = 403, description = "The token's role is too low (`forbidden`)", body = ErrorBody),
         (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
@@ -232,8 +223,12 @@ pub async fn list_rules(v: web::Data<Velocity>) -> HttpResponse {
 pub async fn delete_rule(
     v: web::Data<Velocity>,
     id: web::Path<String>,
+    offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let id = rule_id(id.into_inner())?;
-    v.delete_rule(&id).await?;
+    let gone = id.clone();
+    offload
+        .run(async move { Ok(v.delete_rule(&gone).await?) })
+        .await?;
     Ok(HttpResponse::Ok().json(json!({ "deleted": id })))
 }

@@ -503,7 +503,7 @@ impl Velocity {
                         ErrorCode::InvalidField,
                         format!("longer than {MAX_VALUE_LEN} bytes"),
                     )
-                    .at(at(&format!("fields.{name}"))));
+                    .at(at(&format!("fields.{}", crate::domain::shown_key(name)))));
                 }
             }
             let mut applicable = 0;

@@ -64,6 +64,7 @@ enum Tier {
 fn settings(tier: Tier) -> ListSettings {
     ListSettings {
         check_deadline: Duration::from_millis(500),
+        operator_deadline: Duration::from_secs(2),
         write_deadline: Duration::from_secs(2),
         fail_mode: FailMode::Open,
         cache_ttl: Duration::from_secs(60),
