@@ -1,8 +1,11 @@
 //! The Redis store: the layout of `layout` on one Redis node or a Redis Cluster (`conn`).
 //!
-//! Reads and writes go over different connections (`conn`): reads (`HGET` batches, registry
-//! `SMEMBERS`, feature reads, the audit trail) over one multiplexed connection per node, never
-//! behind anything that blocks; writes over a pool of their own, followed by `WAIT` when
+//! Reads and writes go over different connections (`conn`): the checks' reads (`HGET`
+//! batches, registry `SMEMBERS`, feature reads) over one multiplexed connection per node (or
+//! per HTTP worker, `worker_conn`), never behind anything that blocks; operators' reads (the
+//! audit trail, list counts, definitions, and any read made on the operator lane, `lane`)
+//! over one of their own, so that a late reply to one of them never sits in front of a
+//! check's; writes over a pool of their own, followed by `WAIT` when
 //! `write_replicas > 0`. Pub/sub uses its own connection too, and so does the replica monitor
 //! (`replicas`), which lets a write whose primary cannot give the guarantee be refused before
 //! anything is sent (`StoreError::Refused`).
@@ -110,6 +113,11 @@ pub struct RedisStore {
     /// the checks' connection put each check's `HGET`s behind thousands of `DUMP`s, and
     /// checks missed their deadline for seconds (`tests/failover.rs` with the tier on).
     bulk: RedisConn,
+    /// The operator lane's reads (`lane`): list counts, lookups, the audit trail. Redis
+    /// answers one connection's commands in order, and an operator's call that its caller
+    /// stopped waiting for is still answered: on a connection of its own, that late reply
+    /// sits in front of no check's.
+    operator: RedisConn,
     /// Writes and their `WAIT`s.
     writes: WritePool,
     monitor: ReplicaMonitor,
@@ -127,13 +135,22 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// The connection for a check's reads: the calling HTTP worker's own when it has one up
-    /// (`worker_conn`), else the shared one.
+    /// The connection for a read: the operator lane's own on the lane's thread, else the
+    /// calling HTTP worker's own when it has one up (`worker_conn`), else the shared one.
     fn reads(&self) -> RedisConn {
+        if crate::lane::on_operator_lane() {
+            return self.operator.clone();
+        }
         self.per_worker
             .as_ref()
             .and_then(PerWorker::get)
             .unwrap_or_else(|| self.conn.clone())
+    }
+
+    /// The connection for reads that only operators make (the audit trail, list counts,
+    /// definitions): never the checks'.
+    fn operator_reads(&self) -> RedisConn {
+        self.operator.clone()
     }
 }
 
@@ -280,6 +297,9 @@ impl RedisStore {
         let (bulk, _) = RedisConn::connect(&connect, "bulk")
             .await
             .map_err(unavailable)?;
+        let (operator, _) = RedisConn::connect(&connect, "operator")
+            .await
+            .map_err(unavailable)?;
 
         let wanted = Layout::buckets_for(
             opts.expected_entries
@@ -390,6 +410,7 @@ impl RedisStore {
             conn,
             per_worker,
             bulk,
+            operator,
             writes,
             monitor,
             layout,
@@ -1154,7 +1175,7 @@ impl EntryStore for RedisStore {
             })
             .collect();
         let parts = self
-            .conn
+            .operator_reads()
             .run_all(cmds)
             .await
             .map_err(unavailable)?
@@ -1194,7 +1215,11 @@ impl EntryStore for RedisStore {
             }));
         }
         // One reply per command (`RedisConn::run`), in order.
-        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        let replies = self
+            .operator_reads()
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?;
         reads
             .iter()
             .zip(&replies)
@@ -1258,7 +1283,11 @@ impl EntryStore for RedisStore {
                 })
             })
             .collect();
-        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        let replies = self
+            .operator_reads()
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?;
         let mut sums: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
         for v in &replies {
             let pairs: Vec<(String, i64)> = redis::from_redis_value_ref(v)
@@ -1379,7 +1408,7 @@ impl MetricStore for RedisStore {
 #[async_trait]
 impl DefinitionStore for RedisStore {
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.operator_reads();
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(self.layout.definitions_key(kind.as_str()))
             .query_async(&mut conn)
@@ -1442,7 +1471,7 @@ impl DefinitionStore for RedisStore {
 #[async_trait]
 impl AuditReports for RedisStore {
     async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.operator_reads();
         let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
             .arg(self.layout.audit_summary_key())
             .query_async(&mut conn)

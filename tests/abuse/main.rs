@@ -1,0 +1,427 @@
+//! One hostile client against the real binary (issue 24): each attack of the issue's table
+//! (`scene::Attack`), run while a victim, the risk engine with a token of its own, checks
+//! identities that are listed and identities never seen, and writes entries with another token
+//! of its own.
+//!
+//! Throughout every attack: every victim check is a 200 with exactly the expected hits and
+//! `degraded: false`; every victim write is a 200; `/readyz` answers 200; Redis answers `PING`
+//! within 50 ms (measured on a connection of the test's own). Around them: `/metrics` and the
+//! service's RSS stay within fixed bounds, a read token's `evaluate` with an event is refused
+//! with nothing counted, a caller's audit cursor is never a store error, nothing a request
+//! carried is quoted back, and the log, written at `RUST_LOG=trace` with every dependency's
+//! target on, never holds an identifier any request carried (phones, ID cards, IMEIs, an IP
+//! sent as a request id).
+//!
+//! Default settings throughout (a tokens file, the default limits and budgets). On a real
+//! `redis-server`, and attacks 1–3 also on the embedded store. How fast the victim stays under
+//! each attack is measured by `cargo bench --bench abuse`, not asserted here.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod scene;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use scene::*;
+use serde_json::{Value, json};
+
+/// How long each attack runs against the victim.
+const ATTACK: Duration = Duration::from_secs(4);
+/// Redis must answer `PING` within this, throughout.
+const PING_BOUND: Duration = Duration::from_millis(50);
+/// `/metrics` may not grow past this, whatever is sent.
+const METRICS_BOUND: usize = 256 * 1024;
+/// The service's resident memory may not grow past this.
+const RSS_BOUND: u64 = 512 * 1024 * 1024;
+
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    failures: Vec<String>,
+    max: Duration,
+}
+
+impl Tally {
+    fn fail(&mut self, what: String) {
+        if self.failures.len() < 5 {
+            self.failures.push(what);
+        }
+    }
+}
+
+/// The risk engine: `Scene::victim_check` every 10 ms on connections of its own; each answer
+/// must be exact.
+async fn victim_checks(url: String, stop: Arc<AtomicBool>) -> Tally {
+    let http = reqwest::Client::new();
+    let mut t = Tally::default();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let started = Instant::now();
+        let (status, body) = call(
+            &http,
+            &url,
+            "POST",
+            Some(VICTIM),
+            Some(Scene::victim_check(i)),
+        )
+        .await;
+        t.max = t.max.max(started.elapsed());
+        if Scene::victim_answer_is_exact(status, &body) {
+            t.ok += 1;
+        } else {
+            t.fail(format!("{status} {body}"));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    t
+}
+
+/// The victim's list loader: one upsert every 200 ms with a token of its own; each a 200.
+async fn victim_writes(url: String, stop: Arc<AtomicBool>) -> Tally {
+    let http = reqwest::Client::new();
+    let mut t = Tally::default();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let (status, body) = call(
+            &http,
+            &url,
+            "POST",
+            Some(VICTIM_WRITER),
+            Some(json!({"entries": [{"dimension": "device", "value": format!("victim-d{i}"), "sandbox": "victim"}]})),
+        )
+        .await;
+        if status == 200 {
+            t.ok += 1;
+        } else {
+            t.fail(format!("{status} {body}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    t
+}
+
+async fn poll_ready(url: String, stop: Arc<AtomicBool>) -> Tally {
+    let http = reqwest::Client::new();
+    let mut t = Tally::default();
+    while !stop.load(Ordering::Relaxed) {
+        match http.get(&url).send().await {
+            Ok(r) if r.status() == 200 => t.ok += 1,
+            Ok(r) => t.fail(format!("{}", r.status())),
+            Err(e) => t.fail(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    t
+}
+
+/// The longest `PING` Redis took, every 20 ms, on a connection of its own (a `PING` that
+/// fails counts as forever).
+async fn ping_redis(url: String, stop: Arc<AtomicBool>) -> Duration {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut max = Duration::ZERO;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
+        max = max.max(if r.is_ok() {
+            started.elapsed()
+        } else {
+            Duration::MAX
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    max
+}
+
+/// Runs `attack` for `ATTACK` while the victim checks and writes, Redis is pinged and
+/// `/readyz` polled; then asserts everything the module docs promise for the phase.
+async fn under_attack(scene: &Scene, attack: Option<Attack>) {
+    let name = attack.map_or("baseline", Attack::name);
+    let stop = Arc::new(AtomicBool::new(false));
+    let victim = tokio::spawn(victim_checks(scene.url("/v1/check"), stop.clone()));
+    let writer = tokio::spawn(victim_writes(
+        scene.url("/v1/lists/black/entries"),
+        stop.clone(),
+    ));
+    let ready = tokio::spawn(poll_ready(scene.url("/readyz"), stop.clone()));
+    let ping = scene
+        .redis
+        .as_ref()
+        .map(|r| tokio::spawn(ping_redis(r.url(), stop.clone())));
+    let attacking =
+        attack.map(|a| tokio::spawn(a.run(scene.url(""), scene.service.port(), stop.clone())));
+    tokio::time::sleep(ATTACK).await;
+    stop.store(true, Ordering::Relaxed);
+    let made = match attacking {
+        Some(a) => a.await.unwrap(),
+        None => 0,
+    };
+    let v = victim.await.unwrap();
+    let w = writer.await.unwrap();
+    let r = ready.await.unwrap();
+    let ping = match ping {
+        Some(p) => Some(p.await.unwrap()),
+        None => None,
+    };
+    eprintln!(
+        "{name}: attacker {made} requests; victim {} checks (slowest {:?}), {} writes; /readyz {} polls; Redis PING slowest {ping:?}",
+        v.ok, v.max, w.ok, r.ok
+    );
+    assert!(
+        v.failures.is_empty(),
+        "{name}: victim checks {:?}",
+        v.failures
+    );
+    assert!(
+        v.ok >= 10,
+        "{name}: the victim got only {} checks through",
+        v.ok
+    );
+    assert!(
+        w.failures.is_empty(),
+        "{name}: victim writes {:?}",
+        w.failures
+    );
+    assert!(w.ok >= 2, "{name}: only {} victim writes", w.ok);
+    assert!(r.failures.is_empty(), "{name}: /readyz {:?}", r.failures);
+    if let Some(max) = ping {
+        assert!(max < PING_BOUND, "{name}: Redis PING took {max:?}");
+    }
+    // And right after: Redis and the service are themselves again.
+    if let Some(redis) = &scene.redis {
+        let started = Instant::now();
+        let _: String = redis::cmd("PING").query(&mut redis.conn()).unwrap();
+        assert!(started.elapsed() < PING_BOUND, "{name}: PING after");
+    }
+    assert_eq!(scene.call("GET", "/readyz", None, None).await.0, 200);
+}
+
+/// The attacks that need no data of their own first, then those over 100,000 pairs (and
+/// the 100,000 audit records they leave), then the log read for every identifier sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_hostile_client_cannot_slow_starve_or_blind_the_service_on_redis() {
+    let scene = Scene::start(Some(RedisServer::start()), "trace").await;
+    let rss_start = scene.rss();
+    let metrics_start = scene.metrics_text().await.len();
+
+    under_attack(&scene, None).await;
+    for attack in [
+        Attack::AnnouncedHeads { token: true },
+        Attack::AnnouncedHeads { token: false },
+        Attack::OddMethods,
+        Attack::PhoneInPath,
+        Attack::EvaluateEvent,
+        Attack::QuotedValues,
+        Attack::BadCursor,
+    ] {
+        under_attack(&scene, Some(attack)).await;
+    }
+    let metrics = scene.metrics_text().await;
+    assert!(
+        metrics.len() < METRICS_BOUND && metrics.len() < metrics_start + 16 * 1024,
+        "/metrics grew from {metrics_start} to {} bytes",
+        metrics.len()
+    );
+    assert!(!metrics.contains("FOO"), "a made-up method became a label");
+    assert!(!metrics.contains(SECRET_PHONE), "a path became a label");
+
+    read_token_evaluate_counts_nothing(&scene).await;
+    nothing_sent_is_quoted_back(&scene).await;
+    cursors_are_the_callers_business(&scene).await;
+
+    scene.many_pairs().await;
+    for attack in [Attack::ListsPages, Attack::Lookups, Attack::AuditByWho] {
+        under_attack(&scene, Some(attack)).await;
+    }
+
+    let rss = scene.rss();
+    assert!(rss < RSS_BOUND, "RSS grew from {rss_start} to {rss} bytes");
+    // Every line of the log, read for every identifier any request carried.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = std::fs::read_to_string(scene.service.log_path()).unwrap();
+    assert!(
+        log.lines().count() > 1_000,
+        "trace logging is on: {} lines",
+        log.lines().count()
+    );
+    assert!(
+        log.contains("\"target\":\"actix_http") || log.contains("\"target\":\"actix_server"),
+        "dependencies' targets are logged too"
+    );
+    for secret in [
+        SECRET_PHONE,
+        SECRET_ID_CARD,
+        SECRET_IMEI,
+        SECRET_IP,
+        LISTED_PHONE,
+        "13912345678",
+    ] {
+        if let Some(line) = log.lines().find(|l| l.contains(secret)) {
+            panic!("the log holds {secret}: {line}");
+        }
+    }
+}
+
+/// Attacks 1–3 on the embedded store: the heads, then the pairs with the lists and lookup
+/// loops (the service's own work is all there is to starve here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_hostile_client_cannot_slow_or_starve_the_embedded_store() {
+    let scene = Scene::start(None, "info").await;
+    under_attack(&scene, Some(Attack::AnnouncedHeads { token: true })).await;
+    scene.many_pairs().await;
+    for attack in [Attack::ListsPages, Attack::Lookups] {
+        under_attack(&scene, Some(attack)).await;
+    }
+    assert!(scene.rss() < RSS_BOUND);
+}
+
+async fn read_token_evaluate_counts_nothing(scene: &Scene) {
+    let (status, body) = scene
+        .call(
+            "PUT",
+            "/v1/metrics/victim_logins_1h",
+            Some(ADMIN),
+            Some(json!({"expr": "COUNT(1h, login) BY user"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let count = || async {
+        let (_, body) = scene
+            .call(
+                "POST",
+                "/v1/features",
+                Some(VICTIM),
+                Some(json!({"metrics": ["victim_logins_1h"], "fields": {"user": "u1"}})),
+            )
+            .await;
+        body["values"]["victim_logins_1h"].clone()
+    };
+    assert_eq!(count().await, 0);
+    for i in 0..3 {
+        let (status, body) = scene
+            .call(
+                "POST",
+                "/v1/evaluate",
+                Some(ATTACKER_READ),
+                Some(json!({"event": {"id": format!("e{i}"), "type": "login", "fields": {"user": "u1"}},
+                            "metrics": ["victim_logins_1h"], "fields": {"user": "u1"}})),
+            )
+            .await;
+        assert_eq!(status, 403, "{body}");
+        assert_eq!(body["error"]["code"], "forbidden");
+    }
+    assert_eq!(count().await, 0, "a read token's events were counted");
+}
+
+async fn nothing_sent_is_quoted_back(scene: &Scene) {
+    let long = "x".repeat(10 * 1024);
+    for (path, body, secret) in [
+        (
+            "/v1/lists/black/entries".to_owned(),
+            json!({"entries": [{"dimension": "phone", "value": 13912345678u64}]}),
+            "13912345678",
+        ),
+        (
+            "/v1/lists/black/entries".to_owned(),
+            json!({"entries": [{"dimension": "uid", "value": "u", "ttl_seconds": SECRET_ID_CARD}]}),
+            SECRET_ID_CARD,
+        ),
+        (
+            "/v1/lists/black/entries".to_owned(),
+            json!({"entries": [{"dimension": "uid", "value": "u", SECRET_PHONE: 1}]}),
+            SECRET_PHONE,
+        ),
+        (
+            "/v1/check".to_owned(),
+            json!({"lists": ["black"], "subjects": {SECRET_PHONE: "x"}}),
+            SECRET_PHONE,
+        ),
+        (
+            "/v1/check".to_owned(),
+            json!({"lists": [format!("+86{SECRET_PHONE}")], "subjects": {"uid": "x"}}),
+            SECRET_PHONE,
+        ),
+        (
+            format!("/v1/lists/{long}/entries"),
+            json!({"entries": [{"dimension": "uid", "value": "u"}]}),
+            "xxxxxxxxxx",
+        ),
+        (
+            "/v1/events".to_owned(),
+            json!({"type": "login", "fields": {SECRET_IMEI: {"nested": true}}}),
+            SECRET_IMEI,
+        ),
+    ] {
+        let token = if path.contains("check") {
+            VICTIM
+        } else {
+            ATTACKER_WRITE
+        };
+        let (status, answer) = scene.call("POST", &path, Some(token), Some(body)).await;
+        assert_eq!(status, 400, "{path}: {answer}");
+        let text = answer.to_string();
+        assert!(!text.contains(secret), "{path}: {text}");
+        assert!(text.len() < 512, "{path}: a long answer: {text}");
+    }
+    // A request id that is not an id is replaced (and so never logged).
+    let res = scene
+        .http
+        .get(scene.url("/healthz"))
+        .header("x-request-id", SECRET_IP)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(res.headers()["x-request-id"], SECRET_IP);
+}
+
+async fn cursors_are_the_callers_business(scene: &Scene) {
+    let errors = |m: &str| {
+        m.lines()
+            .filter(|l| l.starts_with("namelist_store_errors_total"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let before = errors(&scene.metrics_text().await);
+    for cursor in [
+        "0-0-3",
+        "0-0-0",
+        "0-0-64",
+        "18446744073709551615-18446744073709551615-5",
+    ] {
+        let (status, body) = scene
+            .call(
+                "GET",
+                &format!("/v1/audit?cursor={cursor}"),
+                Some(ATTACKER_READ),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{cursor}: {body}");
+        if cursor.starts_with("0-0") {
+            assert_eq!(body["records"], json!([]), "{cursor}: {body}");
+            assert_eq!(body["next_cursor"], Value::Null, "{cursor}: {body}");
+        }
+    }
+    for cursor in ["0-0-65", "x", "1-2-3-4", "-1-0-0"] {
+        let (status, body) = scene
+            .call(
+                "GET",
+                &format!("/v1/audit?cursor={cursor}"),
+                Some(ATTACKER_READ),
+                None,
+            )
+            .await;
+        assert_eq!(status, 400, "{cursor}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_cursor", "{cursor}: {body}");
+    }
+    assert_eq!(
+        errors(&scene.metrics_text().await),
+        before,
+        "a caller's cursor counted as a store error"
+    );
+}
