@@ -21,7 +21,10 @@
 //! audit records go to parts on the primaries of their entries (`layout`), and the `PUBLISH`
 //! rides with them, so a write depends on no shard but its own entries'. Deletes and lazy
 //! expiry are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
-//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`).
+//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`). The lists' counts are
+//! four keys on one hash tag (`layout`, *The lists' counts*): a change is one script call per
+//! 1,000 pairs on the write path (no replica waited for: bookkeeping), a page one read-only
+//! script call on the read connection, O(log n + page).
 //!
 //! Writes take the caller's deadline and never ask the server to wait past it; reads have no
 //! deadline of their own beyond the connection's response timeout: the service wraps every
@@ -38,20 +41,21 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 use super::scripts::{
-    self, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
+    self, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE,
+    PUT_DEFINITION, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
-use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
+use super::layout::{AUDIT_PARTS, COUNT_CHUNK, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline,
-    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
-    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
-    WriteBatch,
+    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, CountsPage,
+    CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
+    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
+    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
+    StoredDefinition, WriteBatch,
 };
 use crate::domain::now_ms;
 
@@ -118,6 +122,8 @@ pub struct RedisStore {
     audit_part_len: usize,
     remove: Script,
     remove_if_unchanged: Script,
+    count_changes: Script,
+    counts_page: Script,
     metric_scripts: MetricScripts,
     pubsub_timeout: Duration,
     write_replicas: u32,
@@ -396,6 +402,8 @@ impl RedisStore {
             audit_part_len: opts.audit_max_len.div_ceil(AUDIT_PARTS).max(1),
             remove: scripts::remove(),
             remove_if_unchanged: scripts::COMPARE_AND_DELETE_SCRIPT.clone(),
+            count_changes: Script::new(COUNT_CHANGES),
+            counts_page: Script::new(COUNTS_PAGE),
             metric_scripts: MetricScripts::new(),
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,
@@ -437,9 +445,14 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        for s in [&self.remove, &self.remove_if_unchanged]
-            .into_iter()
-            .chain(self.metric_scripts.all())
+        for s in [
+            &self.remove,
+            &self.remove_if_unchanged,
+            &self.count_changes,
+            &self.counts_page,
+        ]
+        .into_iter()
+        .chain(self.metric_scripts.all())
         {
             s.load_async(&mut conn).await.map_err(unavailable)?;
         }
@@ -790,6 +803,64 @@ impl RedisStore {
                     .map_err(|e| StoreError::corrupt(format!("bucket: {e}")))
             })
             .collect()
+    }
+
+    /// `COUNT_CHANGES` over `pairs` (list, sandbox, delta, Unix ms): one call per
+    /// `COUNT_CHUNK` pairs.
+    fn count_calls(&self, pairs: &[(&str, &str, i64, i64)]) -> Vec<Keyed> {
+        let keys = self.layout.counts_keys();
+        pairs
+            .chunks(COUNT_CHUNK)
+            .map(|chunk| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.count_changes.get_hash()).arg(keys.len());
+                for k in &keys {
+                    cmd.arg(k);
+                }
+                for (list, sandbox, delta, at) in chunk {
+                    cmd.arg(*list).arg(*sandbox).arg(*delta).arg(*at);
+                }
+                (keys[0].clone().into_bytes(), cmd)
+            })
+            .collect()
+    }
+
+    /// Runs `COUNT_CHANGES` calls on the write path (no replica waited for: bookkeeping),
+    /// loading the script again after a `NOSCRIPT` (only the calls that did not run are sent
+    /// again).
+    async fn run_counts(&self, calls: Vec<Keyed>, deadline: Deadline) -> StoreResult<()> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let key = self.layout.counts_keys()[0].clone();
+        let topology = self.monitor.topology();
+        let mut session = self
+            .session(&topology, [key.as_bytes()], 0, deadline)
+            .await?;
+        let r = async {
+            let mut pending = calls;
+            for attempt in 0..2 {
+                let replies = session.commit(pending.clone(), false).await?;
+                let mut again = Vec::new();
+                for (call, reply) in pending.into_iter().zip(replies) {
+                    match reply {
+                        Ok(_) => {}
+                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(call),
+                        Err(e) => return Err(unavailable(e)),
+                    }
+                }
+                if again.is_empty() {
+                    return Ok(());
+                }
+                self.load_scripts().await?;
+                pending = again;
+            }
+            Err(StoreError::unavailable(
+                "count script missing after loading it".into(),
+            ))
+        }
+        .await;
+        self.noted(r)
     }
 
     /// A single-key command.
@@ -1220,75 +1291,68 @@ impl EntryStore for RedisStore {
         at_ms: i64,
         deadline: Deadline,
     ) -> StoreResult<()> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        // Any part whose primary takes writes now (bookkeeping: no replica is waited for).
-        let topology = self.monitor.topology();
-        let now = Instant::now();
-        let part = (0..AUDIT_PARTS)
-            .find(|&p| topology.check([Layout::audit_part_slot(p)], 0, now).is_ok())
-            .unwrap_or(0);
-        let key = self.layout.list_counts_key(part);
-        let mut cmds = Vec::with_capacity(changes.len() + 1);
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&key);
-        for c in changes {
-            let field = format!("{}|{}", c.scope.0, c.scope.1);
-            if c.delta != 0 {
-                let mut incr = redis::cmd("HINCRBY");
-                incr.arg(&key).arg(&field).arg(c.delta);
-                cmds.push((key.clone().into_bytes(), incr));
-            }
-            hset.arg(format!("{field}|t")).arg(at_ms);
-        }
-        cmds.push((key.clone().into_bytes(), hset));
-        let mut session = self
-            .session(&topology, [key.as_bytes()], 0, deadline)
-            .await?;
-        let r = session.commit(cmds, true).await;
-        all_ok(self.noted(r)?).map(drop)
+        let pairs: Vec<(&str, &str, i64, i64)> = changes
+            .iter()
+            .map(|c| (c.scope.0.as_str(), c.scope.1.as_str(), c.delta, at_ms))
+            .collect();
+        self.run_counts(self.count_calls(&pairs), deadline).await
     }
 
-    async fn list_counts(&self) -> StoreResult<Vec<ListCount>> {
-        let cmds: Vec<Keyed> = (0..AUDIT_PARTS)
-            .map(|p| {
-                Self::keyed(self.layout.list_counts_key(p), |c, key| {
-                    c.arg("HGETALL").arg(key);
-                })
-            })
-            .collect();
-        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
-        let mut sums: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
-        for v in &replies {
-            let pairs: Vec<(String, i64)> = redis::from_redis_value_ref(v)
-                .map_err(|e| StoreError::corrupt(format!("list counts: {e}")))?;
-            for (field, n) in pairs {
-                let mut it = field.split('|');
-                let (Some(list), Some(sandbox)) = (it.next(), it.next()) else {
-                    return Err(StoreError::corrupt(format!("list counts field {field:?}")));
-                };
-                let e = sums
-                    .entry((list.to_owned(), sandbox.to_owned()))
-                    .or_insert((0, 0));
-                match it.next() {
-                    None => e.0 += n,
-                    Some("t") => e.1 = e.1.max(n),
-                    Some(_) => {
-                        return Err(StoreError::corrupt(format!("list counts field {field:?}")));
-                    }
-                }
-            }
+    async fn list_counts(&self, query: &CountsQuery) -> StoreResult<CountsPage> {
+        if query.limit == 0 {
+            return Ok(CountsPage::default());
         }
-        Ok(sums
-            .into_iter()
-            .map(|((list, sandbox), (entries, last_change_ms))| ListCount {
+        let range = Layout::count_range(query);
+        let [counts, times, by_list, by_sandbox] = self.layout.counts_keys();
+        let index = if range.by_sandbox {
+            by_sandbox
+        } else {
+            by_list
+        };
+        let call = || {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.counts_page.get_hash())
+                .arg(3)
+                .arg(&counts)
+                .arg(&times)
+                .arg(&index)
+                .arg(&range.min)
+                .arg(&range.max)
+                // One more than asked says whether there is more (Redis takes an i64).
+                .arg(query.limit.min(i64::MAX as usize - 1) + 1)
+                .arg(if range.by_sandbox { "1" } else { "0" });
+            vec![(counts.clone().into_bytes(), cmd)]
+        };
+        let mut reply = first(self.conn.run(call()).await.map_err(unavailable)?)?;
+        if reply.as_ref().is_err_and(is_noscript) {
+            self.load_scripts().await?;
+            reply = first(self.conn.run(call()).await.map_err(unavailable)?)?;
+        }
+        let flat: Vec<(Vec<u8>, Option<i64>, Option<i64>)> =
+            redis::from_redis_value(reply.map_err(unavailable)?)
+                .map_err(|e| StoreError::corrupt(format!("lists' counts page: {e}")))?;
+        let more = flat.len() > query.limit;
+        let mut page = CountsPage {
+            counts: Vec::with_capacity(flat.len().min(query.limit)),
+            more,
+        };
+        for (member, count, time) in flat.into_iter().take(query.limit) {
+            let (list, sandbox) = Layout::parse_count_member(&member).ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "lists' counts member {:?}",
+                    String::from_utf8_lossy(&member)
+                ))
+            })?;
+            // Written together by one script: an index member without a count is not ours.
+            let Some(entries) = count else { continue };
+            page.counts.push(ListCount {
                 list,
                 sandbox,
                 entries,
-                last_change_ms,
-            })
-            .collect())
+                last_change_ms: time.unwrap_or(0),
+            });
+        }
+        Ok(page)
     }
 }
 
