@@ -211,8 +211,21 @@
 //! follow stands) and `GET /v1/lists` answers 503.
 //!
 //! Builds before this layout kept the counts in 64 hashes `<prefix>lists:{<tag>}` (the audit
-//! parts' tags; `Layout::old_counts_key`), a change in any part, a read summing all of them:
-//! never written now.
+//! parts' tags; `Layout::old_counts_key`), a change in any part, a read summing all of them.
+//! Every start of the service folds any such part into the keys above
+//! (`RedisStore::fold_old_counts`; the operator tools do not, so that the audit stays read
+//! only), [`COUNT_CHUNK`] fields at a time: a script on the part's slot takes a chunk's pairs (reads and deletes `f` and
+//! `f|t`, atomically), then `COUNT_CHANGES` adds them (count summed, latest time kept); a part
+//! left empty no longer exists. Each pair is taken by one opener only, so instances starting
+//! together count it once; a process killed between a take and its add loses that chunk's
+//! counts (at most [`COUNT_CHUNK`] pairs, undercounted). Why take then add, and not add then
+//! delete the part: the parts and the counts are on different slots, so neither order is
+//! atomic, and the instances of a rolling deploy start together: two that each added a part
+//! before either deleted it would count it twice, every time, where the take loses counts
+//! only to a crash inside one chunk. A field that is not a pair this
+//! layout wrote is left where it is. During a rolling deploy the old instances keep adding
+//! to the parts (and read only the parts: they undercount until they are replaced); the next
+//! start of a new instance folds what they added.
 
 use serde::{Deserialize, Serialize};
 
@@ -507,7 +520,8 @@ impl Layout {
 
     /// Part `part` of the lists' counts as builds before the paged counts kept them
     /// (`<prefix>lists:{<tag>}`, a hash of `<list>|<sandbox>` → count and
-    /// `<list>|<sandbox>|t` → last change, with the audit parts' tags): never written.
+    /// `<list>|<sandbox>|t` → last change, with the audit parts' tags): never written, only
+    /// folded into the keys of `counts_keys` when a store opens (see the module docs).
     pub fn old_counts_key(&self, part: usize) -> String {
         format!(
             "{}lists:{{{}}}",

@@ -24,13 +24,14 @@
 //! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`). The lists' counts are
 //! four keys on one hash tag (`layout`, *The lists' counts*): a change is one script call per
 //! 1,000 pairs on the write path (no replica waited for: bookkeeping), a page one read-only
-//! script call on the read connection, O(log n + page).
+//! script call on the read connection, O(log n + page). The service's start folds the counts
+//! of the older 64-part layout into them (`fold_old_counts`), once per pair.
 //!
 //! Writes take the caller's deadline and never ask the server to wait past it; reads have no
 //! deadline of their own beyond the connection's response timeout: the service wraps every
 //! call in the deadline that fits it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,7 @@ use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool
 use super::dump;
 use super::scripts::{
     self, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE,
-    PUT_DEFINITION, is_noscript,
+    PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
@@ -57,7 +58,7 @@ use super::{
     MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
     StoredDefinition, WriteBatch,
 };
-use crate::domain::now_ms;
+use crate::domain::{ListName, Sandbox, now_ms};
 
 /// How to reach Redis and which keyspace to open. Built from the settings by
 /// `RedisOptions::from_settings` (in `config`, which is above the store).
@@ -97,6 +98,16 @@ pub struct OpenReport {
     pub warnings: Vec<String>,
     /// Set for an unkeyed keyspace: the line to log at ERROR at every start-up.
     pub unkeyed: Option<String>,
+}
+
+/// What `RedisStore::fold_old_counts` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Folded {
+    /// Pairs taken out of the older layout's parts and added to the counts (pairs at 0 or
+    /// below included: added, they leave nothing).
+    pub pairs: u64,
+    /// Fields of the parts that are not pairs that layout wrote: left where they are.
+    pub left_alone: u64,
 }
 
 /// The Redis store.
@@ -251,6 +262,13 @@ fn newest(parts: Vec<Vec<((u64, u64), AuditRecord)>>, count: usize) -> Vec<Audit
     all.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
     all.truncate(count);
     all.into_iter().rev().map(|(_, r)| r).collect()
+}
+
+/// The (list, sandbox) of a pair field of the older counts layout, `<list>|<sandbox>`, if
+/// it is one.
+fn old_pair(field: &str) -> Option<(ListName, Sandbox)> {
+    let (list, sandbox) = field.split_once('|')?;
+    Some((list.parse().ok()?, sandbox.parse().ok()?))
 }
 
 /// The smallest `hash-max-listpack-entries` that keeps buckets of this mean fill listpacks:
@@ -823,6 +841,96 @@ impl RedisStore {
                 (keys[0].clone().into_bytes(), cmd)
             })
             .collect()
+    }
+
+    /// Folds the lists' counts of the older layout (64 parts `<prefix>lists:{<tag>}`) into
+    /// the current keys (see `layout`, *The lists' counts*): what the service does at every
+    /// start. Writes; safe against a live store and against other callers at the same time
+    /// (each pair is taken by one of them). One round trip per primary when no part exists,
+    /// else two script calls per chunk of `COUNT_CHUNK` pairs.
+    pub async fn fold_old_counts(&self) -> StoreResult<Folded> {
+        let parts: Vec<String> = (0..AUDIT_PARTS)
+            .map(|p| self.layout.old_counts_key(p))
+            .collect();
+        let exists = self
+            .conn
+            .run_all(
+                parts
+                    .iter()
+                    .map(|k| {
+                        Self::keyed(k.clone(), |c, key| {
+                            c.arg("EXISTS").arg(key);
+                        })
+                    })
+                    .collect(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let take = Script::new(TAKE_OLD_COUNTS);
+        let mut moved = 0u64;
+        let mut left_alone = 0u64;
+        for (part, found) in parts.iter().zip(&exists) {
+            if redis::from_redis_value_ref::<i64>(found).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut conn = self.conn.clone();
+            let mut cursor = 0u64;
+            loop {
+                let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                    .arg(part)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(COUNT_CHUNK)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                // A pair's count and time are taken together, whichever of them the scan met.
+                let mut pairs: Vec<String> = Vec::new();
+                let mut seen = HashSet::new();
+                for (field, _) in fields {
+                    let pair = field.strip_suffix("|t").unwrap_or(&field);
+                    if old_pair(pair).is_none() {
+                        left_alone += 1;
+                    } else if seen.insert(pair.to_owned()) {
+                        pairs.push(pair.to_owned());
+                    }
+                }
+                for chunk in pairs.chunks(COUNT_CHUNK) {
+                    let taken: Vec<(Option<i64>, Option<i64>)> = take
+                        .key(part)
+                        .arg(chunk)
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    let changes: Vec<(&str, &str, i64, i64)> = chunk
+                        .iter()
+                        .zip(&taken)
+                        .filter(|(_, (n, t))| n.is_some() || t.is_some())
+                        .filter_map(|(pair, (n, t))| {
+                            let (list, sandbox) = pair.split_once('|')?;
+                            Some((list, sandbox, n.unwrap_or(0), t.unwrap_or(0)))
+                        })
+                        .collect();
+                    if changes.is_empty() {
+                        continue;
+                    }
+                    self.run_counts(
+                        self.count_calls(&changes),
+                        Deadline::after(Duration::from_secs(10)),
+                    )
+                    .await?;
+                    moved += changes.len() as u64;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(Folded {
+            pairs: moved,
+            left_alone,
+        })
     }
 
     /// Runs `COUNT_CHANGES` calls on the write path (no replica waited for: bookkeeping),

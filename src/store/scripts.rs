@@ -1,6 +1,6 @@
 //! Every Lua script the Redis store runs, in one place: the keyspace's opening, the entry
-//! scripts (removal, compare-and-delete, the audit's expiry count), the lists' counts (change
-//! and page), the metric families and the definitions.
+//! scripts (removal, compare-and-delete, the audit's expiry count), the lists' counts (change,
+//! page, and the fold of the older layout's parts), the metric families and the definitions.
 //!
 //! Invariant: the "still live" rule is written once in Lua (`ENTRY_PREAMBLE`'s `live_code`,
 //! the twin of `ExpiryCode::is_live`, which a test in `expiry` checks against the same
@@ -8,7 +8,8 @@
 //! "now" as `ExpiryCode::script_now`. Entry scripts touch one bucket (`KEYS[1]`), so each runs
 //! on the node that owns it, in a cluster too; the counts' scripts touch the keys of one hash
 //! tag. Scripts are called by SHA (`EVALSHA`) and loaded again after a `NOSCRIPT`
-//! (`is_noscript`), except the definitions' small ones, sent whole.
+//! (`is_noscript`), except the definitions' small ones, sent whole, and the fold, run once
+//! at start-up through `Script::invoke_async` (which loads it when missing).
 
 use std::sync::LazyLock;
 
@@ -262,6 +263,21 @@ for i, f in ipairs(fields) do
   out[#out + 1] = f
   out[#out + 1] = counts[i]
   out[#out + 1] = times[i]
+end
+return out
+";
+
+/// Takes pairs out of one part of the counts as older builds kept them
+/// (`Layout::old_counts_key`). KEYS[1] the part; ARGV the pairs' fields (`<list>|<sandbox>`).
+/// Reads and deletes each pair's count `f` and time `f|t`; returns (count, time) per pair,
+/// flat (nil where a field was absent: another opener took it first).
+pub(super) const TAKE_OLD_COUNTS: &str = r"
+local out = {}
+for i = 1, #ARGV do
+  local f = ARGV[i]
+  out[#out + 1] = redis.call('HGET', KEYS[1], f)
+  out[#out + 1] = redis.call('HGET', KEYS[1], f .. '|t')
+  redis.call('HDEL', KEYS[1], f, f .. '|t')
 end
 return out
 ";
