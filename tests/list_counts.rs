@@ -1,13 +1,17 @@
-//! The lists' counts on Redis (issue 24, "Counts bounded"): a pair at zero leaving nothing
-//! behind, and the fold of the older layout's 64 parts (one node, a cluster, three callers at
-//! once, the service's start). (The same behaviours on every backend: `tests/conformance/operators.rs`.)
+//! The lists' counts on Redis (issue 24, "Counts bounded"): what they cost in Redis, a pair
+//! at zero leaving nothing behind, the fold of the older layout's 64 parts (one node, a
+//! cluster, three callers at once, the service's start), and a page's cost that does not grow
+//! with the number of pairs. (The same behaviours on every backend: `tests/conformance/operators.rs`.)
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisCluster, RedisServer, redis_settings, spawn_app, unique_prefix};
+use namelist::lists::{FailMode, ListSettings, ListsQuery, NameLists, RawListsQuery};
+use namelist::metrics::Metrics;
 use namelist::store::redis::{Folded, OpenReport, RedisOptions, RedisStore};
 use namelist::store::{CountChange, CountsQuery, Deadline, EntryStore, Hashing, Layout, ListCount};
 
@@ -270,4 +274,232 @@ async fn the_service_folds_old_parts_when_it_starts() {
     let body: serde_json::Value = app.get("/v1/lists?limit=1000").await.json().await.unwrap();
     assert_eq!(body["lists"].as_array().unwrap().len(), 1_000, "of 2,502");
     assert!(body["next_cursor"].is_string());
+}
+
+/// `INFO commandstats` as (command → (calls, usec)).
+fn commandstats(conn: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |k: &str| -> Option<u64> {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))?
+                    .parse()
+                    .ok()
+            };
+            Some((name.to_owned(), (field("calls")?, field("usec")?)))
+        })
+        .collect()
+}
+
+/// Bytes `MEMORY USAGE key SAMPLES 0` gives (every element counted).
+fn memory_usage(conn: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query(conn)
+        .unwrap()
+}
+
+/// Issue 24's shape: a write token upserting entries each in its own sandbox. With 20,000
+/// pairs (one list in 20,000 sandboxes, and 10 lists in one of them), every page the service
+/// asks for (no filter, from a cursor in the middle, by list, by sandbox, one pair, and the
+/// lists of one sandbox a lookup reads) runs only the page script and the commands inside it
+/// (a range of the index with a `LIMIT`, two `HMGET`s), and Redis spends on each under a
+/// quarter of one `HGETALL` of the counts hash: what every `GET /v1/lists` cost before, and
+/// what a scan of every pair would cost again. Prints what each key costs per pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_costs_the_same_however_many_pairs() {
+    const PAIRS: usize = 20_000;
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let (store, _) = open_node(&redis, &prefix).await;
+    let store = Arc::new(store);
+    let mut pairs: Vec<(String, String, i64)> = (0..PAIRS - 10)
+        .map(|i| ("black".to_owned(), format!("s{i:05}"), 1))
+        .collect();
+    pairs.extend((0..10).map(|i| (format!("l{i}"), "s00042".to_owned(), 2)));
+    store
+        .count_changes(&changes(&pairs), 1_800_000_000_000, deadline())
+        .await
+        .unwrap();
+    assert_eq!(all_counts(&store).await.len(), PAIRS);
+
+    let mut conn = redis.conn();
+    let keys = layout(&prefix).counts_keys();
+    let bytes: Vec<u64> = keys.iter().map(|k| memory_usage(&mut conn, k)).collect();
+    let total: u64 = bytes.iter().sum();
+    eprintln!(
+        "{PAIRS} pairs, members of {}-{} bytes: counts {:.1} B/pair, times {:.1}, by list {:.1}, by sandbox {:.1}; total {:.1} B/pair",
+        "black\0s00000".len(),
+        "l0\0s00042".len(),
+        bytes[0] as f64 / PAIRS as f64,
+        bytes[1] as f64 / PAIRS as f64,
+        bytes[2] as f64 / PAIRS as f64,
+        bytes[3] as f64 / PAIRS as f64,
+        total as f64 / PAIRS as f64,
+    );
+
+    // And a few pairs, where Redis keeps each key a listpack.
+    let small_prefix = unique_prefix();
+    let (small, _) = open_node(&redis, &small_prefix).await;
+    let few: Vec<(String, String, i64)> = (0..10)
+        .map(|i| ("black".to_owned(), format!("s{i:05}"), 1))
+        .collect();
+    small
+        .count_changes(&changes(&few), 1_800_000_000_000, deadline())
+        .await
+        .unwrap();
+    let small_bytes: u64 = layout(&small_prefix)
+        .counts_keys()
+        .iter()
+        .map(|k| memory_usage(&mut conn, k))
+        .sum();
+    eprintln!(
+        "10 pairs: {small_bytes} B in all, {:.1} B/pair",
+        small_bytes as f64 / 10.0
+    );
+
+    // What one read of every pair costs Redis.
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    for _ in 0..5 {
+        let all: Vec<(Vec<u8>, i64)> = redis::cmd("HGETALL")
+            .arg(&keys[0])
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(all.len(), PAIRS);
+    }
+    let (calls, usec) = commandstats(&mut conn)["hgetall"];
+    let scan_usec = usec as f64 / calls as f64;
+
+    let settings = ListSettings {
+        check_deadline: Duration::from_secs(5),
+        write_deadline: Duration::from_secs(5),
+        fail_mode: FailMode::Closed,
+        cache_ttl: Duration::from_secs(60),
+        cache_capacity: 0,
+        local_memory_bytes: 0,
+        local_fetch_rate: 0,
+    };
+    let lists = NameLists::new(
+        store.clone(),
+        store.clone(),
+        settings,
+        Arc::new(Metrics::new()),
+    );
+    // Subscribed before anything is measured.
+    for _ in 0..500 {
+        if lists.cache().is_trusted() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(lists.cache().is_trusted());
+    let query = |list: Option<&str>, sandbox: Option<&str>, cursor: Option<&str>| {
+        ListsQuery::try_from(RawListsQuery {
+            list: list.map(str::to_owned),
+            sandbox: sandbox.map(str::to_owned),
+            limit: Some("100".into()),
+            cursor: cursor.map(str::to_owned),
+        })
+        .unwrap()
+    };
+    let cases = [
+        ("no filter", query(None, None, None), 100),
+        (
+            "from a cursor",
+            query(None, None, Some("black:s09999")),
+            100,
+        ),
+        (
+            "by list",
+            query(Some("black"), None, Some("black:s12345")),
+            100,
+        ),
+        ("by sandbox", query(None, Some("s00042"), None), 11),
+        ("one pair", query(Some("l3"), Some("s00042"), None), 1),
+    ];
+    const ROUNDS: u64 = 20;
+    for (what, q, len) in &cases {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .unwrap();
+        for _ in 0..ROUNDS {
+            let page = lists.summaries(q).await.unwrap();
+            assert_eq!(page.lists.len(), *len, "{what}");
+        }
+        check_bounded(&mut conn, what, ROUNDS, scan_usec, &[]);
+    }
+    // The lookup on every list reads the lists of its sandbox (then checks each of them).
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    for _ in 0..ROUNDS {
+        let found = lists
+            .lookup_everywhere("uid".into(), "u-1".into(), "s00042".parse().unwrap())
+            .await
+            .unwrap();
+        assert!(found.check.hits.is_empty() && !found.truncated);
+    }
+    check_bounded(
+        &mut conn,
+        "lookup",
+        ROUNDS,
+        scan_usec,
+        &["hget", "smembers"],
+    );
+}
+
+/// Since the last `RESETSTAT`: `rounds` page scripts, nothing else but what they run inside
+/// (and `also`, the rest of a lookup), each script well under one whole-hash read.
+fn check_bounded(
+    conn: &mut redis::Connection,
+    what: &str,
+    rounds: u64,
+    scan_usec: f64,
+    also: &[&str],
+) {
+    let stats = commandstats(conn);
+    let (calls, usec) = stats["evalsha"];
+    assert_eq!(calls, rounds, "{what}: one script call per page: {stats:?}");
+    // Housekeeping of the store and of this test, not of a page.
+    let quiet = [
+        "evalsha",
+        "info",
+        "config",
+        "ping",
+        "client",
+        "role",
+        "cluster",
+        "hello",
+        "select",
+        "subscribe",
+    ];
+    for (cmd, (n, _)) in &stats {
+        // `config|resetstat`: subcommands are counted apart.
+        let cmd = cmd.split('|').next().unwrap_or(cmd).to_owned();
+        let inside = matches!(cmd.as_str(), "zrange" | "hmget") && *n <= 2 * rounds;
+        assert!(
+            quiet.contains(&cmd.as_str()) || inside || also.contains(&cmd.as_str()),
+            "{what}: {cmd} ran {n} times: {stats:?}"
+        );
+    }
+    let per_call = usec as f64 / calls as f64;
+    eprintln!(
+        "{what}: {per_call:.1} µs of Redis a page, one HGETALL of every pair {scan_usec:.0} µs"
+    );
+    // Measured 20-700x apart on a busy 2-core machine; a read of every pair, by any command,
+    // costs about one HGETALL.
+    assert!(
+        per_call * 4.0 < scan_usec,
+        "{what}: a page cost {per_call:.1} µs of Redis, a read of every pair {scan_usec:.0} µs"
+    );
 }
