@@ -292,18 +292,6 @@ pub struct ListsQuery {
     after: Option<Scope>,
 }
 
-impl ListsQuery {
-    /// The first page of every pair, `limit` long (at most `MAX_LISTS_LIMIT`).
-    pub fn first(limit: usize) -> Self {
-        Self {
-            list: None,
-            sandbox: None,
-            limit: limit.clamp(1, MAX_LISTS_LIMIT),
-            after: None,
-        }
-    }
-}
-
 /// The cursor of the page after the pair `(list, sandbox)`: `<list>:<sandbox>`. Neither
 /// alphabet holds `:`, so it reads back unambiguously; a caller who edits it only moves
 /// where their own page starts.
