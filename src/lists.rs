@@ -16,6 +16,11 @@
 //! store took it; whatever the outcome, the tier reads the buckets it touched again (and
 //! answers them from the store until then), since a write that timed out may still have
 //! landed.
+//!
+//! The operators' reads are bounded whatever the keyspace holds: `summaries` is one page of
+//! the store's counts (at most `MAX_LISTS_LIMIT` pairs, O(log n + page) in the store, one
+//! hash-map lookup per pair for its hits), and `lookup_everywhere` reads the lists of one
+//! sandbox only, at most `MAX_LOOKUP_LISTS` of them, and says when there were more.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,8 +37,8 @@ use crate::domain::{
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
-    AuditOp, AuditRecord, CountChange, Deadline, EntryKey, EntryStore, InvalidationBus, PrefixKind,
-    PrefixLen, Scope, StoreError, WriteBatch, code_is_live,
+    AuditOp, AuditRecord, CountChange, CountsQuery, Deadline, EntryKey, EntryStore,
+    InvalidationBus, PrefixKind, PrefixLen, Scope, StoreError, WriteBatch, code_is_live,
 };
 
 /// Most entries in one upsert or delete request.
@@ -46,6 +51,13 @@ pub const MAX_CHECK_LISTS: usize = 16;
 pub const MAX_CHECK_PROBES: usize = 4096;
 /// Longest `reason`, in bytes.
 pub const MAX_REASON_LEN: usize = 256;
+/// (list, sandbox) pairs per page of `GET /v1/lists` when `limit` is not given.
+pub const DEFAULT_LISTS_LIMIT: usize = 100;
+/// Most (list, sandbox) pairs per page of `GET /v1/lists`.
+pub const MAX_LISTS_LIMIT: usize = 1_000;
+/// Most lists of one sandbox a lookup on every list reads (`lookup_everywhere`), the first
+/// ones by name: past it, the answer says `truncated`. 1,000 lists are 63 checks.
+pub const MAX_LOOKUP_LISTS: usize = 1_000;
 
 /// What to do when the store cannot answer a check in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -254,6 +266,118 @@ pub struct ListSummary {
     pub last_change: i64,
     /// Hits this instance answered since it started.
     pub hits: u64,
+}
+
+/// The query string of `GET /v1/lists`, as sent (every field checked by `ListsQuery`; an
+/// empty one is as good as absent).
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RawListsQuery {
+    /// Only this list.
+    pub list: Option<String>,
+    /// Only this sandbox.
+    pub sandbox: Option<String>,
+    /// 1 to 1,000 (default 100).
+    pub limit: Option<String>,
+    /// A `next_cursor` as given.
+    pub cursor: Option<String>,
+}
+
+/// A checked `GET /v1/lists` query: the filters, the page size, and the pair the page
+/// starts after (from the cursor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListsQuery {
+    list: Option<ListName>,
+    sandbox: Option<Sandbox>,
+    limit: usize,
+    after: Option<Scope>,
+}
+
+/// The cursor of the page after the pair `(list, sandbox)`: `<list>:<sandbox>`. Neither
+/// alphabet holds `:`, so it reads back unambiguously; a caller who edits it only moves
+/// where their own page starts.
+fn cursor_after(list: &str, sandbox: &str) -> String {
+    format!("{list}:{sandbox}")
+}
+
+fn parse_cursor(cursor: &str) -> Option<Scope> {
+    let (list, sandbox) = cursor.split_once(':')?;
+    scope(list, sandbox)
+}
+
+/// The scope of a list and a sandbox as the store gives them back.
+fn scope(list: &str, sandbox: &str) -> Option<Scope> {
+    Some((list.parse().ok()?, sandbox.parse().ok()?))
+}
+
+impl TryFrom<RawListsQuery> for ListsQuery {
+    type Error = ValidationError;
+
+    /// Errors name the parameter: `invalid_list`, `invalid_sandbox`, `invalid_filter` (the
+    /// limit), `invalid_cursor`.
+    fn try_from(raw: RawListsQuery) -> Result<Self, Self::Error> {
+        let given = |v: Option<String>| v.filter(|v| !v.is_empty());
+        let list = given(raw.list)
+            .map(ListName::try_from)
+            .transpose()
+            .map_err(|e| e.at("list"))?;
+        let sandbox = given(raw.sandbox)
+            .map(Sandbox::try_from)
+            .transpose()
+            .map_err(|e| e.at("sandbox"))?;
+        let limit = match given(raw.limit) {
+            None => DEFAULT_LISTS_LIMIT,
+            Some(l) => l
+                .parse::<usize>()
+                .ok()
+                .filter(|l| (1..=MAX_LISTS_LIMIT).contains(l))
+                .ok_or_else(|| {
+                    ValidationError::new(
+                        ErrorCode::InvalidFilter,
+                        format!("limit: expected 1 to {MAX_LISTS_LIMIT}"),
+                    )
+                })?,
+        };
+        let after = given(raw.cursor)
+            .map(|c| {
+                parse_cursor(&c).ok_or_else(|| {
+                    ValidationError::new(
+                        ErrorCode::InvalidCursor,
+                        "cursor: not a cursor this service handed out (use next_cursor as given)",
+                    )
+                })
+            })
+            .transpose()?;
+        Ok(Self {
+            list,
+            sandbox,
+            limit,
+            after,
+        })
+    }
+}
+
+/// A page of `GET /v1/lists`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ListsPage {
+    /// In (list, sandbox) order.
+    pub lists: Vec<ListSummary>,
+    /// The `cursor` of the next page; `null` after the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// The answer of a lookup on every list of a sandbox (`NameLists::lookup_everywhere`): a
+/// check's, and `truncated: true` when the sandbox has more lists than it read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct EverywhereOutcome {
+    #[serde(flatten)]
+    pub check: CheckOutcome,
+    /// Only when true (no key otherwise): the sandbox has more than 1,000 lists holding
+    /// entries and only the first 1,000 by name were looked at.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    pub truncated: bool,
 }
 
 /// A check's answer. `stale_ms` only in degraded answers; `decision` only when the check
@@ -603,7 +727,7 @@ impl NameLists {
     /// construction; only the fan-out over IP prefix lengths in use is checked here), and
     /// counts its hits (`namelist_list_hits_total`, `GET /v1/lists`).
     pub async fn check(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
-        let outcome = self.answer(q).await?;
+        let outcome = self.answer(q, self.settings.check_deadline).await?;
         if !outcome.hits.is_empty() {
             let mut hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
             for h in &outcome.hits {
@@ -614,23 +738,34 @@ impl NameLists {
         Ok(outcome)
     }
 
-    /// Every (list, sandbox) holding entries, by list then sandbox, with its approximate
-    /// count (see `EntryStore::list_counts`) and the hits this instance answered.
-    pub async fn summaries(&self) -> Result<Vec<ListSummary>, ListsError> {
-        let deadline = Deadline::after(self.settings.check_deadline);
-        let counts = self
+    /// One page of the (list, sandbox) pairs holding entries, by list then sandbox, with
+    /// their approximate counts (see `EntryStore::list_counts`) and the hits this instance
+    /// answered. Cost: the store's page, O(log n + limit), and one hash-map lookup per pair.
+    pub async fn summaries(&self, q: &ListsQuery) -> Result<ListsPage, ListsError> {
+        let deadline = Deadline::after(self.settings.operator_deadline);
+        let query = CountsQuery {
+            list: q.list.clone(),
+            sandbox: q.sandbox.clone(),
+            after: q.after.clone(),
+            limit: q.limit,
+        };
+        let page = self
             .store
-            .call(StoreOp::ListCounts, deadline, |s| s.list_counts())
+            .call(StoreOp::ListCounts, deadline, |s| s.list_counts(&query))
             .await?;
-        let hits = self.hits.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut out: Vec<ListSummary> = counts
+        let next_cursor = page
+            .more
+            .then(|| page.counts.last())
+            .flatten()
+            .map(|c| cursor_after(&c.list, &c.sandbox));
+        let hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
+        let lists = page
+            .counts
             .into_iter()
-            .filter(|c| c.entries > 0)
             .map(|c| {
-                let hits = hits
-                    .iter()
-                    .find(|((l, s), _)| l.as_str() == c.list && s.as_str() == c.sandbox)
-                    .map_or(0, |(_, n)| *n);
+                let hits = scope(&c.list, &c.sandbox)
+                    .and_then(|s| hits.get(&s).copied())
+                    .unwrap_or(0);
                 ListSummary {
                     list: c.list,
                     sandbox: c.sandbox,
@@ -640,31 +775,41 @@ impl NameLists {
                 }
             })
             .collect();
-        out.sort_by(|a, b| (&a.list, &a.sandbox).cmp(&(&b.list, &b.sandbox)));
-        Ok(out)
+        Ok(ListsPage { lists, next_cursor })
     }
 
-    /// One identity on every list of `sandbox` that holds entries, exactly as a check would
-    /// find it (ranges, segments and domains included), in chunks of `MAX_CHECK_LISTS`
-    /// lists. An operator's read: its hits are not counted as the risk engine's.
+    /// One identity on every list of `sandbox` that holds entries (the first
+    /// `MAX_LOOKUP_LISTS` by name: past them the answer says `truncated`), exactly as a check
+    /// would find it (ranges, segments and domains included), in chunks of
+    /// `MAX_CHECK_LISTS` lists. Reads only that sandbox's lists (the store's index by
+    /// sandbox), never the other pairs. An operator's read: its hits are not counted as the
+    /// risk engine's.
     pub async fn lookup_everywhere(
         &self,
         dimension: String,
         value: String,
         sandbox: Sandbox,
-    ) -> Result<CheckOutcome, ListsError> {
-        let lists: Vec<String> = self
-            .summaries()
-            .await?
-            .into_iter()
-            .filter(|s| s.sandbox == sandbox.as_str())
-            .map(|s| s.list)
-            .collect();
-        let mut all = CheckOutcome {
-            hits: Vec::new(),
-            degraded: false,
-            stale: None,
-            decision: None,
+    ) -> Result<EverywhereOutcome, ListsError> {
+        let deadline = Deadline::after(self.settings.operator_deadline);
+        let query = CountsQuery {
+            list: None,
+            sandbox: Some(sandbox.clone()),
+            after: None,
+            limit: MAX_LOOKUP_LISTS,
+        };
+        let page = self
+            .store
+            .call(StoreOp::ListCounts, deadline, |s| s.list_counts(&query))
+            .await?;
+        let lists: Vec<String> = page.counts.into_iter().map(|c| c.list).collect();
+        let mut all = EverywhereOutcome {
+            check: CheckOutcome {
+                hits: Vec::new(),
+                degraded: false,
+                stale: None,
+                decision: None,
+            },
+            truncated: page.more,
         };
         if lists.is_empty() {
             // Still a 400 for a bad dimension or value.
@@ -678,7 +823,8 @@ impl NameLists {
                 lists: chunk.to_vec(),
                 subjects: vec![(dimension.clone(), vec![value.clone()])],
             })?;
-            let part = self.answer(&q).await?;
+            let part = self.answer(&q, self.settings.operator_deadline).await?;
+            let all = &mut all.check;
             all.hits.extend(part.hits);
             all.degraded |= part.degraded;
             if let Some(s) = part.stale {
@@ -693,8 +839,10 @@ impl NameLists {
         Ok(all)
     }
 
-    async fn answer(&self, q: &CheckQuery) -> Result<CheckOutcome, ListsError> {
-        let deadline = Deadline::after(self.settings.check_deadline);
+    /// A check's answer, its store work bounded by `budget` (a check's deadline, or an
+    /// operator's for a lookup across lists).
+    async fn answer(&self, q: &CheckQuery, budget: Duration) -> Result<CheckOutcome, ListsError> {
+        let deadline = Deadline::after(budget);
         let trusted = self.cache.is_trusted();
         let mut degraded = false;
 
@@ -772,7 +920,7 @@ impl NameLists {
         if degraded {
             if self.settings.fail_mode == FailMode::Closed {
                 self.metrics.refused_answers.inc();
-                return Err(StoreError::Timeout(self.settings.check_deadline).into());
+                return Err(StoreError::Timeout(budget).into());
             }
             self.metrics.degraded_answers.inc();
             // Whatever copy is held answers, with how long ago it was last known in sync.

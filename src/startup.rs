@@ -86,6 +86,20 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 tracing::warn!("{w}");
                 shout(settings, w);
             }
+            // Bookkeeping: a fold that fails (the counts' primary down) is tried again at the
+            // next start; the service runs meanwhile.
+            match store.fold_old_counts().await {
+                Ok(f) if f.pairs > 0 || f.left_alone > 0 => tracing::info!(
+                    pairs = f.pairs,
+                    left_alone = f.left_alone,
+                    "folded the lists' counts of the older layout"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "could not fold the lists' counts of the older layout: GET /v1/lists undercounts until a start does"
+                ),
+            }
             Ok(OpenedStore {
                 store: Arc::new(store),
                 memory: None,

@@ -1,6 +1,7 @@
-//! The operators' endpoints over HTTP (issue 13): `GET /v1/lists`, `GET
-//! /v1/lists/-/lookup/{dimension}/{value}` and `GET /v1/audit`, on the embedded store, a
-//! Redis and a local cluster; every bad filter and cursor a 400 with its code. (Roles:
+//! The operators' endpoints over HTTP (issues 13 and 24): `GET /v1/lists` (paged by cursor,
+//! filtered), `GET /v1/lists/-/lookup/{dimension}/{value}` and `GET /v1/audit`, on the
+//! embedded store, a Redis and a local cluster; every bad filter and cursor a 400 with its
+//! code. (Roles:
 //! `tests/auth.rs`; no raw value in the logs: `tests/observability.rs`; the same behaviours
 //! on every backend without HTTP: `tests/conformance/operators.rs`.)
 
@@ -86,6 +87,53 @@ async fn operators_read_what_the_api_wrote(app: &TestApp) {
         ],
         "{body}"
     );
+    assert_eq!(body["next_cursor"], Value::Null, "one page: {body}");
+
+    // Pages of one, by the cursor handed back; and the filters.
+    let mut paged = Vec::new();
+    let mut path = "/v1/lists?limit=1".to_owned();
+    loop {
+        let (status, body) = get(app, &path).await;
+        assert_eq!(status, 200, "{body}");
+        let page = body["lists"].as_array().unwrap();
+        assert_eq!(page.len(), 1, "{body}");
+        paged.push(format!("{}/{}", page[0]["list"], page[0]["sandbox"]));
+        match body["next_cursor"].as_str() {
+            Some(c) => path = format!("/v1/lists?limit=1&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(
+        paged,
+        [r#""black"/"loan""#, r#""black"/"pay""#, r#""grey"/"loan""#]
+    );
+    for (query, want) in [
+        ("sandbox=loan", vec!["black/loan", "grey/loan"]),
+        ("list=black", vec!["black/loan", "black/pay"]),
+        ("list=black&sandbox=pay", vec!["black/pay"]),
+        ("list=white", vec![]),
+        (
+            "list=&sandbox=&limit=&cursor=",
+            vec!["black/loan", "black/pay", "grey/loan"],
+        ),
+        ("cursor=black:loan", vec!["black/pay", "grey/loan"]),
+    ] {
+        let (status, body) = get(app, &format!("/v1/lists?{query}")).await;
+        assert_eq!(status, 200, "{query}: {body}");
+        let got: Vec<String> = body["lists"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r["list"].as_str().unwrap(),
+                    r["sandbox"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(got, want, "{query}: {body}");
+    }
 
     // The phone, typed another way, on every list of the sandbox.
     let (status, body) = get(
@@ -103,6 +151,7 @@ async fn operators_read_what_the_api_wrote(app: &TestApp) {
     lists.sort_unstable();
     assert_eq!(lists, ["black", "grey"], "{body}");
     assert_eq!(body["degraded"], false);
+    assert!(body.get("truncated").is_none(), "only when true: {body}");
     let (_, body) = get(app, "/v1/lists/-/lookup/ip/10.1.2.200?sandbox=loan").await;
     assert_eq!(body["hits"][0]["value"], "10.1.2.0/24", "{body}");
     assert!(body["hits"][0]["expires_at"].as_i64().is_some());
@@ -197,6 +246,16 @@ async fn bad_filters_and_cursors_are_400s_that_name_them() {
         ("/v1/audit?cursor=1-2-99", "invalid_cursor", "cursor"),
         ("/v1/audit?cursor=1-2-3-4", "invalid_cursor", "cursor"),
         ("/v1/audit?colour=red", "invalid_body", "colour"),
+        ("/v1/lists?list=Black", "invalid_list", "list"),
+        ("/v1/lists?sandbox=a%20b", "invalid_sandbox", "sandbox"),
+        ("/v1/lists?limit=0", "invalid_filter", "limit"),
+        ("/v1/lists?limit=1001", "invalid_filter", "limit"),
+        ("/v1/lists?limit=ten", "invalid_filter", "limit"),
+        ("/v1/lists?cursor=abc", "invalid_cursor", "cursor"),
+        ("/v1/lists?cursor=black:", "invalid_cursor", "cursor"),
+        ("/v1/lists?cursor=Black:loan", "invalid_cursor", "cursor"),
+        ("/v1/lists?cursor=black:lo:an", "invalid_cursor", "cursor"),
+        ("/v1/lists?colour=red", "invalid_body", "colour"),
         ("/v1/lists/-/lookup/Shoe/x", "unknown_dimension", "path"),
         ("/v1/lists/-/lookup/phone/12", "invalid_value", "path"),
         (

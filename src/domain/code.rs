@@ -65,10 +65,10 @@ error_codes! {
     InvalidLists = "invalid_lists", [400];
     /// A check fanning out to over 4,096 lookups.
     TooManyLookups = "too_many_lookups", [400];
-    /// An audit query filter that cannot be used: an unknown `op`, `since` after `until`, a
-    /// `limit` outside 1 to 1,000, a `value` without its `dimension`.
+    /// A query filter that cannot be used: an unknown `op`, `since` after `until`, a `limit`
+    /// outside 1 to 1,000 (audit and lists), a `value` without its `dimension`.
     InvalidFilter = "invalid_filter", [400];
-    /// An audit `cursor` that is not one this service handed out.
+    /// An audit or lists `cursor` that is not one this service handed out.
     InvalidCursor = "invalid_cursor", [400];
     /// A metric expression that does not parse (the message gives the column).
     InvalidExpr = "invalid_expr", [400];

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::gate::Offload;
 use super::json::JsonBody;
-use super::openapi::{ErrorBody, ListedDoc, ListsDoc, RemovedDoc, WrittenDoc};
+use super::openapi::{ErrorBody, ListedDoc, RemovedDoc, WrittenDoc};
 use super::query::Query;
 use crate::auth::Caller;
 use crate::domain::{
@@ -16,7 +16,8 @@ use crate::domain::{
 };
 use crate::error::ApiError;
 use crate::lists::{
-    CheckOutcome, EntryRef, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN, NameLists, NewEntry,
+    EntryRef, EverywhereOutcome, ListsPage, ListsQuery, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN,
+    NameLists, NewEntry, RawListsQuery,
 };
 
 /// Up to 10,000 entries to add or refresh.
@@ -247,23 +248,29 @@ pub async fn lookup(
     get,
     path = "/v1/lists",
     tag = "lists",
-    summary = "Every (list, sandbox) holding entries",
+    summary = "The (list, sandbox) pairs holding entries, paged",
+    description = "In (list, sandbox) order, at most `limit` (1 to 1,000, default 100) a page; `next_cursor` continues, `null` after the last page. Each page costs the store O(log n + limit), filtered or not.",
+    params(RawListsQuery),
     responses(
-        (status = 200, description = "Approximate entry counts (kept on write), last change, hits since this instance started", body = ListsDoc),
+        (status = 200, description = "Approximate entry counts (kept on write), last change, hits since this instance started; `next_cursor`", body = ListsPage),
+        (status = 400, description = "A bad filter (`invalid_list`, `invalid_sandbox`, `invalid_filter` for the limit) or cursor (`invalid_cursor`), an unknown parameter (`invalid_body`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-/// `GET /v1/lists`: every (list, sandbox) holding entries, with its approximate count, its
-/// last change and the hits this instance answered.
+/// `GET /v1/lists?list=&sandbox=&limit=&cursor=`: one page of the (list, sandbox) pairs
+/// holding entries, with their approximate counts, last changes and the hits this instance
+/// answered.
 pub async fn summaries(
     lists: web::Data<NameLists>,
+    query: Query<RawListsQuery>,
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
-    let lists = offload
-        .run(async move { Ok(lists.summaries().await?) })
+    let query = ListsQuery::try_from(query.into_inner())?;
+    let page: ListsPage = offload
+        .run(async move { Ok(lists.summaries(&query).await?) })
         .await?;
-    Ok(HttpResponse::Ok().json(json!({ "lists": lists })))
+    Ok(HttpResponse::Ok().json(page))
 }
 
 #[utoipa::path(
@@ -273,7 +280,7 @@ pub async fn summaries(
     summary = "One identity on every list of a sandbox, as a check finds it",
     params(("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
     responses(
-        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included)", body = CheckOutcome),
+        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
         (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),

@@ -80,13 +80,6 @@ pub struct ListedDoc {
     expires_at: Option<i64>,
 }
 
-/// `GET /v1/lists`
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ListsDoc {
-    lists: Vec<crate::lists::ListSummary>,
-}
-
 /// `{"deleted": id}`
 #[derive(ToSchema)]
 #[allow(dead_code)]

@@ -13,6 +13,10 @@
 //! Velocity metrics follow the Lua scripts of `store::redis` step for step (the conformance
 //! suite holds both to the same oracle); APPROX_COUNT_DISTINCT is counted exactly here.
 //!
+//! The lists' counts are kept in the two orders of the Redis layout's indexes (a `BTreeMap`
+//! by (list, sandbox), a `BTreeSet` by (sandbox, list)), so a page is a range read,
+//! O(log n + page), and a pair at 0 or below is removed from both.
+//!
 //! State sits behind one std `Mutex`: every operation is a few hash-map steps and no lock is
 //! held across an `.await`.
 
@@ -28,11 +32,11 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline,
-    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
-    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
-    WriteBatch, code_is_live,
+    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, CountsPage,
+    CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
+    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
+    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
+    StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -43,9 +47,12 @@ struct State {
     /// Oldest first, each with its sequence number (its place in the trail).
     audit: VecDeque<(u64, AuditRecord)>,
     audit_seq: u64,
-    /// Scope → (approximate entry count, last change). Not in the snapshot: counted since
-    /// this process started.
-    counts: HashMap<Scope, (i64, i64)>,
+    /// (list, sandbox) → (approximate entry count, always > 0; last change), in (list,
+    /// sandbox) order, and the same pairs as (sandbox, list): what the Redis layout's count
+    /// hashes and its two indexes hold, so a page is a range read either way. Not in the
+    /// snapshot: counted since this process started.
+    counts: BTreeMap<(String, String), (i64, i64)>,
+    counts_by_sandbox: BTreeSet<(String, String)>,
     metrics: HashMap<String, MetricState>,
     /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
     definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
@@ -642,25 +649,89 @@ impl EntryStore for MemoryStore {
     ) -> StoreResult<()> {
         let mut st = self.lock();
         for c in changes {
-            let e = st.counts.entry(c.scope.clone()).or_insert((0, 0));
+            let (list, sandbox) = (c.scope.0.to_string(), c.scope.1.to_string());
+            let e = st
+                .counts
+                .entry((list.clone(), sandbox.clone()))
+                .or_insert((0, at_ms));
             e.0 += c.delta;
             e.1 = e.1.max(at_ms);
+            if e.0 <= 0 {
+                st.counts.remove(&(list.clone(), sandbox.clone()));
+                st.counts_by_sandbox.remove(&(sandbox, list));
+            } else {
+                st.counts_by_sandbox.insert((sandbox, list));
+            }
         }
         Ok(())
     }
 
-    async fn list_counts(&self) -> StoreResult<Vec<ListCount>> {
+    async fn list_counts(&self, query: &CountsQuery) -> StoreResult<CountsPage> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
         let st = self.lock();
-        Ok(st
-            .counts
-            .iter()
-            .map(|((list, sandbox), (n, at))| ListCount {
-                list: list.to_string(),
-                sandbox: sandbox.to_string(),
-                entries: *n,
-                last_change_ms: *at,
-            })
-            .collect())
+        let count = |(list, sandbox): (&String, &String), &(entries, at): &(i64, i64)| ListCount {
+            list: list.clone(),
+            sandbox: sandbox.clone(),
+            entries,
+            last_change_ms: at,
+        };
+        // One more than asked says whether there is more.
+        let want = query.limit.saturating_add(1);
+        let mut found: Vec<ListCount> = match (&query.list, &query.sandbox) {
+            (None, Some(sandbox)) => {
+                // The lists of one sandbox, by the index (sandbox, list).
+                let s = sandbox.to_string();
+                let from = match &query.after {
+                    Some((al, r#as)) if s.as_str() > r#as.as_str() => {
+                        Included((s.clone(), al.to_string()))
+                    }
+                    Some((al, _)) => Excluded((s.clone(), al.to_string())),
+                    None => Included((s.clone(), String::new())),
+                };
+                st.counts_by_sandbox
+                    .range((from, Unbounded))
+                    .take_while(|(sb, _)| *sb == s)
+                    .take(want)
+                    .filter_map(|(sb, l)| {
+                        let key = (l.clone(), sb.clone());
+                        st.counts.get(&key).map(|v| count((&key.0, &key.1), v))
+                    })
+                    .collect()
+            }
+            (Some(list), Some(sandbox)) => {
+                let key = (list.to_string(), sandbox.to_string());
+                st.counts
+                    .get(&key)
+                    .filter(|_| query.selects(&key.0, &key.1))
+                    .map(|v| count((&key.0, &key.1), v))
+                    .into_iter()
+                    .collect()
+            }
+            (list, None) => {
+                let after = query
+                    .after
+                    .as_ref()
+                    .map(|(l, s)| (l.to_string(), s.to_string()));
+                let from = match (list, after) {
+                    (Some(l), Some(a)) if a >= (l.to_string(), String::new()) => Excluded(a),
+                    (Some(l), _) => Included((l.to_string(), String::new())),
+                    (None, Some(a)) => Excluded(a),
+                    (None, None) => Unbounded,
+                };
+                st.counts
+                    .range((from, Unbounded))
+                    .take_while(|((l, _), _)| list.as_ref().is_none_or(|x| x.as_str() == l))
+                    .take(want)
+                    .map(|((l, s), v)| count((l, s), v))
+                    .collect()
+            }
+        };
+        let more = found.len() > query.limit;
+        found.truncate(query.limit);
+        Ok(CountsPage {
+            counts: found,
+            more,
+        })
     }
 }
 

@@ -28,6 +28,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+use crate::domain::{ListName, Sandbox};
+
 pub use expiry::ExpiryCode;
 pub use fingerprint::{FingerprintKey, Hashing, KeyError};
 pub use layout::{
@@ -265,6 +267,48 @@ pub struct ListCount {
     pub sandbox: String,
     pub entries: i64,
     pub last_change_ms: i64,
+}
+
+/// Which scopes' counts to read (`EntryStore::list_counts`): those of `list` and of
+/// `sandbox` when given, strictly after `after` in (list, sandbox) order (names compared byte
+/// by byte), at most `limit` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountsQuery {
+    pub list: Option<ListName>,
+    pub sandbox: Option<Sandbox>,
+    pub after: Option<Scope>,
+    pub limit: usize,
+}
+
+impl CountsQuery {
+    /// The first `limit` scopes, unfiltered.
+    pub fn first(limit: usize) -> Self {
+        Self {
+            list: None,
+            sandbox: None,
+            after: None,
+            limit,
+        }
+    }
+
+    /// Whether a scope passes the filters and comes after `after` (the oracle every backend's
+    /// range reads must agree with).
+    pub fn selects(&self, list: &str, sandbox: &str) -> bool {
+        self.list.as_ref().is_none_or(|l| l.as_str() == list)
+            && self.sandbox.as_ref().is_none_or(|s| s.as_str() == sandbox)
+            && self
+                .after
+                .as_ref()
+                .is_none_or(|(l, s)| (list, sandbox) > (l.as_str(), s.as_str()))
+    }
+}
+
+/// One page of counts (`EntryStore::list_counts`), in (list, sandbox) order; `more` when
+/// further scopes match past the last one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CountsPage {
+    pub counts: Vec<ListCount>,
+    pub more: bool,
 }
 
 /// Where an audit record sits in the merged trail: newest first is descending
@@ -513,9 +557,12 @@ pub trait EntryStore: StoreBase {
         reads: &[AuditRead],
     ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>>;
 
-    /// Adds `delta` to each scope's approximate entry count and sets its last change to
-    /// `at_ms` (deltas of 0 too: a refresh is a change). Bookkeeping after a write or a
-    /// removal that the store already took: see `list_counts`.
+    /// Adds `delta` to each scope's approximate entry count and moves its last change up to
+    /// `at_ms` (deltas of 0 too: a refresh is a change). A scope whose count reaches 0 or
+    /// below is removed entirely (count, time and its place in both orders), so a scope
+    /// exists only while its count is positive. Bookkeeping after a write or a removal that
+    /// the store already took: see `list_counts`. Each scope's change is atomic; a batch is
+    /// not.
     async fn count_changes(
         &self,
         changes: &[CountChange],
@@ -523,8 +570,10 @@ pub trait EntryStore: StoreBase {
         deadline: Deadline,
     ) -> StoreResult<()>;
 
-    /// Every scope's approximate entry count and last change, in no particular order.
-    async fn list_counts(&self) -> StoreResult<Vec<ListCount>>;
+    /// One page of the scopes' approximate entry counts and last changes, in (list, sandbox)
+    /// order (see `CountsQuery`). Cost: O(log n + limit), filtered or not, however many scopes
+    /// the keyspace holds (a range read of an ordered index, never a scan).
+    async fn list_counts(&self, query: &CountsQuery) -> StoreResult<CountsPage>;
 }
 
 /// The invalidation bus: how every instance hears of a change another one made (entries and

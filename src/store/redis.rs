@@ -24,13 +24,17 @@
 //! audit records go to parts on the primaries of their entries (`layout`), and the `PUBLISH`
 //! rides with them, so a write depends on no shard but its own entries'. Deletes and lazy
 //! expiry are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
-//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`).
+//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`). The lists' counts are
+//! four keys on one hash tag (`layout`, *The lists' counts*): a change is one script call per
+//! 1,000 pairs on the write path (no replica waited for: bookkeeping), a page one read-only
+//! script call on the read connection, O(log n + page). The service's start folds the counts
+//! of the older 64-part layout into them (`fold_old_counts`), once per pair.
 //!
 //! Writes take the caller's deadline and never ask the server to wait past it; reads have no
 //! deadline of their own beyond the connection's response timeout: the service wraps every
 //! call in the deadline that fits it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -41,22 +45,23 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 use super::scripts::{
-    self, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
+    self, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE,
+    PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
-use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
+use super::layout::{AUDIT_PARTS, COUNT_CHUNK, MAX_MEAN_FILL, key_slot};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline,
-    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
-    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
-    WriteBatch,
+    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, CountsPage,
+    CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
+    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
+    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
+    StoredDefinition, WriteBatch,
 };
-use crate::domain::now_ms;
+use crate::domain::{ListName, Sandbox, now_ms};
 
 /// How to reach Redis and which keyspace to open. Built from the settings by
 /// `RedisOptions::from_settings` (in `config`, which is above the store).
@@ -98,6 +103,16 @@ pub struct OpenReport {
     pub unkeyed: Option<String>,
 }
 
+/// What `RedisStore::fold_old_counts` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Folded {
+    /// Pairs taken out of the older layout's parts and added to the counts (pairs at 0 or
+    /// below included: added, they leave nothing).
+    pub pairs: u64,
+    /// Fields of the parts that are not pairs that layout wrote: left where they are.
+    pub left_alone: u64,
+}
+
 /// The Redis store.
 pub struct RedisStore {
     /// One client per configured URL, for pub/sub (tried in turn).
@@ -126,6 +141,8 @@ pub struct RedisStore {
     audit_part_len: usize,
     remove: Script,
     remove_if_unchanged: Script,
+    count_changes: Script,
+    counts_page: Script,
     metric_scripts: MetricScripts,
     pubsub_timeout: Duration,
     write_replicas: u32,
@@ -262,6 +279,13 @@ fn newest(parts: Vec<Vec<((u64, u64), AuditRecord)>>, count: usize) -> Vec<Audit
     all.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
     all.truncate(count);
     all.into_iter().rev().map(|(_, r)| r).collect()
+}
+
+/// The (list, sandbox) of a pair field of the older counts layout, `<list>|<sandbox>`, if
+/// it is one.
+fn old_pair(field: &str) -> Option<(ListName, Sandbox)> {
+    let (list, sandbox) = field.split_once('|')?;
+    Some((list.parse().ok()?, sandbox.parse().ok()?))
 }
 
 /// The smallest `hash-max-listpack-entries` that keeps buckets of this mean fill listpacks:
@@ -417,6 +441,8 @@ impl RedisStore {
             audit_part_len: opts.audit_max_len.div_ceil(AUDIT_PARTS).max(1),
             remove: scripts::remove(),
             remove_if_unchanged: scripts::COMPARE_AND_DELETE_SCRIPT.clone(),
+            count_changes: Script::new(COUNT_CHANGES),
+            counts_page: Script::new(COUNTS_PAGE),
             metric_scripts: MetricScripts::new(),
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,
@@ -458,9 +484,14 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        for s in [&self.remove, &self.remove_if_unchanged]
-            .into_iter()
-            .chain(self.metric_scripts.all())
+        for s in [
+            &self.remove,
+            &self.remove_if_unchanged,
+            &self.count_changes,
+            &self.counts_page,
+        ]
+        .into_iter()
+        .chain(self.metric_scripts.all())
         {
             s.load_async(&mut conn).await.map_err(unavailable)?;
         }
@@ -811,6 +842,154 @@ impl RedisStore {
                     .map_err(|e| StoreError::corrupt(format!("bucket: {e}")))
             })
             .collect()
+    }
+
+    /// `COUNT_CHANGES` over `pairs` (list, sandbox, delta, Unix ms): one call per
+    /// `COUNT_CHUNK` pairs.
+    fn count_calls(&self, pairs: &[(&str, &str, i64, i64)]) -> Vec<Keyed> {
+        let keys = self.layout.counts_keys();
+        pairs
+            .chunks(COUNT_CHUNK)
+            .map(|chunk| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.count_changes.get_hash()).arg(keys.len());
+                for k in &keys {
+                    cmd.arg(k);
+                }
+                for (list, sandbox, delta, at) in chunk {
+                    cmd.arg(*list).arg(*sandbox).arg(*delta).arg(*at);
+                }
+                (keys[0].clone().into_bytes(), cmd)
+            })
+            .collect()
+    }
+
+    /// Folds the lists' counts of the older layout (64 parts `<prefix>lists:{<tag>}`) into
+    /// the current keys (see `layout`, *The lists' counts*): what the service does at every
+    /// start. Writes; safe against a live store and against other callers at the same time
+    /// (each pair is taken by one of them). One round trip per primary when no part exists,
+    /// else two script calls per chunk of `COUNT_CHUNK` pairs.
+    pub async fn fold_old_counts(&self) -> StoreResult<Folded> {
+        let parts: Vec<String> = (0..AUDIT_PARTS)
+            .map(|p| self.layout.old_counts_key(p))
+            .collect();
+        let exists = self
+            .conn
+            .run_all(
+                parts
+                    .iter()
+                    .map(|k| {
+                        Self::keyed(k.clone(), |c, key| {
+                            c.arg("EXISTS").arg(key);
+                        })
+                    })
+                    .collect(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let take = Script::new(TAKE_OLD_COUNTS);
+        let mut moved = 0u64;
+        let mut left_alone = 0u64;
+        for (part, found) in parts.iter().zip(&exists) {
+            if redis::from_redis_value_ref::<i64>(found).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut conn = self.conn.clone();
+            let mut cursor = 0u64;
+            loop {
+                let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                    .arg(part)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(COUNT_CHUNK)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                // A pair's count and time are taken together, whichever of them the scan met.
+                let mut pairs: Vec<String> = Vec::new();
+                let mut seen = HashSet::new();
+                for (field, _) in fields {
+                    let pair = field.strip_suffix("|t").unwrap_or(&field);
+                    if old_pair(pair).is_none() {
+                        left_alone += 1;
+                    } else if seen.insert(pair.to_owned()) {
+                        pairs.push(pair.to_owned());
+                    }
+                }
+                for chunk in pairs.chunks(COUNT_CHUNK) {
+                    let taken: Vec<(Option<i64>, Option<i64>)> = take
+                        .key(part)
+                        .arg(chunk)
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    let changes: Vec<(&str, &str, i64, i64)> = chunk
+                        .iter()
+                        .zip(&taken)
+                        .filter(|(_, (n, t))| n.is_some() || t.is_some())
+                        .filter_map(|(pair, (n, t))| {
+                            let (list, sandbox) = pair.split_once('|')?;
+                            Some((list, sandbox, n.unwrap_or(0), t.unwrap_or(0)))
+                        })
+                        .collect();
+                    if changes.is_empty() {
+                        continue;
+                    }
+                    self.run_counts(
+                        self.count_calls(&changes),
+                        Deadline::after(Duration::from_secs(10)),
+                    )
+                    .await?;
+                    moved += changes.len() as u64;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(Folded {
+            pairs: moved,
+            left_alone,
+        })
+    }
+
+    /// Runs `COUNT_CHANGES` calls on the write path (no replica waited for: bookkeeping),
+    /// loading the script again after a `NOSCRIPT` (only the calls that did not run are sent
+    /// again).
+    async fn run_counts(&self, calls: Vec<Keyed>, deadline: Deadline) -> StoreResult<()> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let key = self.layout.counts_keys()[0].clone();
+        let topology = self.monitor.topology();
+        let mut session = self
+            .session(&topology, [key.as_bytes()], 0, deadline)
+            .await?;
+        let r = async {
+            let mut pending = calls;
+            for attempt in 0..2 {
+                let replies = session.commit(pending.clone(), false).await?;
+                let mut again = Vec::new();
+                for (call, reply) in pending.into_iter().zip(replies) {
+                    match reply {
+                        Ok(_) => {}
+                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(call),
+                        Err(e) => return Err(unavailable(e)),
+                    }
+                }
+                if again.is_empty() {
+                    return Ok(());
+                }
+                self.load_scripts().await?;
+                pending = again;
+            }
+            Err(StoreError::unavailable(
+                "count script missing after loading it".into(),
+            ))
+        }
+        .await;
+        self.noted(r)
     }
 
     /// A single-key command.
@@ -1245,79 +1424,69 @@ impl EntryStore for RedisStore {
         at_ms: i64,
         deadline: Deadline,
     ) -> StoreResult<()> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        // Any part whose primary takes writes now (bookkeeping: no replica is waited for).
-        let topology = self.monitor.topology();
-        let now = Instant::now();
-        let part = (0..AUDIT_PARTS)
-            .find(|&p| topology.check([Layout::audit_part_slot(p)], 0, now).is_ok())
-            .unwrap_or(0);
-        let key = self.layout.list_counts_key(part);
-        let mut cmds = Vec::with_capacity(changes.len() + 1);
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&key);
-        for c in changes {
-            let field = format!("{}|{}", c.scope.0, c.scope.1);
-            if c.delta != 0 {
-                let mut incr = redis::cmd("HINCRBY");
-                incr.arg(&key).arg(&field).arg(c.delta);
-                cmds.push((key.clone().into_bytes(), incr));
-            }
-            hset.arg(format!("{field}|t")).arg(at_ms);
-        }
-        cmds.push((key.clone().into_bytes(), hset));
-        let mut session = self
-            .session(&topology, [key.as_bytes()], 0, deadline)
-            .await?;
-        let r = session.commit(cmds, true).await;
-        all_ok(self.noted(r)?).map(drop)
+        let pairs: Vec<(&str, &str, i64, i64)> = changes
+            .iter()
+            .map(|c| (c.scope.0.as_str(), c.scope.1.as_str(), c.delta, at_ms))
+            .collect();
+        self.run_counts(self.count_calls(&pairs), deadline).await
     }
 
-    async fn list_counts(&self) -> StoreResult<Vec<ListCount>> {
-        let cmds: Vec<Keyed> = (0..AUDIT_PARTS)
-            .map(|p| {
-                Self::keyed(self.layout.list_counts_key(p), |c, key| {
-                    c.arg("HGETALL").arg(key);
-                })
-            })
-            .collect();
-        let replies = self
-            .operator_reads()
-            .run_all(cmds)
-            .await
-            .map_err(unavailable)?;
-        let mut sums: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
-        for v in &replies {
-            let pairs: Vec<(String, i64)> = redis::from_redis_value_ref(v)
-                .map_err(|e| StoreError::corrupt(format!("list counts: {e}")))?;
-            for (field, n) in pairs {
-                let mut it = field.split('|');
-                let (Some(list), Some(sandbox)) = (it.next(), it.next()) else {
-                    return Err(StoreError::corrupt(format!("list counts field {field:?}")));
-                };
-                let e = sums
-                    .entry((list.to_owned(), sandbox.to_owned()))
-                    .or_insert((0, 0));
-                match it.next() {
-                    None => e.0 += n,
-                    Some("t") => e.1 = e.1.max(n),
-                    Some(_) => {
-                        return Err(StoreError::corrupt(format!("list counts field {field:?}")));
-                    }
-                }
-            }
+    async fn list_counts(&self, query: &CountsQuery) -> StoreResult<CountsPage> {
+        if query.limit == 0 {
+            return Ok(CountsPage::default());
         }
-        Ok(sums
-            .into_iter()
-            .map(|((list, sandbox), (entries, last_change_ms))| ListCount {
+        let range = Layout::count_range(query);
+        let [counts, times, by_list, by_sandbox] = self.layout.counts_keys();
+        let index = if range.by_sandbox {
+            by_sandbox
+        } else {
+            by_list
+        };
+        let call = || {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.counts_page.get_hash())
+                .arg(3)
+                .arg(&counts)
+                .arg(&times)
+                .arg(&index)
+                .arg(&range.min)
+                .arg(&range.max)
+                // One more than asked says whether there is more (Redis takes an i64).
+                .arg(query.limit.min(i64::MAX as usize - 1) + 1)
+                .arg(if range.by_sandbox { "1" } else { "0" });
+            vec![(counts.clone().into_bytes(), cmd)]
+        };
+        let conn = self.operator_reads();
+        let mut reply = first(conn.run(call()).await.map_err(unavailable)?)?;
+        if reply.as_ref().is_err_and(is_noscript) {
+            self.load_scripts().await?;
+            reply = first(conn.run(call()).await.map_err(unavailable)?)?;
+        }
+        let flat: Vec<(Vec<u8>, Option<i64>, Option<i64>)> =
+            redis::from_redis_value(reply.map_err(unavailable)?)
+                .map_err(|e| StoreError::corrupt(format!("lists' counts page: {e}")))?;
+        let more = flat.len() > query.limit;
+        let mut page = CountsPage {
+            counts: Vec::with_capacity(flat.len().min(query.limit)),
+            more,
+        };
+        for (member, count, time) in flat.into_iter().take(query.limit) {
+            let (list, sandbox) = Layout::parse_count_member(&member).ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "lists' counts member {:?}",
+                    String::from_utf8_lossy(&member)
+                ))
+            })?;
+            // Written together by one script: an index member without a count is not ours.
+            let Some(entries) = count else { continue };
+            page.counts.push(ListCount {
                 list,
                 sandbox,
                 entries,
-                last_change_ms,
-            })
-            .collect())
+                last_change_ms: time.unwrap_or(0),
+            });
+        }
+        Ok(page)
     }
 }
 

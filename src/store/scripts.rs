@@ -1,13 +1,15 @@
 //! Every Lua script the Redis store runs, in one place: the keyspace's opening, the entry
-//! scripts (removal, compare-and-delete, the audit's expiry count), the metric families and
-//! the definitions.
+//! scripts (removal, compare-and-delete, the audit's expiry count), the lists' counts (change,
+//! page, and the fold of the older layout's parts), the metric families and the definitions.
 //!
 //! Invariant: the "still live" rule is written once in Lua (`ENTRY_PREAMBLE`'s `live_code`,
 //! the twin of `ExpiryCode::is_live`, which a test in `expiry` checks against the same
 //! arithmetic), and every entry script that judges expiry starts with that preamble and takes
 //! "now" as `ExpiryCode::script_now`. Entry scripts touch one bucket (`KEYS[1]`), so each runs
-//! on the node that owns it, in a cluster too. Scripts are called by SHA (`EVALSHA`) and loaded
-//! again after a `NOSCRIPT` (`is_noscript`), except the definitions' small ones, sent whole.
+//! on the node that owns it, in a cluster too; the counts' scripts touch the keys of one hash
+//! tag. Scripts are called by SHA (`EVALSHA`) and loaded again after a `NOSCRIPT`
+//! (`is_noscript`), except the definitions' small ones, sent whole, and the fold, run once
+//! at start-up through `Script::invoke_async` (which loads it when missing).
 
 use std::sync::LazyLock;
 
@@ -209,6 +211,75 @@ if b == a + 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], string.sub(cur, 1, a - 1) .. '\n\n')
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
+";
+
+/// Changes the lists' counts (`layout`, *The lists' counts*). KEYS: the counts, the last
+/// changes, the index by list, the index by sandbox (one hash tag). ARGV: (list, sandbox,
+/// delta, Unix ms) per pair. A pair at 0 or below leaves all four keys; otherwise its time
+/// goes up to the given one and it is in both indexes. Returns how many pairs are left
+/// with a positive count among those given.
+pub(super) const COUNT_CHANGES: &str = r"
+local left = 0
+for i = 1, #ARGV, 4 do
+  local list, sandbox = ARGV[i], ARGV[i + 1]
+  local m = list .. '\0' .. sandbox
+  if redis.call('HINCRBY', KEYS[1], m, ARGV[i + 2]) <= 0 then
+    redis.call('HDEL', KEYS[1], m)
+    redis.call('HDEL', KEYS[2], m)
+    redis.call('ZREM', KEYS[3], m)
+    redis.call('ZREM', KEYS[4], sandbox .. '\0' .. list)
+  else
+    left = left + 1
+    local cur = tonumber(redis.call('HGET', KEYS[2], m))
+    if not cur or cur < tonumber(ARGV[i + 3]) then
+      redis.call('HSET', KEYS[2], m, ARGV[i + 3])
+    end
+    redis.call('ZADD', KEYS[3], 0, m)
+    redis.call('ZADD', KEYS[4], 0, sandbox .. '\0' .. list)
+  end
+end
+return left
+";
+
+/// One page of the lists' counts (`Layout::count_range`). KEYS: the counts, the last
+/// changes, the index to range over. ARGV: min, max, how many, '1' when the index is the one
+/// by sandbox (members `<sandbox> 00 <list>`). Returns (member by list, count, time) per
+/// pair, flat, in the index's order; read only, O(log n + how many).
+pub(super) const COUNTS_PAGE: &str = r"#!lua flags=no-writes
+local members = redis.call('ZRANGE', KEYS[3], ARGV[1], ARGV[2], 'BYLEX', 'LIMIT', 0, ARGV[3])
+if #members == 0 then return {} end
+local fields = members
+if ARGV[4] == '1' then
+  fields = {}
+  for i, m in ipairs(members) do
+    local z = string.find(m, '\0', 1, true)
+    fields[i] = string.sub(m, z + 1) .. '\0' .. string.sub(m, 1, z - 1)
+  end
+end
+local counts = redis.call('HMGET', KEYS[1], unpack(fields))
+local times = redis.call('HMGET', KEYS[2], unpack(fields))
+local out = {}
+for i, f in ipairs(fields) do
+  out[#out + 1] = f
+  out[#out + 1] = counts[i]
+  out[#out + 1] = times[i]
+end
+return out
+";
+
+/// Takes pairs out of one part of the counts as older builds kept them
+/// (`Layout::old_counts_key`). KEYS[1] the part; ARGV the pairs' fields (`<list>|<sandbox>`).
+/// Reads and deletes each pair's count `f` and time `f|t`; returns (count, time) per pair,
+/// flat (nil where a field was absent: another opener took it first).
+pub(super) const TAKE_OLD_COUNTS: &str = r"
+local out = {}
+for i = 1, #ARGV do
+  local f = ARGV[i]
+  out[#out + 1] = redis.call('HGET', KEYS[1], f)
+  out[#out + 1] = redis.call('HGET', KEYS[1], f .. '|t')
+  redis.call('HDEL', KEYS[1], f, f .. '|t')
+end
+return out
 ";
 
 /// The metric scripts, one per family (MIN and MAX share one).

@@ -1,14 +1,18 @@
-//! What operators read (issue 13), on every backend: the lists' approximate counts
-//! (`EntryStore::count_changes`, `list_counts`, kept by `NameLists`), one identity looked up
-//! on every list of a sandbox, and the audit trail paged and filtered
-//! (`EntryStore::audit_read` merged by `AuditTrail`).
+//! What operators read (issues 13 and 24), on every backend: the lists' approximate counts
+//! (`EntryStore::count_changes`, `list_counts`, kept by `NameLists`), paged with every filter
+//! and gone at zero; one identity looked up on every list of a sandbox (its lists only, at
+//! most 1,000); and the audit trail paged and filtered (`EntryStore::audit_read` merged by
+//! `AuditTrail`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use namelist::audit_trail::{AuditEntry, AuditQuery, AuditTrail, RawAuditQuery};
 use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
-use namelist::lists::{CheckQuery, EntryRef, ListSummary, NewEntry, RawCheck};
+use namelist::lists::{
+    CheckQuery, EntryRef, ListSummary, ListsQuery, NewEntry, RawCheck, RawListsQuery,
+};
+use namelist::store::{CountChange, CountsQuery};
 
 use crate::Harness;
 
@@ -40,8 +44,31 @@ fn summary<'a>(all: &'a [ListSummary], l: &str, sb: &str) -> Option<&'a ListSumm
     all.iter().find(|s| s.list == l && s.sandbox == sb)
 }
 
+/// Every pair, through the service's pages (the cursor handed back as given).
 async fn counts(h: &Harness) -> Vec<ListSummary> {
-    h.lists.summaries().await.unwrap()
+    pages(h, RawListsQuery::default()).await
+}
+
+/// Every page of `raw` (its cursor replaced by each `next_cursor` in turn), concatenated.
+async fn pages(h: &Harness, raw: RawListsQuery) -> Vec<ListSummary> {
+    let mut out = Vec::new();
+    let mut cursor = raw.cursor.clone();
+    for _ in 0..100_000 {
+        let q = ListsQuery::try_from(RawListsQuery {
+            list: raw.list.clone(),
+            sandbox: raw.sandbox.clone(),
+            limit: raw.limit.clone(),
+            cursor: cursor.clone(),
+        })
+        .unwrap();
+        let page = h.lists.summaries(&q).await.unwrap();
+        out.extend(page.lists);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+    panic!("the cursor never ended");
 }
 
 async fn list_counts_follow_writes_and_deletes(h: &Harness) {
@@ -161,16 +188,23 @@ async fn lookup_everywhere_finds_every_list(h: &Harness) {
         .lookup_everywhere("uid".into(), "u-1".into(), sb.clone())
         .await
         .unwrap();
-    let mut lists: Vec<String> = found.hits.iter().map(|h| h.list.to_string()).collect();
+    let mut lists: Vec<String> = found
+        .check
+        .hits
+        .iter()
+        .map(|h| h.list.to_string())
+        .collect();
     lists.sort();
     assert_eq!(lists, names, "every list of the sandbox, and only of it");
-    assert!(!found.degraded);
+    assert!(!found.check.degraded);
+    assert!(!found.truncated);
 
     let found = h
         .lists
         .lookup_everywhere("ip".into(), "10.9.8.7".into(), sb.clone())
         .await
         .unwrap();
+    let found = found.check;
     assert_eq!(found.hits.len(), 1, "{found:?}");
     assert_eq!(found.hits[0].list.as_str(), "grey");
     assert_eq!(
@@ -189,13 +223,289 @@ async fn lookup_everywhere_finds_every_list(h: &Harness) {
         .lookup_everywhere("uid".into(), "nobody".into(), "empty".parse().unwrap())
         .await
         .unwrap();
-    assert!(none.hits.is_empty());
+    assert!(none.check.hits.is_empty());
     assert!(
         h.lists
             .lookup_everywhere("phone".into(), "12".into(), sb)
             .await
             .is_err(),
         "a bad value is an error, not an empty answer"
+    );
+}
+
+/// Adds `delta` to each (list, sandbox) count at `at_ms`, straight through the store.
+async fn change(h: &Harness, changes: &[(&str, &str, i64)], at_ms: i64) {
+    let changes: Vec<CountChange> = changes
+        .iter()
+        .map(|(l, s, delta)| CountChange {
+            scope: (list(l), s.parse().unwrap()),
+            delta: *delta,
+        })
+        .collect();
+    h.store
+        .count_changes(&changes, at_ms, crate::deadline())
+        .await
+        .unwrap();
+}
+
+/// (list, sandbox, entries) of each summary.
+fn rows(all: &[ListSummary]) -> Vec<(String, String, i64)> {
+    all.iter()
+        .map(|s| (s.list.clone(), s.sandbox.clone(), s.entries))
+        .collect()
+}
+
+fn raw_lists(list: Option<&str>, sandbox: Option<&str>, limit: usize) -> RawListsQuery {
+    RawListsQuery {
+        list: list.map(str::to_owned),
+        sandbox: sandbox.map(str::to_owned),
+        limit: Some(limit.to_string()),
+        cursor: None,
+    }
+}
+
+/// Pages of every size, with every filter (none, each list, each sandbox, each pair, and
+/// names that hold nothing), give each pair exactly once, in (list, sandbox) order, names
+/// chosen so that byte order and "shorter first" disagree with naive joins (`a` < `a-b` <
+/// `a_b` < `ab`; `A` < `Z` < `_x` < `a`). The store's own pages, started after pairs that
+/// exist and pairs that do not, select exactly what the oracle does.
+async fn counts_page_through_every_filter_once_in_order(h: &Harness) {
+    let lists = ["a", "a-b", "a_b", "ab", "b", "z9"];
+    let sandboxes = ["A", "Z", "_x", "a", "a-1", "default", "loan"];
+    let mut oracle: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut changes = Vec::new();
+    for (i, l) in lists.iter().enumerate() {
+        for (j, s) in sandboxes.iter().enumerate() {
+            if (i * 7 + j * 3) % 4 != 0 {
+                let n = 1 + ((i + j) % 3) as i64;
+                changes.push((*l, *s, n));
+                oracle.insert((l.to_string(), s.to_string()), n);
+            }
+        }
+    }
+    // Created and emptied again in the same batch: not a pair.
+    changes.push(("gone", "loan", 2));
+    changes.push(("gone", "loan", -2));
+    change(h, &changes, now_ms()).await;
+    assert!(oracle.len() > 25, "{}", oracle.len());
+
+    let expect = |list: Option<&str>, sandbox: Option<&str>| -> Vec<(String, String, i64)> {
+        oracle
+            .iter()
+            .filter(|((l, s), _)| list.is_none_or(|x| x == l) && sandbox.is_none_or(|x| x == s))
+            .map(|((l, s), n)| (l.clone(), s.clone(), *n))
+            .collect()
+    };
+    let mut filters: Vec<(Option<&str>, Option<&str>)> = vec![(None, None)];
+    for l in lists.iter().chain(&["nolist", "gone"]) {
+        filters.push((Some(l), None));
+        for s in sandboxes.iter().chain(&["nosandbox"]) {
+            filters.push((Some(l), Some(s)));
+        }
+    }
+    for s in sandboxes.iter().chain(&["nosandbox"]) {
+        filters.push((None, Some(s)));
+    }
+    for (list, sandbox) in &filters {
+        for limit in [1, 2, 7, 1000] {
+            let got = checked_pages(h, raw_lists(*list, *sandbox, limit), limit).await;
+            assert_eq!(
+                rows(&got),
+                expect(*list, *sandbox),
+                "list {list:?}, sandbox {sandbox:?}, pages of {limit}"
+            );
+        }
+    }
+
+    // The store itself, after any pair (there or not), each filter: exactly the oracle's.
+    let mut afters: Vec<Option<(&str, &str)>> = vec![None, Some(("a", "A")), Some(("0", "0"))];
+    for l in ["a", "a-b", "ab", "b", "zz", "a0"] {
+        for s in ["A", "_x", "a", "a-0", "zz", "default"] {
+            afters.push(Some((l, s)));
+        }
+    }
+    for (list, sandbox) in &filters {
+        for after in &afters {
+            let query = CountsQuery {
+                list: list.map(|l| l.parse().unwrap()),
+                sandbox: sandbox.map(|s| s.parse().unwrap()),
+                after: after.map(|(l, s)| (l.parse().unwrap(), s.parse().unwrap())),
+                limit: 3,
+            };
+            let all: Vec<(String, String, i64)> = oracle
+                .iter()
+                .filter(|((l, s), _)| query.selects(l, s))
+                .map(|((l, s), n)| (l.clone(), s.clone(), *n))
+                .collect();
+            let page = h.store.list_counts(&query).await.unwrap();
+            let got: Vec<(String, String, i64)> = page
+                .counts
+                .iter()
+                .map(|c| (c.list.clone(), c.sandbox.clone(), c.entries))
+                .collect();
+            assert_eq!(got, all[..all.len().min(3)], "{query:?}");
+            assert_eq!(page.more, all.len() > 3, "{query:?}");
+        }
+    }
+}
+
+/// `pages`, checking each page: at most `limit` pairs, exactly `limit` on every page but the
+/// last, and a next page only when there is more.
+async fn checked_pages(h: &Harness, raw: RawListsQuery, limit: usize) -> Vec<ListSummary> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10_000 {
+        let q = ListsQuery::try_from(RawListsQuery {
+            cursor: cursor.clone(),
+            ..RawListsQuery {
+                list: raw.list.clone(),
+                sandbox: raw.sandbox.clone(),
+                limit: raw.limit.clone(),
+                cursor: None,
+            }
+        })
+        .unwrap();
+        let page = h.lists.summaries(&q).await.unwrap();
+        assert!(page.lists.len() <= limit, "{raw:?}: {page:?}");
+        let last = page.next_cursor.is_none();
+        if !last {
+            assert_eq!(
+                page.lists.len(),
+                limit,
+                "{raw:?}: a short page before the end"
+            );
+        }
+        if cursor.is_some() {
+            assert!(!page.lists.is_empty(), "{raw:?}: a cursor to an empty page");
+        }
+        out.extend(page.lists);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+    panic!("the cursor never ended");
+}
+
+/// A pair whose count reaches 0, or below, is gone from every page and filter; a change to
+/// nothing (a delete of what was never counted, a refresh) creates nothing; it comes back
+/// with its new count only; its last change never goes back in time.
+async fn a_count_at_zero_disappears(h: &Harness) {
+    let t0 = now_ms();
+    change(h, &[("black", "loan", 2), ("black", "pay", 1)], t0).await;
+    change(h, &[("black", "loan", -2)], t0 + 1).await;
+    change(h, &[("grey", "loan", -1), ("white", "loan", 0)], t0 + 2).await;
+    for (list, sandbox) in [
+        (None, None),
+        (Some("black"), None),
+        (None, Some("loan")),
+        (Some("black"), Some("loan")),
+        (Some("grey"), None),
+        (Some("white"), Some("loan")),
+    ] {
+        let got = rows(&checked_pages(h, raw_lists(list, sandbox, 1), 1).await);
+        let want: Vec<(String, String, i64)> =
+            if sandbox != Some("loan") && list.is_none_or(|l| l == "black") {
+                vec![("black".into(), "pay".into(), 1)]
+            } else {
+                vec![]
+            };
+        assert_eq!(got, want, "list {list:?}, sandbox {sandbox:?}");
+    }
+
+    // Below zero, then back: the count starts again from what was added.
+    change(h, &[("grey", "loan", 1)], t0 + 3).await;
+    change(h, &[("black", "pay", -5)], t0 + 4).await;
+    change(h, &[("black", "pay", 2)], t0 + 5).await;
+    // An older change arriving late moves the count, never the time back.
+    change(h, &[("black", "pay", 1)], t0 - 60_000).await;
+    let all = counts(h).await;
+    assert_eq!(
+        rows(&all),
+        [
+            ("black".into(), "pay".into(), 3),
+            ("grey".into(), "loan".into(), 1)
+        ]
+    );
+    assert_eq!(summary(&all, "black", "pay").unwrap().last_change, t0 + 5);
+    assert_eq!(summary(&all, "grey", "loan").unwrap().last_change, t0 + 3);
+}
+
+/// A lookup on every list reads the lists of its sandbox only, at most 1,000 of them (the
+/// first by name): a sandbox of 1,001 lists answers from the first 1,000 and says
+/// `truncated`; one of a few lists answers without the key, whatever other sandboxes hold.
+async fn lookup_everywhere_reads_only_the_sandbox_lists(h: &Harness) {
+    // 1,001 lists in `wide`, counted (the lookup reads the counts' index by sandbox), and
+    // the same uid on three of them: the first, the 1,000th and the 1,001st.
+    let names: Vec<String> = (0..=1000).map(|i| format!("w{i:04}")).collect();
+    let changes: Vec<(&str, &str, i64)> = names.iter().map(|n| (n.as_str(), "wide", 1)).collect();
+    change(h, &changes, now_ms()).await;
+    for n in ["w0000", "w0999", "w1000"] {
+        h.lists
+            .upsert(
+                &list(n),
+                vec![new("uid", "u-1", "wide", Expiry::Never)],
+                "t",
+            )
+            .await
+            .unwrap();
+    }
+    // The same lists and uid in `narrow`, on two lists only, and in a third sandbox.
+    for n in ["w0000", "w1000"] {
+        h.lists
+            .upsert(
+                &list(n),
+                vec![new("uid", "u-1", "narrow", Expiry::Never)],
+                "t",
+            )
+            .await
+            .unwrap();
+    }
+    h.lists
+        .upsert(
+            &list("x"),
+            vec![new("uid", "u-1", "third", Expiry::Never)],
+            "t",
+        )
+        .await
+        .unwrap();
+
+    let found = h
+        .lists
+        .lookup_everywhere("uid".into(), "u-1".into(), "wide".parse().unwrap())
+        .await
+        .unwrap();
+    let mut hit: Vec<String> = found
+        .check
+        .hits
+        .iter()
+        .map(|h| h.list.to_string())
+        .collect();
+    hit.sort();
+    assert_eq!(hit, ["w0000", "w0999"], "the first 1,000 lists by name");
+    assert!(found.truncated);
+    let json = serde_json::to_value(&found).unwrap();
+    assert_eq!(json["truncated"], true, "{json}");
+
+    let found = h
+        .lists
+        .lookup_everywhere("uid".into(), "u-1".into(), "narrow".parse().unwrap())
+        .await
+        .unwrap();
+    let mut hit: Vec<String> = found
+        .check
+        .hits
+        .iter()
+        .map(|h| h.list.to_string())
+        .collect();
+    hit.sort();
+    assert_eq!(hit, ["w0000", "w1000"], "only the sandbox's lists");
+    assert!(!found.truncated);
+    let json = serde_json::to_value(&found).unwrap();
+    assert!(json.get("truncated").is_none(), "no key when false: {json}");
+    assert_eq!(
+        json["degraded"], false,
+        "a check's answer, flattened: {json}"
     );
 }
 
@@ -367,7 +677,10 @@ async fn audit_matches_a_value_by_fingerprint(h: &Harness) {
 
 conformance!(
     list_counts_follow_writes_and_deletes,
+    counts_page_through_every_filter_once_in_order,
+    a_count_at_zero_disappears,
     lookup_everywhere_finds_every_list,
+    lookup_everywhere_reads_only_the_sandbox_lists,
     audit_pages_cover_the_trail_once,
     audit_pages_read_ahead_past_the_first_chunk,
     audit_matches_a_value_by_fingerprint,
