@@ -19,7 +19,8 @@
 //! The cursor is the position of the last record examined (`AuditPos`, written `ms-seq-part`):
 //! opaque to callers, checked on the way in (a malformed one is a 400 `invalid_cursor`). It
 //! is not signed: a caller who edits one only moves where their own page starts, in a trail
-//! their role may read whole anyway.
+//! their role may read whole anyway; a well-formed one with nothing older (`0-0-3`) is an
+//! empty last page on every store, never a command the store refuses.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -615,7 +615,7 @@ impl EntryStore for MemoryStore {
         Ok(reads
             .iter()
             .map(|read| {
-                if read.part != 0 {
+                if read.part != 0 || read.before_everything() {
                     return Vec::new();
                 }
                 let older = |seq: u64| match read.before {

@@ -299,10 +299,19 @@ impl AuditPos {
 pub struct AuditRead {
     pub part: u16,
     /// Records older than this stream position `(ms, seq)` of the part (the newest when
-    /// `None`), and at it too when `inclusive`.
+    /// `None`), and at it too when `inclusive`. Any position is valid, `(0, 0)` exclusive
+    /// included (nothing is older): a cursor is the caller's input, and no position it holds
+    /// may turn into a command the store refuses.
     pub before: Option<(u64, u64)>,
     pub inclusive: bool,
     pub count: usize,
+}
+
+impl AuditRead {
+    /// Whether nothing can be older than the bound: exclusive of the very first position.
+    pub fn before_everything(&self) -> bool {
+        self.before == Some((0, 0)) && !self.inclusive
+    }
 }
 
 /// The entries, registry additions and audit records of one upsert.

@@ -1175,10 +1175,17 @@ impl EntryStore for RedisStore {
     ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
         let keys = self.layout.audit_keys();
         let mut cmds: Vec<Keyed> = Vec::with_capacity(reads.len());
-        for read in reads {
+        // The reads sent, by index: a bound with nothing older is answered here (an
+        // `XREVRANGE` to `(0-0` is refused: "invalid end ID").
+        let mut sent = Vec::with_capacity(reads.len());
+        for (i, read) in reads.iter().enumerate() {
             let key = keys
                 .get(usize::from(read.part))
                 .ok_or_else(|| StoreError::corrupt(format!("no audit part {}", read.part)))?;
+            if read.before_everything() {
+                continue;
+            }
+            sent.push(i);
             let end = match read.before {
                 None => "+".to_owned(),
                 Some((ms, seq)) if read.inclusive => format!("{ms}-{seq}"),
@@ -1195,23 +1202,15 @@ impl EntryStore for RedisStore {
         }
         // One reply per command (`RedisConn::run`), in order.
         let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
-        reads
-            .iter()
-            .zip(&replies)
-            .map(|(read, v)| {
-                Ok(parse_stream(v)?
-                    .into_iter()
-                    .map(|((ms, seq), r)| {
-                        let pos = AuditPos {
-                            ms,
-                            seq,
-                            part: read.part,
-                        };
-                        (pos, r)
-                    })
-                    .collect())
-            })
-            .collect()
+        let mut out = vec![Vec::new(); reads.len()];
+        for (i, v) in sent.into_iter().zip(&replies) {
+            let part = reads[i].part;
+            out[i] = parse_stream(v)?
+                .into_iter()
+                .map(|((ms, seq), r)| (AuditPos { ms, seq, part }, r))
+                .collect();
+        }
+        Ok(out)
     }
 
     async fn count_changes(

@@ -1,7 +1,8 @@
 //! What operators read (issue 13), on every backend: the lists' approximate counts
 //! (`EntryStore::count_changes`, `list_counts`, kept by `NameLists`), one identity looked up
 //! on every list of a sandbox, and the audit trail paged and filtered
-//! (`EntryStore::audit_read` merged by `AuditTrail`).
+//! (`EntryStore::audit_read` merged by `AuditTrail`); a cursor with nothing older is an empty
+//! last page.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -365,10 +366,69 @@ async fn audit_matches_a_value_by_fingerprint(h: &Harness) {
     );
 }
 
+/// A well-formed cursor with nothing older (`0-0-3`: on Redis an `XREVRANGE` to `(0-0`,
+/// which it refuses) is an empty last page, on every store, with any filter: never a store
+/// error (a 503, counted in `namelist_store_errors_total`).
+async fn audit_cursors_with_nothing_older_end_the_trail(h: &Harness) {
+    let trail = AuditTrail::new(h.store.clone(), h.metrics.clone(), Duration::from_secs(2));
+    let batch = (0..40)
+        .map(|i| new("uid", &format!("c{i}"), "loan", Expiry::Never))
+        .collect();
+    h.lists
+        .upsert(&list("black"), batch, "alice")
+        .await
+        .unwrap();
+    let filters: [&[(&str, &str)]; 8] = [
+        &[],
+        &[("who", "alice")],
+        &[("list", "black")],
+        &[("dimension", "uid"), ("value", "c7")],
+        &[("op", "upsert")],
+        &[("since", "0")],
+        &[("until", "0")],
+        &[("who", "alice"), ("until", "1")],
+    ];
+    let cursors = ["0-0-0", "0-0-1", "0-0-3", "0-0-64", "0-1-0"];
+    for filter in filters {
+        for cursor in cursors.iter().map(Some).chain([None]) {
+            let mut pairs = filter.to_vec();
+            if let Some(c) = cursor {
+                pairs.push(("cursor", c));
+            } else if !pairs.iter().any(|(k, _)| *k == "until") {
+                continue;
+            }
+            let page = trail
+                .page(&AuditQuery::try_from(raw(&pairs)).unwrap())
+                .await
+                .unwrap_or_else(|e| panic!("{pairs:?}: {e}"));
+            assert!(
+                page.records.is_empty() && page.next_cursor.is_none(),
+                "{pairs:?}: {page:?}"
+            );
+        }
+    }
+    // The newest position there is: everything is older.
+    let all = read_all(
+        &trail,
+        &[
+            ("who", "alice"),
+            ("cursor", "18446744073709551615-18446744073709551615-64"),
+        ],
+    )
+    .await;
+    assert_eq!(all.len(), 40);
+    let text = h.metrics.render();
+    let errors = text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"namelist_store_errors_total{op="audit_page"} "#));
+    assert!(errors.is_none_or(|n| n == "0"), "{text}");
+}
+
 conformance!(
     list_counts_follow_writes_and_deletes,
     lookup_everywhere_finds_every_list,
     audit_pages_cover_the_trail_once,
     audit_pages_read_ahead_past_the_first_chunk,
     audit_matches_a_value_by_fingerprint,
+    audit_cursors_with_nothing_older_end_the_trail,
 );
