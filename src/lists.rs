@@ -450,6 +450,7 @@ impl NameLists {
                 e.expiry.expires_at_ms(),
                 e.reason.as_deref(),
                 &key,
+                layout.audit_value(&e.dimension, &e.value),
                 mask_value(&e.dimension, &e.value),
             ));
         }
@@ -527,6 +528,7 @@ impl NameLists {
                 None,
                 None,
                 &key,
+                layout.audit_value(&e.dimension, &e.value),
                 mask_value(&e.dimension, &e.value),
             ));
         }

@@ -116,9 +116,20 @@
 //!
 //! # Audit trail and invalidation
 //! Every upsert and delete appends one record per entry to the audit trail (`XADD MAXLEN ~`):
-//! when, who, op, list, dimension, sandbox, expiry, reason, the
-//! fingerprint (the field, as 16 hex digits: keyed in format 2) and the masked value; never the
-//! raw value, nor anything else derived from it.
+//! when, who, op, list, dimension, sandbox, expiry, reason, the fingerprint (the field, as 16
+//! hex digits: keyed in format 2), the value fingerprint `vfp` and the masked value; never the
+//! raw value, nor anything else derived from it. `vfp` is the format's `audit-value` function
+//! (`fingerprint`: SipHash-2-4 under its own subkey in format 2, xxh3-64 in format 1) of
+//!
+//! ```text
+//! <dimension> "\n" <normalised value>
+//! ```
+//!
+//! as 16 lower-case hex digits: without list and sandbox, so that one term can find a value's
+//! records in every list and sandbox (`fingerprint`, which has them, differs in each). It also
+//! lets a reader of the trail see that two records of different lists or sandboxes name one
+//! value, which the read role, reading the whole trail, could see by value search anyway;
+//! without the key it names nothing.
 //!
 //! The trail is split in [`AUDIT_PARTS`] (64) capped streams `<prefix>audit:{<tag>}`, each
 //! capped at `ceil(audit_max_len / 64)`, so no write depends on one shard: part `i`'s hash tag
@@ -473,6 +484,18 @@ impl Layout {
             .collect()
     }
 
+    /// An audit record's value fingerprint (its `vfp` field): the format's `audit-value`
+    /// function of `<dimension> "\n" <normalised value>`, without list or sandbox, so that
+    /// one index term finds a value wherever it was written.
+    pub fn audit_value(&self, dimension: &Dimension, value: &Value) -> u64 {
+        let mut bytes = Vec::with_capacity(48);
+        {
+            use std::io::Write;
+            write!(bytes, "{dimension}\n{value}").expect("writing to a Vec cannot fail");
+        }
+        self.hashing.audit_value(&bytes)
+    }
+
     /// The hash holding the last audit's [`AuditSummary`].
     pub fn audit_summary_key(&self) -> String {
         format!("{}audit:last", self.prefix)
@@ -783,7 +806,9 @@ pub struct AuditRecord {
 }
 
 impl AuditRecord {
-    /// The record of one upserted or deleted entry. `value_masked` must already be masked.
+    /// The record of one upserted or deleted entry. `value_fingerprint` is
+    /// `Layout::audit_value` of its dimension and value; `value_masked` must already be
+    /// masked.
     #[allow(clippy::too_many_arguments)]
     pub fn entry(
         at_ms: i64,
@@ -795,6 +820,7 @@ impl AuditRecord {
         expires_at_ms: Option<i64>,
         reason: Option<&str>,
         key: &EntryKey,
+        value_fingerprint: u64,
         value_masked: String,
     ) -> Self {
         let mut fields = vec![
@@ -809,6 +835,7 @@ impl AuditRecord {
                 expires_at_ms.map_or_else(|| "never".to_owned(), |t| t.to_string()),
             ),
             ("fingerprint".to_owned(), key.fingerprint()),
+            ("vfp".to_owned(), format!("{value_fingerprint:016x}")),
             ("value".to_owned(), value_masked),
         ];
         if let Some(r) = reason {
@@ -1096,6 +1123,28 @@ mod tests {
         }
         assert_eq!(l.audit_keys().len(), AUDIT_PARTS + 1);
         assert_eq!(l.audit_keys().last().unwrap(), "nl:audit");
+    }
+
+    #[test]
+    fn the_value_fingerprint_ignores_list_and_sandbox_and_needs_the_key() {
+        let keyed = Layout::new("nl:", 10, keyed());
+        let dim: Dimension = "phone".parse().unwrap();
+        let a = Value::parse_entry(&dim, "+86 138-0000-0000").unwrap();
+        let b = Value::parse_entry(&dim, "+8613800000000").unwrap();
+        assert_eq!(keyed.audit_value(&dim, &a), keyed.audit_value(&dim, &b));
+        let uid: Dimension = "uid".parse().unwrap();
+        let c = Value::parse_entry(&uid, "+8613800000000").unwrap();
+        assert_ne!(
+            keyed.audit_value(&dim, &a),
+            keyed.audit_value(&uid, &c),
+            "the dimension counts"
+        );
+        let unkeyed = Layout::new("nl:", 10, Hashing::Unkeyed);
+        assert_eq!(
+            unkeyed.audit_value(&dim, &a),
+            xxhash_rust::xxh3::xxh3_64(format!("phone\n{a}").as_bytes())
+        );
+        assert_ne!(keyed.audit_value(&dim, &a), unkeyed.audit_value(&dim, &a));
     }
 
     #[test]
