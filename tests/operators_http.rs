@@ -146,7 +146,7 @@ async fn operators_read_what_the_api_wrote(app: &TestApp) {
     assert_eq!(body["records"].as_array().unwrap().len(), 1, "{body}");
 
     // A well-formed cursor with nothing older (on Redis, an `XREVRANGE` to `(0-0` would be
-    // refused) is an empty last page, whatever the filters: never a store error.
+    // refused) is an empty last page, with or without the index: never a store error.
     for path in [
         "/v1/audit?cursor=0-0-3",
         "/v1/audit?cursor=0-0-0&who=anonymous",
@@ -165,6 +165,9 @@ async fn operators_read_what_the_api_wrote(app: &TestApp) {
             .unwrap_or(0.0),
         0.0
     );
+    // Searches by who and by list, through the index.
+    let (_, body) = get(app, "/v1/audit?who=anonymous&list=grey").await;
+    assert_eq!(body["records"].as_array().unwrap().len(), 1, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

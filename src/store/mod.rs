@@ -294,8 +294,23 @@ impl AuditPos {
     }
 }
 
+/// A term of the audit trail's index: what a read through the index finds
+/// (`AuditRead::index`). Every record is indexed, when written, under the terms of the
+/// fields it has (`AuditRecord::terms`): at most one of each kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AuditTerm {
+    /// The record's value fingerprint (its `vfp` field, `Layout::audit_value`): one entry's
+    /// value in its dimension, in every list and sandbox. Records written before the field
+    /// existed have none.
+    Value(u64),
+    /// The record's `who` (a token's name, an import's actor).
+    Who(String),
+    /// The record's `list`.
+    List(String),
+}
+
 /// One part's read of the audit trail (`EntryStore::audit_read`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditRead {
     pub part: u16,
     /// Records older than this stream position `(ms, seq)` of the part (the newest when
@@ -305,6 +320,10 @@ pub struct AuditRead {
     pub before: Option<(u64, u64)>,
     pub inclusive: bool,
     pub count: usize,
+    /// Only the records indexed under this term, read through the part's index: the cost is
+    /// that of the records returned (plus a probe of the index), not of the records passed
+    /// over. `None`: every record.
+    pub index: Option<AuditTerm>,
 }
 
 impl AuditRead {
@@ -513,10 +532,15 @@ pub trait EntryStore: StoreBase {
     /// How many parts the audit trail is split in (`AuditRead::part` is below this).
     fn audit_parts(&self) -> u16;
 
-    /// For each read, up to its `count` records of its part older than its bound, newest
-    /// first, each with its place in the merged trail; all reads at once (on Redis one
-    /// `XREVRANGE` per read, one round trip per primary). Fewer than `count`: that part ends
-    /// there. The merge by position is the caller's (`audit_trail`).
+    /// For each read, up to its `count` records of its part older than its bound (with its
+    /// index term, if any), newest first, each with its place in the merged trail; all reads
+    /// at once (on Redis one `XREVRANGE`, or one index script, per read, one round trip per
+    /// primary). Fewer than `count`: that part ends there. The merge by position is the
+    /// caller's (`audit_trail`).
+    ///
+    /// Invariant: a read through an index returns exactly the records a read without one
+    /// would, less those not indexed under its term, in the same order; no bound, however
+    /// odd, is an error.
     async fn audit_read(
         &self,
         reads: &[AuditRead],

@@ -12,16 +12,20 @@
 //! parsed here (`dump::read_hash_dump`: a third less Redis CPU than `HGETALL`, one string to
 //! parse); a bucket that is not a listpack, or a server that refuses `DUMP` (ACLs), is read
 //! with `HGETALL` instead. An upsert on one node is one `MULTI`/`EXEC` (registry `SADD`s
-//! first, so a range is never stored before a reader would probe it; then multi-field
-//! `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`) and its `WAIT`, in one
-//! pipeline, so it is taken whole or not at all. A cluster has no transaction across slots:
+//! first, so a range is never stored before a reader would probe it; then `HSET`s per entry,
+//! the audit appends (one `EVAL` per part written to: `XADD`s, their index, the trim; see
+//! `layout`, *Audit trail*) and finally the `PUBLISH`) and its `WAIT`, in one pipeline, so
+//! it is taken whole or not at all. A cluster has no transaction across slots:
 //! there the same steps run in that order as three batches (registries; buckets; audit and
 //! publish; each a `MULTI`/`EXEC` per slot), then one `WAIT` per primary written to, and an
 //! error at any step fails the write (it may be partly applied; a retry is idempotent). The
 //! audit records go to parts on the primaries of their entries (`layout`), and the `PUBLISH`
 //! rides with them, so a write depends on no shard but its own entries'. Deletes and lazy
 //! expiry are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
-//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`).
+//! `NOSCRIPT`), and so are audit reads through the index; definitions and audit appends are
+//! scripts sent whole (`EVAL`), the appends because they run inside a write's `MULTI`. At
+//! open, the audit streams' records that no index holds yet are indexed (`layout`, *Audit
+//! trail*): once after an upgrade, then a round trip that finds nothing.
 //!
 //! Writes take the caller's deadline and never ask the server to wait past it; reads have no
 //! deadline of their own beyond the connection's response timeout: the service wraps every
@@ -38,16 +42,19 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 use super::scripts::{
-    self, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
+    self, AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, AUDIT_INDEX_READ_SCRIPT, DELETE_DEFINITION,
+    MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
-use super::layout::{AUDIT_PARTS, MAX_MEAN_FILL, key_slot};
+use super::layout::{
+    AUDIT_PARTS, MAX_MEAN_FILL, audit_index_id, audit_index_term, key_slot, parse_audit_index_id,
+};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, Deadline,
+    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm, CountChange, Deadline,
     DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
     InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
     MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
@@ -93,7 +100,18 @@ pub struct OpenReport {
     pub warnings: Vec<String>,
     /// Set for an unkeyed keyspace: the line to log at ERROR at every start-up.
     pub unkeyed: Option<String>,
+    /// Audit records indexed at open: those written before the index existed (or by an
+    /// older build since); 0 once every stream is indexed.
+    pub audit_indexed: u64,
 }
+
+/// Records an audit append indexes first, of those an older build left unindexed (a rolling
+/// deploy): what catches a part up without waiting for the next start-up.
+const AUDIT_CATCH_UP_PER_WRITE: usize = 100;
+
+/// Records one catch-up call indexes at open (a few ms of Redis each, so that nothing else
+/// waits long behind it).
+const AUDIT_INDEX_CHUNK: usize = 1_000;
 
 /// The Redis store.
 pub struct RedisStore {
@@ -228,6 +246,25 @@ fn parse_stream(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>>
             let id = stream_id(&id)
                 .ok_or_else(|| StoreError::corrupt(format!("audit stream id {id:?}")))?;
             // Pairs moved out, not cloned; an odd field count keeps the whole pairs.
+            let mut kv = kv.into_iter();
+            let mut fields = Vec::with_capacity(kv.len() / 2);
+            while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+                fields.push((k, v));
+            }
+            Ok((id, AuditRecord { fields }))
+        })
+        .collect()
+}
+
+/// One read through an audit index (`scripts::AUDIT_INDEX_READ`): (id, record), newest
+/// first; the id as an index member ends with it (`layout::audit_index_id`).
+fn parse_index_read(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>> {
+    let raw: Vec<(String, Vec<String>)> = redis::from_redis_value_ref(v)
+        .map_err(|e| StoreError::corrupt(format!("audit index read: {e}")))?;
+    raw.into_iter()
+        .map(|(id, kv)| {
+            let id = parse_audit_index_id(&id)
+                .ok_or_else(|| StoreError::corrupt(format!("audit index id {id:?}")))?;
             let mut kv = kv.into_iter();
             let mut fields = Vec::with_capacity(kv.len() / 2);
             while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
@@ -402,6 +439,8 @@ impl RedisStore {
             dump_refused: AtomicBool::new(false),
         };
         store.load_scripts().await?;
+        let (audit_indexed, not_indexed) = store.index_audit_trail().await;
+        warnings.extend(not_indexed);
         Ok((
             store,
             OpenReport {
@@ -411,6 +450,7 @@ impl RedisStore {
                 key_id,
                 warnings,
                 unkeyed,
+                audit_indexed,
             },
         ))
     }
@@ -437,9 +477,13 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        for s in [&self.remove, &self.remove_if_unchanged]
-            .into_iter()
-            .chain(self.metric_scripts.all())
+        for s in [
+            &self.remove,
+            &self.remove_if_unchanged,
+            &*AUDIT_INDEX_READ_SCRIPT,
+        ]
+        .into_iter()
+        .chain(self.metric_scripts.all())
         {
             s.load_async(&mut conn).await.map_err(unavailable)?;
         }
@@ -476,8 +520,71 @@ impl RedisStore {
         r
     }
 
+    /// Indexes, in every audit stream, the records no index holds yet: all of them the first
+    /// time (records written before the index existed), then those an older build wrote
+    /// since (a rolling deploy); a stream whose index holds members of records gone (an
+    /// older build trimmed them) is indexed again from scratch. `AUDIT_INDEX_CHUNK` records
+    /// a call, every stream at once per round trip: on an indexed keyspace, one round trip
+    /// that finds nothing to do. Returns the records indexed and, for each stream that could
+    /// not be indexed, a warning (its older records are then not found by searches by who or
+    /// list until a later start, or a write to it, catches it up).
+    async fn index_audit_trail(&self) -> (u64, Vec<String>) {
+        let keys = self.layout.audit_keys();
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let (mut indexed, mut first) = (0u64, true);
+        let mut warnings = Vec::new();
+        while !pending.is_empty() {
+            let cmds: Vec<Keyed> = pending
+                .iter()
+                .map(|&i| {
+                    let (ix, mark) = self.layout.audit_index_keys(i);
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(AUDIT_CATCH_UP_LUA.as_str())
+                        .arg(3)
+                        .arg(&keys[i])
+                        .arg(ix)
+                        .arg(mark)
+                        .arg(AUDIT_INDEX_CHUNK)
+                        .arg(if first { "1" } else { "" });
+                    (keys[i].clone().into_bytes(), cmd)
+                })
+                .collect();
+            let replies = match self.conn.run(cmds).await {
+                Ok(r) => r,
+                Err(e) => {
+                    warnings.push(format!(
+                        "audit trail not indexed ({e}): searches by who or list may miss records \
+                         written without the index until a later start (or a write to their \
+                         part) indexes them"
+                    ));
+                    break;
+                }
+            };
+            let mut next = Vec::new();
+            for (&i, reply) in pending.iter().zip(replies) {
+                match reply.and_then(|v| Ok(redis::from_redis_value::<(i64, u64, i64)>(v)?)) {
+                    Ok((done, n, _)) => {
+                        indexed += n;
+                        if done == 0 {
+                            next.push(i);
+                        }
+                    }
+                    Err(e) => warnings.push(format!(
+                        "audit stream {} not indexed ({e}): searches by who or list may miss its \
+                         records written without the index until a later start (or a write to \
+                         it) indexes them",
+                        keys[i]
+                    )),
+                }
+            }
+            pending = next;
+            first = false;
+        }
+        (indexed, warnings)
+    }
+
     /// Appends one record to the audit trail (for tools that write in bulk), in a part on a
-    /// primary that can take it.
+    /// primary that can take it, indexed and trimmed as a write's records are.
     pub async fn append_audit(&self, record: &AuditRecord) -> StoreResult<()> {
         let topology = self.monitor.topology();
         let now = Instant::now();
@@ -492,7 +599,7 @@ impl RedisStore {
                     .is_ok()
             })
             .unwrap_or(0);
-        let cmd = self.xadd(self.layout.audit_part_key(part), record);
+        let cmd = self.audit_append(part, &[record]);
         let deadline = Deadline::after(Duration::from_secs(10));
         let mut session = self
             .session(&topology, [cmd.0.as_slice()], self.write_replicas, deadline)
@@ -527,42 +634,103 @@ impl RedisStore {
         self.conn.clone()
     }
 
-    /// One record appended to the audit part `key` (capped).
-    fn xadd(&self, key: String, record: &AuditRecord) -> Keyed {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
+    /// Records appended to audit part `part`, indexed, the part trimmed past its cap
+    /// (`scripts::AUDIT_APPEND`): one `EVAL`, sent whole, so that inside a write's `MULTI`
+    /// it cannot fail for want of a cached script. Records without fields are skipped (a
+    /// stream entry needs one).
+    fn audit_append(&self, part: usize, records: &[&AuditRecord]) -> Keyed {
+        let key = self.layout.audit_part_key(part);
+        let (ix, mark) = self.layout.audit_index_keys(part);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(AUDIT_APPEND_LUA.as_str())
+            .arg(3)
+            .arg(&key)
+            .arg(ix)
+            .arg(mark)
             .arg(self.audit_part_len)
-            .arg("*");
-        for (name, value) in &record.fields {
-            cmd.arg(name).arg(value);
+            .arg(AUDIT_CATCH_UP_PER_WRITE);
+        for r in records.iter().filter(|r| !r.fields.is_empty()) {
+            cmd.arg(2 * r.fields.len());
+            for (name, value) in &r.fields {
+                cmd.arg(name).arg(value);
+            }
         }
         (key.into_bytes(), cmd)
     }
 
-    /// The `XADD`s of a write's audit records: record `i` goes to a part on the primary of
-    /// the bucket of entry `i` (the last entry's past the end: records beyond the entries,
-    /// such as a delete naming one entry twice, still land on a primary this write touches).
+    /// The appends of a write's audit records, one per part: record `i` goes to a part on
+    /// the primary of the bucket of entry `i` (the last entry's past the end: records beyond
+    /// the entries, such as a delete naming one entry twice, still land on a primary this
+    /// write touches), in order within each part.
     fn audit_cmds(
         &self,
         topology: &Topology,
         records: &[AuditRecord],
         buckets: &[u32],
     ) -> Vec<Keyed> {
-        records
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let part = match buckets.get(i).or(buckets.last()) {
-                    Some(&b) => {
-                        let slot = key_slot(self.layout.bucket_key(b).as_bytes());
-                        topology.audit_part(slot, b)
-                    }
-                    None => i % AUDIT_PARTS,
-                };
-                self.xadd(self.layout.audit_part_key(part), r)
-            })
+        let mut by_part: BTreeMap<usize, Vec<&AuditRecord>> = BTreeMap::new();
+        for (i, r) in records.iter().enumerate() {
+            let part = match buckets.get(i).or(buckets.last()) {
+                Some(&b) => {
+                    let slot = key_slot(self.layout.bucket_key(b).as_bytes());
+                    topology.audit_part(slot, b)
+                }
+                None => i % AUDIT_PARTS,
+            };
+            by_part.entry(part).or_default().push(r);
+        }
+        by_part
+            .into_iter()
+            .map(|(part, records)| self.audit_append(part, &records))
+            .collect()
+    }
+
+    /// One read of an audit stream through its index (`scripts::AUDIT_INDEX_READ`). The bound
+    /// is written as an index member ends: a position past what its width holds is above
+    /// every stream id, so it is no bound at all (the sequence clamped: no id has more).
+    fn audit_index_read(&self, stream: usize, term: &AuditTerm, read: &AuditRead) -> Keyed {
+        let key = &self.layout.audit_keys()[stream];
+        let (ix, _) = self.layout.audit_index_keys(stream);
+        let (before, inclusive) = match read.before {
+            None => (String::new(), false),
+            Some((ms, seq)) => match audit_index_id(ms, seq.min(u64::from(u32::MAX))) {
+                None => (String::new(), false),
+                Some(id) if seq > u64::from(u32::MAX) => (id, true),
+                Some(id) => (id, read.inclusive),
+            },
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(AUDIT_INDEX_READ_SCRIPT.get_hash())
+            .arg(2)
+            .arg(key)
+            .arg(ix)
+            .arg(audit_index_term(term))
+            .arg(before)
+            .arg(if inclusive { "1" } else { "" })
+            .arg(read.count);
+        (key.clone().into_bytes(), cmd)
+    }
+
+    /// Runs read commands, some of them `EVALSHA`s: those refused with `NOSCRIPT` (a restart,
+    /// a failover) run again once the scripts are loaded. Every command must succeed.
+    async fn run_reads(&self, cmds: Vec<Keyed>) -> StoreResult<Vec<redis::Value>> {
+        let mut replies = self.conn.run(cmds.clone()).await.map_err(unavailable)?;
+        let again: Vec<usize> = (0..replies.len())
+            .filter(|&i| replies[i].as_ref().is_err_and(is_noscript))
+            .collect();
+        if !again.is_empty() {
+            self.load_scripts().await?;
+            let redo = again.iter().map(|&i| cmds[i].clone()).collect();
+            for (i, r) in again
+                .into_iter()
+                .zip(self.conn.run(redo).await.map_err(unavailable)?)
+            {
+                replies[i] = r;
+            }
+        }
+        replies
+            .into_iter()
+            .map(|r| r.map_err(unavailable))
             .collect()
     }
 
@@ -1179,13 +1347,18 @@ impl EntryStore for RedisStore {
         // `XREVRANGE` to `(0-0` is refused: "invalid end ID").
         let mut sent = Vec::with_capacity(reads.len());
         for (i, read) in reads.iter().enumerate() {
+            let stream = usize::from(read.part);
             let key = keys
-                .get(usize::from(read.part))
+                .get(stream)
                 .ok_or_else(|| StoreError::corrupt(format!("no audit part {}", read.part)))?;
             if read.before_everything() {
                 continue;
             }
             sent.push(i);
+            if let Some(term) = &read.index {
+                cmds.push(self.audit_index_read(stream, term, read));
+                continue;
+            }
             let end = match read.before {
                 None => "+".to_owned(),
                 Some((ms, seq)) if read.inclusive => format!("{ms}-{seq}"),
@@ -1201,11 +1374,16 @@ impl EntryStore for RedisStore {
             }));
         }
         // One reply per command (`RedisConn::run`), in order.
-        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        let replies = self.run_reads(cmds).await?;
         let mut out = vec![Vec::new(); reads.len()];
         for (i, v) in sent.into_iter().zip(&replies) {
             let part = reads[i].part;
-            out[i] = parse_stream(v)?
+            let records = if reads[i].index.is_some() {
+                parse_index_read(v)?
+            } else {
+                parse_stream(v)?
+            };
+            out[i] = records
                 .into_iter()
                 .map(|((ms, seq), r)| (AuditPos { ms, seq, part }, r))
                 .collect();

@@ -1,13 +1,19 @@
 //! Every Lua script the Redis store runs, in one place: the keyspace's opening, the entry
-//! scripts (removal, compare-and-delete, the audit's expiry count), the metric families and
-//! the definitions.
+//! scripts (removal, compare-and-delete, the audit's expiry count), the metric families, the
+//! definitions and the audit trail's index (append, catch-up, read).
 //!
 //! Invariant: the "still live" rule is written once in Lua (`ENTRY_PREAMBLE`'s `live_code`,
 //! the twin of `ExpiryCode::is_live`, which a test in `expiry` checks against the same
 //! arithmetic), and every entry script that judges expiry starts with that preamble and takes
 //! "now" as `ExpiryCode::script_now`. Entry scripts touch one bucket (`KEYS[1]`), so each runs
-//! on the node that owns it, in a cluster too. Scripts are called by SHA (`EVALSHA`) and loaded
-//! again after a `NOSCRIPT` (`is_noscript`), except the definitions' small ones, sent whole.
+//! on the node that owns it, in a cluster too. Likewise the index of an audit record is
+//! written, and removed, only by `AUDIT_PREAMBLE`'s `members` (the twin of
+//! `AuditRecord::terms` and `layout::audit_index_term`), from the record's own fields, and
+//! every audit script touches one stream and its index, which share a hash tag. Scripts are
+//! called by SHA (`EVALSHA`) and loaded again after a `NOSCRIPT` (`is_noscript`), except the
+//! definitions' small ones and the audit append, sent whole (`EVAL`): the append runs inside
+//! a write's `MULTI`, where a `NOSCRIPT` (a failover to a node that never loaded it) would
+//! fail that one command after the entries before it were written.
 
 use std::sync::LazyLock;
 
@@ -210,6 +216,153 @@ redis.call('HSET', KEYS[1], ARGV[1], string.sub(cur, 1, a - 1) .. '\n\n')
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 ";
+
+/// The start of every audit script (see `layout`, *Audit trail*): a record's index members
+/// are `<tag><escaped field>\0<id as 19 hex digits>` for the first `vfp` (if 16 lower-case
+/// hex digits), `who` and `list` fields it has; `esc` writes `\0` as `\1\1` and `\1` as
+/// `\1\2`. `catch_up` indexes the records after the mark KEYS[3] (every record without one),
+/// at most `limit`, moves the mark to the last and says whether none is left.
+const AUDIT_PREAMBLE: &str = r"
+local TAGS = {vfp = 'v:', who = 'w:', list = 'l:'}
+local function esc(s)
+  return (string.gsub(s, '[%z\1]', function(c)
+    if c == '\0' then return '\1\1' end
+    return '\1\2'
+  end))
+end
+local function members(id, fields)
+  local d = string.find(id, '-', 1, true)
+  local fid = string.format('%011x%08x', tonumber(string.sub(id, 1, d - 1)),
+    tonumber(string.sub(id, d + 1)))
+  local out, seen = {}, {}
+  for i = 1, #fields - 1, 2 do
+    local name, value = fields[i], fields[i + 1]
+    local tag = TAGS[name]
+    if tag and not seen[name] then
+      seen[name] = true
+      if name ~= 'vfp' or (#value == 16 and not string.find(value, '[^0-9a-f]')) then
+        out[#out + 1] = tag .. esc(value) .. '\0' .. fid
+      end
+    end
+  end
+  return out
+end
+local function index(ix, id, fields)
+  local m = members(id, fields)
+  if #m == 0 then return end
+  local args = {}
+  for i = 1, #m do
+    args[2 * i - 1] = 0
+    args[2 * i] = m[i]
+  end
+  redis.call('ZADD', ix, unpack(args))
+end
+local function catch_up(stream, ix, mark, limit)
+  local h = redis.call('GET', mark)
+  local from = '-'
+  if h then from = '(' .. h end
+  local recs = redis.call('XRANGE', stream, from, '+', 'COUNT', limit)
+  for _, r in ipairs(recs) do index(ix, r[1], r[2]) end
+  if #recs > 0 then redis.call('SET', mark, recs[#recs][1]) end
+  return #recs < limit, #recs
+end
+";
+
+/// Appends a write's records to one audit part and indexes them; then, past the cap, removes
+/// the oldest records and their index members. KEYS: the part, its index, its mark. ARGV: 1
+/// the cap, 2 how many records an older build left unindexed to catch up on first, then each
+/// record as its field count and its fields. The part is trimmed, once it holds more than the
+/// cap, to the cap less a sixteenth (at most 1,000 records a call), so trimming is paid once
+/// every `cap / 16` records and the part never holds more than the cap for long: the members
+/// removed are computed from the removed records themselves, so the index holds exactly the
+/// records the part holds. Returns the part's length before trimming.
+const AUDIT_APPEND: &str = r"
+local stream, ix, mark = KEYS[1], KEYS[2], KEYS[3]
+local cap = tonumber(ARGV[1])
+local caught = catch_up(stream, ix, mark, tonumber(ARGV[2]))
+local i, last = 3, nil
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local fields = {}
+  for j = 1, n do fields[j] = ARGV[i + j] end
+  i = i + n + 1
+  last = redis.call('XADD', stream, '*', unpack(fields))
+  index(ix, last, fields)
+end
+if caught and last then redis.call('SET', mark, last) end
+local len = redis.call('XLEN', stream)
+if len > cap then
+  local drop = math.min(len - cap + math.floor(cap / 16), 1000)
+  local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', drop + 1)
+  for k = 1, drop do
+    local m = members(old[k][1], old[k][2])
+    if #m > 0 then redis.call('ZREM', ix, unpack(m)) end
+  end
+  redis.call('XTRIM', stream, 'MINID', old[drop + 1][1])
+end
+return len
+";
+
+/// Indexes an audit stream's records written without an index (an older build's, or before
+/// the index existed), at most ARGV[1] a call. KEYS as `AUDIT_APPEND`. With ARGV[2] = '1',
+/// first drops an index that holds more than 3 members a record (members of records another
+/// build trimmed away) with its mark, so it is built again. Returns {done, indexed, dropped}.
+const AUDIT_CATCH_UP: &str = r"
+local dropped = 0
+if ARGV[2] == '1' and redis.call('ZCARD', KEYS[2]) > 3 * redis.call('XLEN', KEYS[1]) then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  dropped = 1
+end
+local done, n = catch_up(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
+if done then return {1, n, dropped} end
+return {0, n, dropped}
+";
+
+/// Reads an audit stream through its index: up to ARGV[4] records indexed under the term
+/// ARGV[1] (escaped, as members start), newest first, older than the 19-digit id ARGV[2] (at
+/// it too if ARGV[3] = '1'; every one if ARGV[2] is empty). KEYS: the stream, its index. A
+/// member whose record is gone (trimmed by an older build, which leaves the index alone) is
+/// skipped. Returns {{id as 19 hex digits, fields}, ...}. Read-only.
+const AUDIT_INDEX_READ: &str = r"
+local stream, ix = KEYS[1], KEYS[2]
+local term, count = ARGV[1], tonumber(ARGV[4])
+local lo = '[' .. term .. '\0'
+local hi = '(' .. term .. '\1'
+if ARGV[2] ~= '' then
+  if ARGV[3] == '1' then
+    hi = '[' .. term .. '\0' .. ARGV[2]
+  else
+    hi = '(' .. term .. '\0' .. ARGV[2]
+  end
+end
+local out = {}
+while #out < count do
+  local want = count - #out
+  local found = redis.call('ZRANGE', ix, hi, lo, 'BYLEX', 'REV', 'LIMIT', 0, want)
+  for _, m in ipairs(found) do
+    local fid = string.sub(m, -19)
+    local id = string.format('%d-%d', tonumber(string.sub(fid, 1, 11), 16),
+      tonumber(string.sub(fid, 12), 16))
+    local r = redis.call('XRANGE', stream, id, id)
+    if r[1] then out[#out + 1] = {fid, r[1][2]} end
+  end
+  if #found < want then break end
+  hi = '(' .. found[#found]
+end
+return out
+";
+
+/// The text of the audit append (see `AUDIT_APPEND`), preamble included: sent whole (`EVAL`).
+pub static AUDIT_APPEND_LUA: LazyLock<String> =
+    LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_APPEND}"));
+
+/// The text of the audit catch-up (see `AUDIT_CATCH_UP`), preamble included.
+pub static AUDIT_CATCH_UP_LUA: LazyLock<String> =
+    LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_CATCH_UP}"));
+
+/// The read through an audit index (see `AUDIT_INDEX_READ`), called by SHA.
+pub static AUDIT_INDEX_READ_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(AUDIT_INDEX_READ));
 
 /// The metric scripts, one per family (MIN and MAX share one).
 pub(super) struct MetricScripts {
