@@ -116,6 +116,23 @@ fn calls(server: &RedisServer) -> HashMap<String, u64> {
         .collect()
 }
 
+/// The `usec` of one command in `INFO commandstats` (0 if it never ran).
+fn usec(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(&format!("cmdstat_{command}:"))?;
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("usec="))?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
 fn reset_stats(server: &RedisServer) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -333,7 +350,9 @@ async fn members_of_records_trimmed_by_an_older_build_are_skipped_then_dropped()
 /// (`SAMPLES 0`: every element) counts it, after 100,000 records shaped like
 /// `benches/operators.sh`'s (a phone, a reason, an expiry) under the default cap, one batch
 /// in six written by a second actor on a second list; and again without the `vfp` field, as
-/// records were before the index (the stream's share of it). What `layout`'s header and the
+/// records were before the index (the stream's share of it). Also the Redis time of an append
+/// (the `EVAL`s' `usec` in `INFO commandstats`, trims included) against a plain
+/// `XADD … MAXLEN ~` of the same records, as before the index. What `layout`'s header and the
 /// README quote. `cargo nextest run --test audit_index --run-ignored only --no-capture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, printed: run it with --run-ignored only --no-capture"]
@@ -343,6 +362,8 @@ async fn measure_bytes_per_record() {
         let (store, _) = open(&server, &unique_prefix()).await;
         let layout = store.layout().clone();
         let sandbox: Sandbox = "default".parse().unwrap();
+        reset_stats(&server);
+        let mut plain = Vec::new();
         for b in 0..100 {
             let (who, list): (&str, ListName) = if b % 6 == 5 {
                 ("ops-console", "grey".parse().unwrap())
@@ -372,6 +393,9 @@ async fn measure_bytes_per_record() {
                 if !with_vfp {
                     record.fields.retain(|(n, _)| n != "vfp");
                 }
+                if b < 10 {
+                    plain.push(record.clone());
+                }
                 batch.audit.push(record);
             }
             store
@@ -380,6 +404,28 @@ async fn measure_bytes_per_record() {
                 .unwrap();
         }
         let mut conn = server.conn();
+        let eval_usec = usec(&server, "eval");
+        let xadd_before = usec(&server, "xadd");
+        // The same first 10,000 records, as builds before the index appended them.
+        let mut pipe = redis::pipe();
+        for r in &plain {
+            pipe.cmd("XADD")
+                .arg("scratch:plain")
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(1_563)
+                .arg("*");
+            for (k, v) in &r.fields {
+                pipe.arg(k).arg(v);
+            }
+            pipe.ignore();
+        }
+        let () = pipe.query(&mut conn).unwrap();
+        let plain_usec = usec(&server, "xadd") - xadd_before;
+        let _: () = redis::cmd("DEL")
+            .arg("scratch:plain")
+            .query(&mut conn)
+            .unwrap();
         let usage = |conn: &mut redis::Connection, key: &str| -> u64 {
             redis::cmd("MEMORY")
                 .arg("USAGE")
@@ -408,11 +454,14 @@ async fn measure_bytes_per_record() {
         let per = |bytes: u64| bytes as f64 / records as f64;
         println!(
             "vfp {with_vfp}: {records} records kept, {members} index members: stream {:.1} B/record, \
-             index {:.1} B/record ({:.1} B/member), marks {marks} B in all; trail + index {:.1} B/record",
+             index {:.1} B/record ({:.1} B/member), marks {marks} B in all; trail + index {:.1} B/record; \
+             Redis time of an append {:.1} µs/record (trims included), of a plain XADD … MAXLEN ~ {:.1} µs/record",
             per(streams),
             per(indexes),
             indexes as f64 / members as f64,
             per(streams + indexes + marks),
+            eval_usec as f64 / 100_000.0,
+            plain_usec as f64 / plain.len() as f64,
         );
     }
 }

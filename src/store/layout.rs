@@ -201,13 +201,21 @@
 //!
 //! Memory, measured (`tests/audit_index.rs`, `measure_bytes_per_record`: 100,000 records of
 //! a phone upsert with a reason under the default cap, 96,649 kept; `MEMORY USAGE … SAMPLES
-//! 0`; Redis 7.0): the stream 164 B a record (141 without the `vfp`), the index 425 B a record
+//! 0`; Redis 7.0): the stream 164 B a record (140 without the `vfp`), the index 425 B a record
 //! (3 members of 142 B: a part's set holds ~4,700 members, far past the 128 that Redis keeps
 //! as a listpack, so each member is a skiplist node, a dict entry and its string), the marks
 //! 6.6 KB in all: ~590 B a record, ~57 MB at the default cap (~14 MB before the index).
-//! Considered and not taken: binary ids and `vfp`s would shorten members by 17 B but save
-//! only ~7 % (jemalloc's size classes); a stream per (part, who or list) would cost a few
-//! bytes a record, but would need a key per value for `vfp`, and more keys to trim.
+//! Time, measured by the same test (`INFO commandstats`, the 2-core machine under other
+//! builds): an append costs ~30 µs of Redis time a record (the `XADD`, 3 skiplist inserts and
+//! the Lua that builds the members; trims included; ~22 µs for records without a `vfp`), where
+//! a plain `XADD … MAXLEN ~` cost ~3 µs. A write's `MULTI` grows by that much per entry: ~0.3 s
+//! for the 10,000 entries a request may hold (bulk loads belong to `namelist-tools import`,
+//! one record a run).
+//! Considered and not taken: binary ids and `vfp`s would shorten members by 17 B but save only
+//! ~7 % (jemalloc's size classes); a stream per (part, who or list) would cost a few bytes a
+//! record, but would need a key per value for `vfp`, and more keys to trim; indexing after the
+//! `EXEC` (the mark's catch-up makes it safe) would keep a write's `MULTI` as short as before,
+//! at the price of a moment when a record is in its stream but not yet in its index.
 //!
 //! Every write publishes an [`Invalidation`] on the channel `<prefix>inv` so every instance
 //! brings what it holds locally up to date. The message is a version byte (1), then the

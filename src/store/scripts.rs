@@ -217,52 +217,60 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 ";
 
-/// The start of every audit script (see `layout`, *Audit trail*): a record's index members
-/// are `<tag><escaped field>\0<id as 19 hex digits>` for the first `vfp` (if 16 lower-case
-/// hex digits), `who` and `list` fields it has; `esc` writes `\0` as `\1\1` and `\1` as
-/// `\1\2`. `catch_up` indexes the records after the mark KEYS[3] (every record without one),
-/// at most `limit`, moves the mark to the last and says whether none is left.
+/// The start of every audit script (see `layout`, *Audit trail*). `members` appends to `out`
+/// (after its first `n`, with a score 0 before each when `scored`) the index members of the
+/// record at stream id `id` whose fields are `t[a..b]`: `<tag><escaped field>\0<id as 19 hex
+/// digits>` for the first `vfp` (if 16 lower-case hex digits), `who` and `list` it has; `esc`
+/// writes `\0` as `\1\1` and `\1` as `\1\2`. Members go to Redis `FLUSH_AT` arguments at a
+/// time (`flush`: one `ZADD` or `ZREM` for many records, within what `unpack` may spread).
+/// `catch_up` indexes the records after the mark KEYS[3] (every record without one), at most
+/// `limit`, moves the mark to the last and says whether none is left.
 const AUDIT_PREAMBLE: &str = r"
-local TAGS = {vfp = 'v:', who = 'w:', list = 'l:'}
+local FLUSH_AT = 3000
 local function esc(s)
+  if not string.find(s, '[%z\1]') then return s end
   return (string.gsub(s, '[%z\1]', function(c)
     if c == '\0' then return '\1\1' end
     return '\1\2'
   end))
 end
-local function members(id, fields)
-  local d = string.find(id, '-', 1, true)
-  local fid = string.format('%011x%08x', tonumber(string.sub(id, 1, d - 1)),
-    tonumber(string.sub(id, d + 1)))
-  local out, seen = {}, {}
-  for i = 1, #fields - 1, 2 do
-    local name, value = fields[i], fields[i + 1]
-    local tag = TAGS[name]
-    if tag and not seen[name] then
-      seen[name] = true
-      if name ~= 'vfp' or (#value == 16 and not string.find(value, '[^0-9a-f]')) then
-        out[#out + 1] = tag .. esc(value) .. '\0' .. fid
-      end
+local function members(out, n, id, t, a, b, scored)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  local fid = string.format('\0%011x%08x', ms, seq)
+  local v, w, l = true, true, true
+  for j = a, b - 1, 2 do
+    local name, value, m = t[j], t[j + 1], nil
+    if name == 'who' then
+      if w then w = false; m = 'w:' .. esc(value) .. fid end
+    elseif name == 'list' then
+      if l then l = false; m = 'l:' .. esc(value) .. fid end
+    elseif name == 'vfp' and v then
+      v = false
+      if #value == 16 and not string.find(value, '[^0-9a-f]') then m = 'v:' .. value .. fid end
+    end
+    if m then
+      if scored then n = n + 1; out[n] = 0 end
+      n = n + 1
+      out[n] = m
     end
   end
-  return out
+  return n
 end
-local function index(ix, id, fields)
-  local m = members(id, fields)
-  if #m == 0 then return end
-  local args = {}
-  for i = 1, #m do
-    args[2 * i - 1] = 0
-    args[2 * i] = m[i]
-  end
-  redis.call('ZADD', ix, unpack(args))
+local function flush(cmd, key, args, n)
+  if n > 0 then redis.call(cmd, key, unpack(args, 1, n)) end
+  return 0
 end
 local function catch_up(stream, ix, mark, limit)
   local h = redis.call('GET', mark)
   local from = '-'
   if h then from = '(' .. h end
   local recs = redis.call('XRANGE', stream, from, '+', 'COUNT', limit)
-  for _, r in ipairs(recs) do index(ix, r[1], r[2]) end
+  local args, n = {}, 0
+  for _, r in ipairs(recs) do
+    n = members(args, n, r[1], r[2], 1, #r[2], true)
+    if n >= FLUSH_AT then n = flush('ZADD', ix, args, n) end
+  end
+  flush('ZADD', ix, args, n)
   if #recs > 0 then redis.call('SET', mark, recs[#recs][1]) end
   return #recs < limit, #recs
 end
@@ -280,24 +288,26 @@ const AUDIT_APPEND: &str = r"
 local stream, ix, mark = KEYS[1], KEYS[2], KEYS[3]
 local cap = tonumber(ARGV[1])
 local caught = catch_up(stream, ix, mark, tonumber(ARGV[2]))
-local i, last = 3, nil
+local args, n, i, last = {}, 0, 3, nil
 while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local fields = {}
-  for j = 1, n do fields[j] = ARGV[i + j] end
-  i = i + n + 1
-  last = redis.call('XADD', stream, '*', unpack(fields))
-  index(ix, last, fields)
+  local k = tonumber(ARGV[i])
+  last = redis.call('XADD', stream, '*', unpack(ARGV, i + 1, i + k))
+  n = members(args, n, last, ARGV, i + 1, i + k, true)
+  if n >= FLUSH_AT then n = flush('ZADD', ix, args, n) end
+  i = i + k + 1
 end
+flush('ZADD', ix, args, n)
 if caught and last then redis.call('SET', mark, last) end
 local len = redis.call('XLEN', stream)
 if len > cap then
   local drop = math.min(len - cap + math.floor(cap / 16), 1000)
   local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', drop + 1)
+  n = 0
   for k = 1, drop do
-    local m = members(old[k][1], old[k][2])
-    if #m > 0 then redis.call('ZREM', ix, unpack(m)) end
+    n = members(args, n, old[k][1], old[k][2], 1, #old[k][2], false)
+    if n >= FLUSH_AT then n = flush('ZREM', ix, args, n) end
   end
+  flush('ZREM', ix, args, n)
   redis.call('XTRIM', stream, 'MINID', old[drop + 1][1])
 end
 return len
