@@ -12,8 +12,8 @@
 //! * With `value`, `who` or `list`, the parts are read through their index (`layout`, *Audit
 //!   trail*; `AuditRead::index`) by the most selective of them: the value (its `vfp`,
 //!   `Layout::audit_value`), else `who`, else `list`. Only records of that term are read (on
-//!   Redis one index script per part: a range of the part's sorted set, then each record by
-//!   its id), and the other filters run on them here. A search whose only filters are index
+//!   Redis a `ZRANGE` of each part's sorted set, then an `XRANGE` of each record it names:
+//!   two round trips a batch), and the other filters run on them here. A search whose only filters are index
 //!   terms and bounds thus costs the records it returns plus a probe of each part's index,
 //!   however long the trail: `who=nobody` is 65 empty probes, not 10,000 records examined.
 //!   Records written before the index existed are indexed at start-up by `who` and `list`;
@@ -52,7 +52,7 @@ use crate::lists::ListsError;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::layout::AUDIT_PARTS;
 use crate::store::{
-    AuditOp, AuditPos, AuditRead, AuditRecord, AuditTerm, Deadline, EntryStore, Layout,
+    AuditChunk, AuditOp, AuditPos, AuditRead, AuditRecord, AuditTerm, Deadline, EntryStore, Layout,
 };
 
 /// Records per page when `limit` is not given.
@@ -465,7 +465,7 @@ struct Part {
     /// Where the next read of this part starts.
     before: Option<(u64, u64)>,
     inclusive: bool,
-    /// A read returned fewer records than asked: nothing older is left.
+    /// A read said nothing older is left.
     ended: bool,
     /// Records asked for by this part's next read.
     chunk: usize,
@@ -518,15 +518,17 @@ impl Merge {
             .collect()
     }
 
-    fn add(&mut self, reads: &[AuditRead], got: Vec<Vec<(AuditPos, AuditRecord)>>) {
-        for (read, records) in reads.iter().zip(got) {
+    fn add(&mut self, reads: &[AuditRead], got: Vec<AuditChunk>) {
+        for (read, chunk) in reads.iter().zip(got) {
             let part = &mut self.parts[usize::from(read.part)];
-            part.ended = records.len() < read.count;
-            if let Some((last, _)) = records.last() {
-                part.before = Some((last.ms, last.seq));
-                part.inclusive = false;
+            match chunk.next {
+                None => part.ended = true,
+                Some(next) => {
+                    part.before = Some(next);
+                    part.inclusive = false;
+                }
             }
-            part.buffered.extend(records);
+            part.buffered.extend(chunk.records);
             part.chunk = (part.chunk * 2).min(MAX_CHUNK);
         }
     }
@@ -550,11 +552,11 @@ mod tests {
     use proptest::prelude::*;
 
     /// What a store holding `parts` (each part's stream ids, oldest first) answers.
-    fn read(parts: &[Vec<(u64, u64)>], reads: &[AuditRead]) -> Vec<Vec<(AuditPos, AuditRecord)>> {
+    fn read(parts: &[Vec<(u64, u64)>], reads: &[AuditRead]) -> Vec<AuditChunk> {
         reads
             .iter()
             .map(|r| {
-                parts[usize::from(r.part)]
+                let records: Vec<(AuditPos, AuditRecord)> = parts[usize::from(r.part)]
                     .iter()
                     .rev()
                     .filter(|id| match r.before {
@@ -571,7 +573,12 @@ mod tests {
                         };
                         (pos, AuditRecord { fields: Vec::new() })
                     })
-                    .collect()
+                    .collect();
+                let next = records
+                    .last()
+                    .filter(|_| records.len() == r.count)
+                    .map(|(p, _)| (p.ms, p.seq));
+                AuditChunk { records, next }
             })
             .collect()
     }

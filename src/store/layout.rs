@@ -166,11 +166,14 @@
 //! `who` only). The escape keeps every term free of the `0x00` that ends it, so the members of
 //! one term are exactly those starting with `<term> 0x00`, and no other term's lie between
 //! them (`w:n` and `w:n\0…` stay apart); the fixed-width id makes their byte order the stream
-//! order. A read of one stream through the index is one script (`scripts::AUDIT_INDEX_READ`,
-//! by `EVALSHA`, every stream at once in one round trip per primary): `ZRANGE <ix> (<term>
-//! 0x00 <before> [<term> 0x00 BYLEX REV LIMIT 0 <n>` (`(<term> 0x01` without a bound), then
-//! `XRANGE <stream> <id> <id>` for each member: O(log m + n) for `n` records out of `m`
-//! members. A search thus costs its records plus one probe of each of the 65 indexes.
+//! order. A read of one stream through the index is `ZRANGE <ix> (<term> 0x00 <before>
+//! [<term> 0x00 BYLEX REV LIMIT 0 <n>` (`(<term> 0x01` without a bound), then `XRANGE
+//! <stream> <id> <id>` for each member, each step for every stream at once in one round trip
+//! per primary: O(log m + n) for `n` records out of `m` members. A search thus costs its
+//! records plus one probe of each of the 65 indexes. Not one script doing both, to save the
+//! round trip: measured (`benches/audit_search.sh`), a record fetched inside a script cost
+//! Redis ~30 µs (its reply made a Lua table, then a reply again), where the client's `XRANGE`
+//! costs ~8.
 //!
 //! Writes keep the index exact with the stream. A write's records go to each part in one
 //! `EVAL` of `scripts::AUDIT_APPEND` (inside the write's `MULTI` on one node; in the per-slot

@@ -34,11 +34,11 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm, CountChange, Deadline,
-    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
-    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
-    WriteBatch, code_is_live,
+    AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
+    CountChange, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
+    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
+    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
+    StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -658,10 +658,7 @@ impl EntryStore for MemoryStore {
 
     /// O(log n + count) per read: the bound by binary search (positions are sorted), then
     /// the trail backwards from it, or the term's records below it in the index.
-    async fn audit_read(
-        &self,
-        reads: &[AuditRead],
-    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
+    async fn audit_read(&self, reads: &[AuditRead]) -> StoreResult<Vec<AuditChunk>> {
         use std::ops::Bound;
         let st = self.lock();
         // One part.
@@ -677,7 +674,7 @@ impl EntryStore for MemoryStore {
             .iter()
             .map(|read| {
                 if read.part != 0 || read.before_everything() {
-                    return Vec::new();
+                    return AuditChunk::default();
                 }
                 // The records older than the bound are `audit[..end]`.
                 let end = match read.before {
@@ -685,7 +682,7 @@ impl EntryStore for MemoryStore {
                     Some(b) if read.inclusive => st.audit.partition_point(|s| s.at() <= b),
                     Some(b) => st.audit.partition_point(|s| s.at() < b),
                 };
-                match &read.index {
+                let records: Vec<(AuditPos, AuditRecord)> = match &read.index {
                     None => st
                         .audit
                         .range(..end)
@@ -709,7 +706,14 @@ impl EntryStore for MemoryStore {
                             })
                             .collect()
                     }
-                }
+                };
+                // Every index entry has its record here: the last one returned is where the
+                // part goes on.
+                let next = records
+                    .last()
+                    .filter(|_| records.len() == read.count)
+                    .map(|(p, _)| (p.ms, p.seq));
+                AuditChunk { records, next }
             })
             .collect())
     }

@@ -326,6 +326,18 @@ pub struct AuditRead {
     pub index: Option<AuditTerm>,
 }
 
+/// What one `AuditRead` found: up to its `count` records of its part, newest first, each
+/// with its place in the merged trail, and where the part goes on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditChunk {
+    pub records: Vec<(AuditPos, AuditRecord)>,
+    /// The position `(ms, seq)` the next read of the part starts strictly before; `None` when
+    /// nothing older is left. Past the last record returned when it is one: a read through an
+    /// index may pass over index entries whose record is gone (`layout`, *Audit trail*), and
+    /// must not meet them again.
+    pub next: Option<(u64, u64)>,
+}
+
 impl AuditRead {
     /// Whether nothing can be older than the bound: exclusive of the very first position.
     pub fn before_everything(&self) -> bool {
@@ -533,18 +545,15 @@ pub trait EntryStore: StoreBase {
     fn audit_parts(&self) -> u16;
 
     /// For each read, up to its `count` records of its part older than its bound (with its
-    /// index term, if any), newest first, each with its place in the merged trail; all reads
-    /// at once (on Redis one `XREVRANGE`, or one index script, per read, one round trip per
-    /// primary). Fewer than `count`: that part ends there. The merge by position is the
-    /// caller's (`audit_trail`).
+    /// index term, if any), newest first, and where the part goes on; all reads at once (on
+    /// Redis one `XREVRANGE` per read, or through the index a `ZRANGE` per read then an
+    /// `XRANGE` per record: one round trip per primary for each). The merge by position is
+    /// the caller's (`audit_trail`).
     ///
     /// Invariant: a read through an index returns exactly the records a read without one
     /// would, less those not indexed under its term, in the same order; no bound, however
     /// odd, is an error.
-    async fn audit_read(
-        &self,
-        reads: &[AuditRead],
-    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>>;
+    async fn audit_read(&self, reads: &[AuditRead]) -> StoreResult<Vec<AuditChunk>>;
 
     /// Adds `delta` to each scope's approximate entry count and sets its last change to
     /// `at_ms` (deltas of 0 too: a refresh is a change). Bookkeeping after a write or a

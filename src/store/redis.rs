@@ -22,10 +22,11 @@
 //! audit records go to parts on the primaries of their entries (`layout`), and the `PUBLISH`
 //! rides with them, so a write depends on no shard but its own entries'. Deletes and lazy
 //! expiry are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
-//! `NOSCRIPT`), and so are audit reads through the index; definitions and audit appends are
-//! scripts sent whole (`EVAL`), the appends because they run inside a write's `MULTI`. At
-//! open, the audit streams' records that no index holds yet are indexed (`layout`, *Audit
-//! trail*): once after an upgrade, then a round trip that finds nothing.
+//! `NOSCRIPT`); definitions and audit appends are scripts sent whole (`EVAL`), the appends
+//! because they run inside a write's `MULTI`. At open, the audit streams' records that no
+//! index holds yet are indexed (`layout`, *Audit trail*): once after an upgrade, then a round
+//! trip that finds nothing. Audit reads through the index are plain commands: a `ZRANGE` of
+//! each index, then an `XRANGE` of each record it names.
 //!
 //! Writes take the caller's deadline and never ask the server to wait past it; reads have no
 //! deadline of their own beyond the connection's response timeout: the service wraps every
@@ -42,23 +43,24 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 use super::scripts::{
-    self, AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, AUDIT_INDEX_READ_SCRIPT, DELETE_DEFINITION,
-    MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, is_noscript,
+    self, AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE,
+    PUT_DEFINITION, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{
-    AUDIT_PARTS, MAX_MEAN_FILL, audit_index_id, audit_index_term, key_slot, parse_audit_index_id,
+    AUDIT_INDEX_ID_LEN, AUDIT_PARTS, MAX_MEAN_FILL, audit_index_id, audit_index_term, key_slot,
+    parse_audit_index_id,
 };
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm, CountChange, Deadline,
-    DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation, InvalidationBus,
-    InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
-    WriteBatch,
+    AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
+    CountChange, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
+    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
+    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
+    StoredDefinition, WriteBatch,
 };
 use crate::domain::now_ms;
 
@@ -256,21 +258,25 @@ fn parse_stream(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>>
         .collect()
 }
 
-/// One read through an audit index (`scripts::AUDIT_INDEX_READ`): (id, record), newest
-/// first; the id as an index member ends with it (`layout::audit_index_id`).
-fn parse_index_read(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>> {
-    let raw: Vec<(String, Vec<String>)> = redis::from_redis_value_ref(v)
-        .map_err(|e| StoreError::corrupt(format!("audit index read: {e}")))?;
-    raw.into_iter()
-        .map(|(id, kv)| {
-            let id = parse_audit_index_id(&id)
-                .ok_or_else(|| StoreError::corrupt(format!("audit index id {id:?}")))?;
-            let mut kv = kv.into_iter();
-            let mut fields = Vec::with_capacity(kv.len() / 2);
-            while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
-                fields.push((k, v));
-            }
-            Ok((id, AuditRecord { fields }))
+/// The ids an audit index range found (`RedisStore::audit_index_range`), newest first: each
+/// member ends with `\0` and its stream id in 19 hex digits (`layout::audit_index_id`).
+fn parse_index_range(v: &redis::Value) -> StoreResult<Vec<(u64, u64)>> {
+    let members: Vec<Vec<u8>> = redis::from_redis_value_ref(v)
+        .map_err(|e| StoreError::corrupt(format!("audit index range: {e}")))?;
+    members
+        .iter()
+        .map(|m| {
+            let split = m.len().checked_sub(AUDIT_INDEX_ID_LEN + 1);
+            split
+                .filter(|&at| m[at] == 0)
+                .and_then(|at| std::str::from_utf8(&m[at + 1..]).ok())
+                .and_then(parse_audit_index_id)
+                .ok_or_else(|| {
+                    StoreError::corrupt(format!(
+                        "audit index member {:?}",
+                        String::from_utf8_lossy(m)
+                    ))
+                })
         })
         .collect()
 }
@@ -477,13 +483,9 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        for s in [
-            &self.remove,
-            &self.remove_if_unchanged,
-            &*AUDIT_INDEX_READ_SCRIPT,
-        ]
-        .into_iter()
-        .chain(self.metric_scripts.all())
+        for s in [&self.remove, &self.remove_if_unchanged]
+            .into_iter()
+            .chain(self.metric_scripts.all())
         {
             s.load_async(&mut conn).await.map_err(unavailable)?;
         }
@@ -685,53 +687,36 @@ impl RedisStore {
             .collect()
     }
 
-    /// One read of an audit stream through its index (`scripts::AUDIT_INDEX_READ`). The bound
-    /// is written as an index member ends: a position past what its width holds is above
-    /// every stream id, so it is no bound at all (the sequence clamped: no id has more).
-    fn audit_index_read(&self, stream: usize, term: &AuditTerm, read: &AuditRead) -> Keyed {
-        let key = &self.layout.audit_keys()[stream];
+    /// The range of a read through audit stream `stream`'s index: `ZRANGE <ix> <hi> <lo>
+    /// BYLEX REV LIMIT 0 <count>`, the members of `term` older than the read's bound, newest
+    /// first (`layout`, *Audit trail*). The bound is written as a member ends: a position past
+    /// what its width holds is above every stream id, so it is no bound at all (the sequence
+    /// clamped: no id has more).
+    fn audit_index_range(&self, stream: usize, term: &AuditTerm, read: &AuditRead) -> Keyed {
         let (ix, _) = self.layout.audit_index_keys(stream);
-        let (before, inclusive) = match read.before {
-            None => (String::new(), false),
-            Some((ms, seq)) => match audit_index_id(ms, seq.min(u64::from(u32::MAX))) {
-                None => (String::new(), false),
-                Some(id) if seq > u64::from(u32::MAX) => (id, true),
-                Some(id) => (id, read.inclusive),
-            },
+        let term = audit_index_term(term);
+        let bound = read.before.and_then(|(ms, seq)| {
+            let clamped = seq > u64::from(u32::MAX);
+            audit_index_id(ms, seq.min(u64::from(u32::MAX)))
+                .map(|id| (id, read.inclusive || clamped))
+        });
+        let hi = match &bound {
+            None => [&b"("[..], &term, b"\x01"].concat(),
+            Some((id, true)) => [&b"["[..], &term, b"\0", id.as_bytes()].concat(),
+            Some((id, false)) => [&b"("[..], &term, b"\0", id.as_bytes()].concat(),
         };
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(AUDIT_INDEX_READ_SCRIPT.get_hash())
-            .arg(2)
-            .arg(key)
-            .arg(ix)
-            .arg(audit_index_term(term))
-            .arg(before)
-            .arg(if inclusive { "1" } else { "" })
-            .arg(read.count);
-        (key.clone().into_bytes(), cmd)
-    }
-
-    /// Runs read commands, some of them `EVALSHA`s: those refused with `NOSCRIPT` (a restart,
-    /// a failover) run again once the scripts are loaded. Every command must succeed.
-    async fn run_reads(&self, cmds: Vec<Keyed>) -> StoreResult<Vec<redis::Value>> {
-        let mut replies = self.conn.run(cmds.clone()).await.map_err(unavailable)?;
-        let again: Vec<usize> = (0..replies.len())
-            .filter(|&i| replies[i].as_ref().is_err_and(is_noscript))
-            .collect();
-        if !again.is_empty() {
-            self.load_scripts().await?;
-            let redo = again.iter().map(|&i| cmds[i].clone()).collect();
-            for (i, r) in again
-                .into_iter()
-                .zip(self.conn.run(redo).await.map_err(unavailable)?)
-            {
-                replies[i] = r;
-            }
-        }
-        replies
-            .into_iter()
-            .map(|r| r.map_err(unavailable))
-            .collect()
+        let lo = [&b"["[..], &term, b"\0"].concat();
+        Self::keyed(ix, |c, key| {
+            c.arg("ZRANGE")
+                .arg(key)
+                .arg(hi)
+                .arg(lo)
+                .arg("BYLEX")
+                .arg("REV")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(read.count);
+        })
     }
 
     /// `PUBLISH`. On a cluster any node broadcasts it to every subscriber, so it is routed
@@ -1337,14 +1322,13 @@ impl EntryStore for RedisStore {
         (AUDIT_PARTS + 1) as u16
     }
 
-    async fn audit_read(
-        &self,
-        reads: &[AuditRead],
-    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
+    async fn audit_read(&self, reads: &[AuditRead]) -> StoreResult<Vec<AuditChunk>> {
         let keys = self.layout.audit_keys();
-        let mut cmds: Vec<Keyed> = Vec::with_capacity(reads.len());
+        let mut out = vec![AuditChunk::default(); reads.len()];
+        // First round trip: an `XREVRANGE` per plain read, an index range per indexed one.
         // The reads sent, by index: a bound with nothing older is answered here (an
         // `XREVRANGE` to `(0-0` is refused: "invalid end ID").
+        let mut cmds: Vec<Keyed> = Vec::with_capacity(reads.len());
         let mut sent = Vec::with_capacity(reads.len());
         for (i, read) in reads.iter().enumerate() {
             let stream = usize::from(read.part);
@@ -1356,7 +1340,7 @@ impl EntryStore for RedisStore {
             }
             sent.push(i);
             if let Some(term) = &read.index {
-                cmds.push(self.audit_index_read(stream, term, read));
+                cmds.push(self.audit_index_range(stream, term, read));
                 continue;
             }
             let end = match read.before {
@@ -1374,19 +1358,47 @@ impl EntryStore for RedisStore {
             }));
         }
         // One reply per command (`RedisConn::run`), in order.
-        let replies = self.run_reads(cmds).await?;
-        let mut out = vec![Vec::new(); reads.len()];
-        for (i, v) in sent.into_iter().zip(&replies) {
-            let part = reads[i].part;
-            let records = if reads[i].index.is_some() {
-                parse_index_read(v)?
-            } else {
-                parse_stream(v)?
-            };
-            out[i] = records
-                .into_iter()
-                .map(|((ms, seq), r)| (AuditPos { ms, seq, part }, r))
-                .collect();
+        let replies = self.conn.run_all(cmds).await.map_err(unavailable)?;
+        // Second round trip: each record the indexes named, by its id (an `XRANGE` in a
+        // script would cost Redis ~10 times more a record: the reply made a Lua table and
+        // back).
+        let mut fetch: Vec<Keyed> = Vec::new();
+        let mut named: Vec<(usize, (u64, u64))> = Vec::new();
+        for (&i, v) in sent.iter().zip(&replies) {
+            let read = &reads[i];
+            let part = read.part;
+            if read.index.is_none() {
+                let records: Vec<(AuditPos, AuditRecord)> = parse_stream(v)?
+                    .into_iter()
+                    .map(|((ms, seq), r)| (AuditPos { ms, seq, part }, r))
+                    .collect();
+                out[i].next = records
+                    .last()
+                    .filter(|_| records.len() == read.count)
+                    .map(|(p, _)| (p.ms, p.seq));
+                out[i].records = records;
+                continue;
+            }
+            let ids = parse_index_range(v)?;
+            out[i].next = ids.last().copied().filter(|_| ids.len() == read.count);
+            let key = &keys[usize::from(part)];
+            for (ms, seq) in ids {
+                let id = format!("{ms}-{seq}");
+                fetch.push(Self::keyed(key.clone(), |c, key| {
+                    c.arg("XRANGE").arg(key).arg(&id).arg(&id);
+                }));
+                named.push((i, (ms, seq)));
+            }
+        }
+        if !fetch.is_empty() {
+            let replies = self.conn.run_all(fetch).await.map_err(unavailable)?;
+            for ((i, (ms, seq)), v) in named.into_iter().zip(&replies) {
+                // A member whose record is gone (an older build trimmed it) finds nothing.
+                if let Some((_, record)) = parse_stream(v)?.into_iter().next() {
+                    let part = reads[i].part;
+                    out[i].records.push((AuditPos { ms, seq, part }, record));
+                }
+            }
         }
         Ok(out)
     }
@@ -1695,6 +1707,33 @@ mod tests {
             Value::Array(vec![bulk("at"), bulk("1"), bulk("dangling")]),
         ])]);
         assert_eq!(parse_stream(&odd).unwrap()[0].1.fields.len(), 1);
+    }
+
+    #[test]
+    fn odd_index_members_are_corrupt_not_panics() {
+        let member = |b: &[u8]| Value::BulkString(b.to_vec());
+        let ok = Value::Array(vec![
+            member(b"w:alice\x0018bcfe5684d00000003"),
+            member(b"v:00000000000000ab\x000000000000000000001"),
+        ]);
+        assert_eq!(
+            parse_index_range(&ok).unwrap(),
+            [(1_700_000_000_077, 3), (0, 1)]
+        );
+        for bad in [
+            &b"w:alice\x0018bcfe5684d0000000"[..],
+            b"w:alice18bcfe5684d00000003",
+            b"\x0018bcfe5684d0000000X",
+            b"0018bcfe5684d00000003",
+            b"",
+        ] {
+            let v = Value::Array(vec![member(bad)]);
+            assert!(
+                matches!(parse_index_range(&v), Err(StoreError::Corrupt { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(parse_index_range(&Value::Int(1)).is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Every Lua script the Redis store runs, in one place: the keyspace's opening, the entry
 //! scripts (removal, compare-and-delete, the audit's expiry count), the metric families, the
-//! definitions and the audit trail's index (append, catch-up, read).
+//! definitions and the audit trail's index (append and trim, catch-up).
 //!
 //! Invariant: the "still live" rule is written once in Lua (`ENTRY_PREAMBLE`'s `live_code`,
 //! the twin of `ExpiryCode::is_live`, which a test in `expiry` checks against the same
@@ -328,40 +328,6 @@ if done then return {1, n, dropped} end
 return {0, n, dropped}
 ";
 
-/// Reads an audit stream through its index: up to ARGV[4] records indexed under the term
-/// ARGV[1] (escaped, as members start), newest first, older than the 19-digit id ARGV[2] (at
-/// it too if ARGV[3] = '1'; every one if ARGV[2] is empty). KEYS: the stream, its index. A
-/// member whose record is gone (trimmed by an older build, which leaves the index alone) is
-/// skipped. Returns {{id as 19 hex digits, fields}, ...}. Read-only.
-const AUDIT_INDEX_READ: &str = r"
-local stream, ix = KEYS[1], KEYS[2]
-local term, count = ARGV[1], tonumber(ARGV[4])
-local lo = '[' .. term .. '\0'
-local hi = '(' .. term .. '\1'
-if ARGV[2] ~= '' then
-  if ARGV[3] == '1' then
-    hi = '[' .. term .. '\0' .. ARGV[2]
-  else
-    hi = '(' .. term .. '\0' .. ARGV[2]
-  end
-end
-local out = {}
-while #out < count do
-  local want = count - #out
-  local found = redis.call('ZRANGE', ix, hi, lo, 'BYLEX', 'REV', 'LIMIT', 0, want)
-  for _, m in ipairs(found) do
-    local fid = string.sub(m, -19)
-    local id = string.format('%d-%d', tonumber(string.sub(fid, 1, 11), 16),
-      tonumber(string.sub(fid, 12), 16))
-    local r = redis.call('XRANGE', stream, id, id)
-    if r[1] then out[#out + 1] = {fid, r[1][2]} end
-  end
-  if #found < want then break end
-  hi = '(' .. found[#found]
-end
-return out
-";
-
 /// The text of the audit append (see `AUDIT_APPEND`), preamble included: sent whole (`EVAL`).
 pub static AUDIT_APPEND_LUA: LazyLock<String> =
     LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_APPEND}"));
@@ -369,10 +335,6 @@ pub static AUDIT_APPEND_LUA: LazyLock<String> =
 /// The text of the audit catch-up (see `AUDIT_CATCH_UP`), preamble included.
 pub static AUDIT_CATCH_UP_LUA: LazyLock<String> =
     LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_CATCH_UP}"));
-
-/// The read through an audit index (see `AUDIT_INDEX_READ`), called by SHA.
-pub static AUDIT_INDEX_READ_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(AUDIT_INDEX_READ));
 
 /// The metric scripts, one per family (MIN and MAX share one).
 pub(super) struct MetricScripts {

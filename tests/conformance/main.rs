@@ -17,7 +17,8 @@
 //!   every change published);
 //! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it);
 //! * `operators`: what operators read (issue 13): the lists' counts, one identity on every
-//!   list of a sandbox, the audit trail paged and filtered.
+//!   list of a sandbox, the audit trail paged and filtered, through its index too (held to a
+//!   brute-force scan of the whole trail), cursors with nothing older included.
 //!
 //! With a complete tier, every check waits until the tier has read again what writes
 //! touched, and then must be answered without a single lookup sent to Redis.
