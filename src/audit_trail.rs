@@ -5,21 +5,40 @@
 //! `dimension` and turned into the fingerprint each record's (list, sandbox) would give it,
 //! and records are matched on that; the value itself is neither stored, echoed nor logged.
 //!
-//! Cost: the trail is split in parts (65 on Redis: one `XREVRANGE` each, all parts at once in
-//! one round trip per primary), merged here by position, and the filters run here. Each part
-//! is read ahead in chunks: the first read takes about `limit / parts` records of every part
-//! (at least [`FIRST_CHUNK`]); when a part runs dry, every part that is low is read again in
-//! one batch, each chunk twice the last (at most [`MAX_CHUNK`]). So a page of `n` records
-//! reads about `n` plus a chunk per part, not `n` per part, and a request examining
-//! [`MAX_EXAMINED`] records reads at most about twice that in some 7–10 round trips. One
-//! request examines at most [`MAX_EXAMINED`] records: a selective filter over a long trail
-//! answers the matches found so far with a `next_cursor` that resumes where it stopped,
-//! whatever the trail holds.
+//! Cost: the trail is split in parts (65 on Redis, all read at once in one round trip per
+//! primary), merged here by position, and the filters run here. What is read depends on the
+//! filters:
+//!
+//! * With `value`, `who` or `list`, the parts are read through their index (`layout`, *Audit
+//!   trail*; `AuditRead::index`) by the most selective of them: the value (its `vfp`,
+//!   `Layout::audit_value`), else `who`, else `list`. Only records of that term are read (on
+//!   Redis a `ZRANGE` of each part's sorted set, then an `XRANGE` of each record it names:
+//!   two round trips a batch), and the other filters run on them here. A search whose only filters are index
+//!   terms and bounds thus costs the records it returns plus a probe of each part's index,
+//!   however long the trail: `who=nobody` is 65 empty probes, not 10,000 records examined.
+//!   Records written before the index existed are indexed at start-up by `who` and `list`;
+//!   they have no `vfp`, so a search by value does not find them.
+//! * Without any of them, every record is examined, newest first.
+//!
+//! Either way each part is read ahead in chunks: the first read takes about `limit / parts`
+//! records of every part (at least [`FIRST_CHUNK`]); when a part runs dry, every part that is
+//! low is read again in one batch, each chunk twice the last (at most [`MAX_CHUNK`]). So a
+//! page of `n` records reads about `n` plus a chunk per part, not `n` per part, and a request
+//! examining [`MAX_EXAMINED`] records reads at most about twice that in some 7–10 round
+//! trips. `since` and `until` bound the reads: an `until` starts them there, and once the
+//! next record is older than `since` the page ends with no cursor. Both compare with a
+//! record's `at` (the writing instance's clock) while positions are the store's clock, so
+//! the bounds are widened by [`CLOCK_MARGIN_MS`] and the records in the margin filtered
+//! here: exact while the two clocks (and a write's latency) stay within it. One request
+//! examines at most [`MAX_EXAMINED`] records: a filter that the index does not serve (an
+//! `op`, a `sandbox`, or a term most of the trail has) answers the matches found so far with
+//! a `next_cursor` that resumes where it stopped, whatever the trail holds.
 //!
 //! The cursor is the position of the last record examined (`AuditPos`, written `ms-seq-part`):
 //! opaque to callers, checked on the way in (a malformed one is a 400 `invalid_cursor`). It
 //! is not signed: a caller who edits one only moves where their own page starts, in a trail
-//! their role may read whole anyway.
+//! their role may read whole anyway; a well-formed one with nothing older (`0-0-3`) is an
+//! empty last page on every store, never a command the store refuses.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,7 +51,9 @@ use crate::instrumented::Instrumented;
 use crate::lists::ListsError;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::layout::AUDIT_PARTS;
-use crate::store::{AuditOp, AuditPos, AuditRead, AuditRecord, Deadline, EntryStore};
+use crate::store::{
+    AuditChunk, AuditOp, AuditPos, AuditRead, AuditRecord, AuditTerm, Deadline, EntryStore, Layout,
+};
 
 /// Records per page when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -44,6 +65,10 @@ pub const MAX_EXAMINED: usize = 10_000;
 pub const FIRST_CHUNK: usize = 8;
 /// Most records read from one part at a time.
 pub const MAX_CHUNK: usize = 512;
+/// How far apart a record's `at` and its position's time may be for `since` and `until` to
+/// bound the reads exactly: a minute of clock skew between the writing instance and the
+/// store, write latency included.
+pub const CLOCK_MARGIN_MS: u64 = 60_000;
 
 /// The query string of `GET /v1/audit`, as sent (every field checked by `AuditQuery`).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
@@ -235,6 +260,45 @@ impl TryFrom<RawAuditQuery> for AuditQuery {
     }
 }
 
+impl AuditQuery {
+    /// The index term the search reads through: the most selective of its filters that the
+    /// trail is indexed by (a value, then `who`, then `list`); `None` without any of them.
+    pub fn index_term(&self, layout: &Layout) -> Option<AuditTerm> {
+        if let (Some(value), Some(dimension)) = (&self.value, &self.dimension) {
+            return Some(AuditTerm::Value(layout.audit_value(dimension, value)));
+        }
+        if let Some(who) = &self.who {
+            return Some(AuditTerm::Who(who.clone()));
+        }
+        self.list.as_ref().map(|l| AuditTerm::List(l.to_string()))
+    }
+
+    /// Where the reads start, as a cursor would: after the cursor, and no later than `until`
+    /// (plus the margin) allows, in every part.
+    fn start(&self) -> Option<AuditPos> {
+        let until = self.until.map(|u| AuditPos {
+            ms: u64::try_from(u)
+                .unwrap_or(0)
+                .saturating_add(CLOCK_MARGIN_MS),
+            seq: u64::MAX,
+            part: u16::MAX,
+        });
+        match (self.cursor, until) {
+            (Some(c), Some(u)) => Some(c.min(u)),
+            (c, u) => c.or(u),
+        }
+    }
+
+    /// Positions older than this (in ms) hold no record at or after `since`.
+    fn floor(&self) -> Option<u64> {
+        self.since.map(|s| {
+            u64::try_from(s)
+                .unwrap_or(0)
+                .saturating_sub(CLOCK_MARGIN_MS)
+        })
+    }
+}
+
 /// One record as `GET /v1/audit` shows it. Fields a record does not have are `null` (an
 /// import's record names no entry).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -303,7 +367,13 @@ impl AuditTrail {
         let mut fingerprints: HashMap<(String, String), Option<String>> = HashMap::new();
         let mut records = Vec::new();
         let mut examined = 0usize;
-        let mut merge = Merge::new(self.store.inner().audit_parts(), q.cursor, q.limit);
+        let mut merge = Merge::new(
+            self.store.inner().audit_parts(),
+            q.start(),
+            q.limit,
+            q.index_term(layout),
+        );
+        let floor = q.floor();
         let deadline = Deadline::after(self.deadline);
         loop {
             let reads = merge.reads();
@@ -317,7 +387,10 @@ impl AuditTrail {
                     .await?;
                 merge.add(&reads, got);
             }
-            let Some((pos, r)) = merge.next() else {
+            let Some((pos, r)) = merge
+                .next()
+                .filter(|(pos, _)| floor.is_none_or(|f| pos.ms >= f))
+            else {
                 return Ok(AuditPage {
                     records,
                     next_cursor: None,
@@ -392,7 +465,7 @@ struct Part {
     /// Where the next read of this part starts.
     before: Option<(u64, u64)>,
     inclusive: bool,
-    /// A read returned fewer records than asked: nothing older is left.
+    /// A read said nothing older is left.
     ended: bool,
     /// Records asked for by this part's next read.
     chunk: usize,
@@ -401,12 +474,14 @@ struct Part {
 /// The k-way merge of the parts by position, newest first, reading ahead in chunks.
 struct Merge {
     parts: Vec<Part>,
+    /// Every read goes through the parts' index by this term (all records without one).
+    index: Option<AuditTerm>,
 }
 
 impl Merge {
     /// Parts start where `cursor` left off: records strictly older than it in (position,
     /// part) order, so at its position too in the parts before its part.
-    fn new(parts: u16, cursor: Option<AuditPos>, limit: usize) -> Self {
+    fn new(parts: u16, cursor: Option<AuditPos>, limit: usize, index: Option<AuditTerm>) -> Self {
         let first = (2 * limit)
             .div_ceil(usize::from(parts.max(1)))
             .clamp(FIRST_CHUNK, MAX_CHUNK);
@@ -419,7 +494,7 @@ impl Merge {
                 chunk: first,
             })
             .collect();
-        Self { parts }
+        Self { parts, index }
     }
 
     /// What to read before the next record can be taken: nothing while every part that is
@@ -438,19 +513,22 @@ impl Merge {
                 before: p.before,
                 inclusive: p.inclusive,
                 count: p.chunk,
+                index: self.index.clone(),
             })
             .collect()
     }
 
-    fn add(&mut self, reads: &[AuditRead], got: Vec<Vec<(AuditPos, AuditRecord)>>) {
-        for (read, records) in reads.iter().zip(got) {
+    fn add(&mut self, reads: &[AuditRead], got: Vec<AuditChunk>) {
+        for (read, chunk) in reads.iter().zip(got) {
             let part = &mut self.parts[usize::from(read.part)];
-            part.ended = records.len() < read.count;
-            if let Some((last, _)) = records.last() {
-                part.before = Some((last.ms, last.seq));
-                part.inclusive = false;
+            match chunk.next {
+                None => part.ended = true,
+                Some(next) => {
+                    part.before = Some(next);
+                    part.inclusive = false;
+                }
             }
-            part.buffered.extend(records);
+            part.buffered.extend(chunk.records);
             part.chunk = (part.chunk * 2).min(MAX_CHUNK);
         }
     }
@@ -474,11 +552,11 @@ mod tests {
     use proptest::prelude::*;
 
     /// What a store holding `parts` (each part's stream ids, oldest first) answers.
-    fn read(parts: &[Vec<(u64, u64)>], reads: &[AuditRead]) -> Vec<Vec<(AuditPos, AuditRecord)>> {
+    fn read(parts: &[Vec<(u64, u64)>], reads: &[AuditRead]) -> Vec<AuditChunk> {
         reads
             .iter()
             .map(|r| {
-                parts[usize::from(r.part)]
+                let records: Vec<(AuditPos, AuditRecord)> = parts[usize::from(r.part)]
                     .iter()
                     .rev()
                     .filter(|id| match r.before {
@@ -495,7 +573,12 @@ mod tests {
                         };
                         (pos, AuditRecord { fields: Vec::new() })
                     })
-                    .collect()
+                    .collect();
+                let next = records
+                    .last()
+                    .filter(|_| records.len() == r.count)
+                    .map(|(p, _)| (p.ms, p.seq));
+                AuditChunk { records, next }
             })
             .collect()
     }
@@ -506,7 +589,7 @@ mod tests {
         cursor: Option<AuditPos>,
         limit: usize,
     ) -> (Vec<AuditPos>, usize) {
-        let mut merge = Merge::new(parts.len() as u16, cursor, limit);
+        let mut merge = Merge::new(parts.len() as u16, cursor, limit, None);
         let (mut out, mut trips) = (Vec::new(), 0);
         while out.len() < limit {
             let reads = merge.reads();

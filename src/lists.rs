@@ -576,6 +576,7 @@ impl NameLists {
                 e.expiry.expires_at_ms(),
                 e.reason.as_deref(),
                 &key,
+                layout.audit_value(&e.dimension, &e.value),
                 mask_value(&e.dimension, &e.value),
             ));
         }
@@ -653,6 +654,7 @@ impl NameLists {
                 None,
                 None,
                 &key,
+                layout.audit_value(&e.dimension, &e.value),
                 mask_value(&e.dimension, &e.value),
             ));
         }

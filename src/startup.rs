@@ -79,6 +79,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 created = report.created,
                 format = report.format,
                 key_id = report.key_id,
+                audit_indexed = report.audit_indexed,
                 "keyspace open"
             );
             unkeyed_loudly(settings, report.unkeyed.as_deref());

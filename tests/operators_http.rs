@@ -1,7 +1,7 @@
 //! The operators' endpoints over HTTP (issues 13 and 24): `GET /v1/lists` (paged by cursor,
 //! filtered), `GET /v1/lists/-/lookup/{dimension}/{value}` and `GET /v1/audit`, on the
 //! embedded store, a Redis and a local cluster; every bad filter and cursor a 400 with its
-//! code. (Roles:
+//! code, a cursor with nothing older an empty last page. (Roles:
 //! `tests/auth.rs`; no raw value in the logs: `tests/observability.rs`; the same behaviours
 //! on every backend without HTTP: `tests/conformance/operators.rs`.)
 
@@ -191,6 +191,30 @@ async fn operators_read_what_the_api_wrote(app: &TestApp) {
         "4 upserts, 1 refresh, 1 delete (of an entry never listed)"
     );
     let (_, body) = get(app, "/v1/audit?op=delete&sandbox=pay").await;
+    assert_eq!(body["records"].as_array().unwrap().len(), 1, "{body}");
+
+    // A well-formed cursor with nothing older (on Redis, an `XREVRANGE` to `(0-0` would be
+    // refused) is an empty last page, with or without the index: never a store error.
+    for path in [
+        "/v1/audit?cursor=0-0-3",
+        "/v1/audit?cursor=0-0-0&who=anonymous",
+        "/v1/audit?cursor=0-0-64&list=black",
+        "/v1/audit?cursor=0-1-0&op=upsert",
+        "/v1/audit?until=0&dimension=phone&value=13812345678",
+    ] {
+        let (status, body) = get(app, path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(body["records"], json!([]), "{path}: {body}");
+        assert_eq!(body["next_cursor"], Value::Null, "{path}: {body}");
+    }
+    assert_eq!(
+        app.metric(r#"namelist_store_errors_total{op="audit_page"}"#)
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
+    // Searches by who and by list, through the index.
+    let (_, body) = get(app, "/v1/audit?who=anonymous&list=grey").await;
     assert_eq!(body["records"].as_array().unwrap().len(), 1, "{body}");
 }
 

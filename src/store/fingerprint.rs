@@ -33,6 +33,7 @@
 //! | `distinct-member` | SipHash-2-4, 64-bit | the counted value | the COUNT_DISTINCT member |
 //! | `event` | SipHash-2-4, 64-bit | event type and id | what an entity remembers of an applied event |
 //! | `import-input` | SipHash-2-4, 64-bit | the first MiB of an import's input | its identity in the import checkpoint (a small input is a few rows) |
+//! | `audit-value` | SipHash-2-4, 64-bit | dimension and normalised value (`layout::Layout::audit_value`), without list or sandbox | an audit record's `vfp`, the term the trail's index finds a value by |
 //!
 //! # Why SipHash-2-4
 //! It is a PRF with a 128-bit key designed for short inputs, which these are (30–70 bytes).
@@ -97,6 +98,7 @@ struct Subkeys {
     member: [u8; 16],
     event: [u8; 16],
     input: [u8; 16],
+    audit_value: [u8; 16],
     /// 16 hex digits: what `<prefix>meta` records.
     id: String,
     /// Where the key came from, for messages (a path, or how it was made).
@@ -111,6 +113,7 @@ impl Drop for Subkeys {
             &mut self.member,
             &mut self.event,
             &mut self.input,
+            &mut self.audit_value,
         ] {
             k.zeroize();
         }
@@ -166,6 +169,7 @@ impl FingerprintKey {
             member: subkey(material, "distinct-member"),
             event: subkey(material, "event"),
             input: subkey(material, "import-input"),
+            audit_value: subkey(material, "audit-value"),
             id: to_hex(&id[..8]),
             source,
         }));
@@ -369,6 +373,15 @@ impl Hashing {
             Hashing::Keyed(k) => Sip64::new_with_key(&k.0.input).hash(head),
         }
     }
+
+    /// An audit record's value fingerprint (`vfp`): 64 bits of the dimension and normalised
+    /// value alone, so the same value has the same one in every list and sandbox.
+    pub fn audit_value(&self, bytes: &[u8]) -> u64 {
+        match self {
+            Hashing::Unkeyed => xxh3_64(bytes),
+            Hashing::Keyed(k) => Sip64::new_with_key(&k.0.audit_value).hash(bytes),
+        }
+    }
 }
 
 /// What a keyspace's meta (or an embedded snapshot) records about its hashing.
@@ -516,6 +529,13 @@ mod tests {
             k.distinct_member(bytes),
             Hashing::Unkeyed.distinct_member(bytes)
         );
+        assert_ne!(
+            k.audit_value(bytes),
+            Hashing::Unkeyed.audit_value(bytes),
+            "the value fingerprint is keyed"
+        );
+        assert_ne!(k.audit_value(bytes), k.distinct_member(bytes) as u64);
+        assert_ne!(k.audit_value(bytes), other.audit_value(bytes));
         assert_ne!(
             k.metric_entity(bytes),
             Hashing::Unkeyed.metric_entity(bytes)

@@ -1,7 +1,7 @@
 //! The embedded in-process store: what `namelist serve` runs on when no Redis is configured,
 //! so the service works on a fresh machine. It mirrors the Redis layout (entries keyed by
-//! bucket and field, expiry codes, per-scope prefix registries, a capped audit trail) so that
-//! both stores behave identically under the conformance suite.
+//! bucket and field, expiry codes, per-scope prefix registries, a capped and indexed audit
+//! trail) so that both stores behave identically under the conformance suite.
 //!
 //! Optionally it is snapshotted to a file (postcard, written to a temporary file and renamed,
 //! so a crash leaves the previous snapshot) every `snapshot_interval` when something changed
@@ -16,6 +16,12 @@
 //! The lists' counts are kept in the two orders of the Redis layout's indexes (a `BTreeMap`
 //! by (list, sandbox), a `BTreeSet` by (sandbox, list)), so a page is a range read,
 //! O(log n + page), and a pair at 0 or below is removed from both.
+//!
+//! The audit trail is one part, capped exactly at `audit_max_len` records, each at a position
+//! `(ms, seq)` like a stream id, and indexed as Redis indexes it (`layout`, *Audit trail*): a
+//! term's set of positions, kept with the trail on every append and every trim, so a search by
+//! value, who or list reads only the records it returns, and any bound is a binary search.
+//! Like the velocity counts, the trail is not in the snapshot.
 //!
 //! State sits behind one std `Mutex`: every operation is a few hash-map steps and no lock is
 //! held across an `.await`.
@@ -32,11 +38,11 @@ use tokio::sync::broadcast;
 
 use super::fingerprint::{self, RecordedHashing};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, CountsPage,
-    CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
-    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
-    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
-    StoredDefinition, WriteBatch, code_is_live,
+    AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
+    CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
+    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase,
+    StoreError, StoreResult, StoredDefinition, WriteBatch, code_is_live,
 };
 use crate::domain::now_ms;
 
@@ -44,8 +50,8 @@ use crate::domain::now_ms;
 struct State {
     entries: HashMap<EntryKey, u32>,
     registries: HashMap<Scope, BTreeSet<PrefixLen>>,
-    /// Oldest first, each with its sequence number (its place in the trail).
-    audit: VecDeque<(u64, AuditRecord)>,
+    /// The audit trail, oldest first: positions strictly increase (see `AuditSlot`).
+    audit: VecDeque<AuditSlot>,
     audit_seq: u64,
     /// (list, sandbox) → (approximate entry count, always > 0; last change), in (list,
     /// sandbox) order, and the same pairs as (sandbox, list): what the Redis layout's count
@@ -53,10 +59,31 @@ struct State {
     /// snapshot: counted since this process started.
     counts: BTreeMap<(String, String), (i64, i64)>,
     counts_by_sandbox: BTreeSet<(String, String)>,
+    /// The `ms` of the newest position (the clock, never going back).
+    audit_ms: u64,
+    /// Each index term → the `seq` of every record of `audit` indexed under it, and nothing
+    /// else: kept with `audit` on every append and every trim.
+    audit_index: HashMap<AuditTerm, BTreeSet<u64>>,
     metrics: HashMap<String, MetricState>,
     /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
     definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
     ops_since_purge: u64,
+}
+
+/// One record of the trail and its position `(ms, seq)`: `seq` is one more than the record
+/// before it, `ms` the wall clock when it was appended, held back from going back, as Redis
+/// makes a stream id's time. So positions order the trail, and a cursor's `(ms, seq)` means
+/// the same on both stores.
+struct AuditSlot {
+    ms: u64,
+    seq: u64,
+    record: AuditRecord,
+}
+
+impl AuditSlot {
+    fn at(&self) -> (u64, u64) {
+        (self.ms, self.seq)
+    }
 }
 
 /// One metric entity, as Redis would keep it (see `layout`).
@@ -423,15 +450,38 @@ impl MemoryStore {
         self.state.lock().expect("memory store lock")
     }
 
+    /// Appends records to the trail and indexes them under their terms; past the cap the
+    /// oldest go, and their index entries with them.
     fn append_audit(&self, st: &mut State, records: Vec<AuditRecord>) {
-        for r in records {
+        let now = u64::try_from(now_ms()).unwrap_or(0);
+        for record in records {
             st.audit_seq += 1;
+            st.audit_ms = st.audit_ms.max(now);
             let seq = st.audit_seq;
-            st.audit.push_back((seq, r));
+            for term in record.terms() {
+                st.audit_index.entry(term).or_default().insert(seq);
+            }
+            let ms = st.audit_ms;
+            st.audit.push_back(AuditSlot { ms, seq, record });
         }
         while st.audit.len() > self.audit_max_len {
-            st.audit.pop_front();
+            let Some(gone) = st.audit.pop_front() else {
+                break;
+            };
+            for term in gone.record.terms() {
+                if let Some(seqs) = st.audit_index.get_mut(&term) {
+                    seqs.remove(&gone.seq);
+                    if seqs.is_empty() {
+                        st.audit_index.remove(&term);
+                    }
+                }
+            }
         }
+    }
+
+    /// Index entries of the trail, all terms together (what Redis's `ZCARD`s would sum to).
+    pub fn audit_index_len(&self) -> usize {
+        self.lock().audit_index.values().map(BTreeSet::len).sum()
     }
 
     /// Number of fields stored, expired ones included (what `HLEN` would sum to).
@@ -601,42 +651,76 @@ impl EntryStore for MemoryStore {
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
         let st = self.lock();
         let skip = st.audit.len().saturating_sub(count);
-        Ok(st.audit.iter().skip(skip).map(|(_, r)| r.clone()).collect())
+        Ok(st
+            .audit
+            .iter()
+            .skip(skip)
+            .map(|s| s.record.clone())
+            .collect())
     }
 
     fn audit_parts(&self) -> u16 {
         1
     }
 
-    async fn audit_read(
-        &self,
-        reads: &[AuditRead],
-    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
+    /// O(log n + count) per read: the bound by binary search (positions are sorted), then
+    /// the trail backwards from it, or the term's records below it in the index.
+    async fn audit_read(&self, reads: &[AuditRead]) -> StoreResult<Vec<AuditChunk>> {
+        use std::ops::Bound;
         let st = self.lock();
-        // One part; the sequence number is the position (`ms` unused).
-        let pos = |seq: u64| AuditPos {
-            ms: 0,
-            seq,
-            part: 0,
+        // One part.
+        let found = |slot: &AuditSlot| {
+            let pos = AuditPos {
+                ms: slot.ms,
+                seq: slot.seq,
+                part: 0,
+            };
+            (pos, slot.record.clone())
         };
         Ok(reads
             .iter()
             .map(|read| {
-                if read.part != 0 {
-                    return Vec::new();
+                if read.part != 0 || read.before_everything() {
+                    return AuditChunk::default();
                 }
-                let older = |seq: u64| match read.before {
-                    None => true,
-                    Some((_, b)) if read.inclusive => seq <= b,
-                    Some((_, b)) => seq < b,
+                // The records older than the bound are `audit[..end]`.
+                let end = match read.before {
+                    None => st.audit.len(),
+                    Some(b) if read.inclusive => st.audit.partition_point(|s| s.at() <= b),
+                    Some(b) => st.audit.partition_point(|s| s.at() < b),
                 };
-                st.audit
-                    .iter()
-                    .rev()
-                    .filter(|(seq, _)| older(*seq))
-                    .take(read.count)
-                    .map(|(seq, r)| (pos(*seq), r.clone()))
-                    .collect()
+                let records: Vec<(AuditPos, AuditRecord)> = match &read.index {
+                    None => st
+                        .audit
+                        .range(..end)
+                        .rev()
+                        .take(read.count)
+                        .map(found)
+                        .collect(),
+                    Some(term) => {
+                        let below = st
+                            .audit
+                            .get(end)
+                            .map_or(Bound::Unbounded, |s| Bound::Excluded(s.seq));
+                        st.audit_index
+                            .get(term)
+                            .into_iter()
+                            .flat_map(|seqs| seqs.range((Bound::Unbounded, below)).rev())
+                            .take(read.count)
+                            .filter_map(|seq| {
+                                let i = st.audit.binary_search_by_key(seq, |s| s.seq).ok()?;
+                                st.audit.get(i).map(found)
+                            })
+                            .collect()
+                    }
+                };
+                // Every index entry has its record here: the last one returned is where the
+                // part goes on.
+                let next = records
+                    .last()
+                    .filter(|_| records.len() == read.count)
+                    .map(|(p, _)| (p.ms, p.seq));
+                AuditChunk { records, next }
             })
             .collect())
     }

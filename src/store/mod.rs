@@ -338,15 +338,55 @@ impl AuditPos {
     }
 }
 
+/// A term of the audit trail's index: what a read through the index finds
+/// (`AuditRead::index`). Every record is indexed, when written, under the terms of the
+/// fields it has (`AuditRecord::terms`): at most one of each kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AuditTerm {
+    /// The record's value fingerprint (its `vfp` field, `Layout::audit_value`): one entry's
+    /// value in its dimension, in every list and sandbox. Records written before the field
+    /// existed have none.
+    Value(u64),
+    /// The record's `who` (a token's name, an import's actor).
+    Who(String),
+    /// The record's `list`.
+    List(String),
+}
+
 /// One part's read of the audit trail (`EntryStore::audit_read`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditRead {
     pub part: u16,
     /// Records older than this stream position `(ms, seq)` of the part (the newest when
-    /// `None`), and at it too when `inclusive`.
+    /// `None`), and at it too when `inclusive`. Any position is valid, `(0, 0)` exclusive
+    /// included (nothing is older): a cursor is the caller's input, and no position it holds
+    /// may turn into a command the store refuses.
     pub before: Option<(u64, u64)>,
     pub inclusive: bool,
     pub count: usize,
+    /// Only the records indexed under this term, read through the part's index: the cost is
+    /// that of the records returned (plus a probe of the index), not of the records passed
+    /// over. `None`: every record.
+    pub index: Option<AuditTerm>,
+}
+
+/// What one `AuditRead` found: up to its `count` records of its part, newest first, each
+/// with its place in the merged trail, and where the part goes on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditChunk {
+    pub records: Vec<(AuditPos, AuditRecord)>,
+    /// The position `(ms, seq)` the next read of the part starts strictly before; `None` when
+    /// nothing older is left. Past the last record returned when it is one: a read through an
+    /// index may pass over index entries whose record is gone (`layout`, *Audit trail*), and
+    /// must not meet them again.
+    pub next: Option<(u64, u64)>,
+}
+
+impl AuditRead {
+    /// Whether nothing can be older than the bound: exclusive of the very first position.
+    pub fn before_everything(&self) -> bool {
+        self.before == Some((0, 0)) && !self.inclusive
+    }
 }
 
 /// The entries, registry additions and audit records of one upsert.
@@ -548,14 +588,16 @@ pub trait EntryStore: StoreBase {
     /// How many parts the audit trail is split in (`AuditRead::part` is below this).
     fn audit_parts(&self) -> u16;
 
-    /// For each read, up to its `count` records of its part older than its bound, newest
-    /// first, each with its place in the merged trail; all reads at once (on Redis one
-    /// `XREVRANGE` per read, one round trip per primary). Fewer than `count`: that part ends
-    /// there. The merge by position is the caller's (`audit_trail`).
-    async fn audit_read(
-        &self,
-        reads: &[AuditRead],
-    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>>;
+    /// For each read, up to its `count` records of its part older than its bound (with its
+    /// index term, if any), newest first, and where the part goes on; all reads at once (on
+    /// Redis one `XREVRANGE` per read, or through the index a `ZRANGE` per read then an
+    /// `XRANGE` per record: one round trip per primary for each). The merge by position is
+    /// the caller's (`audit_trail`).
+    ///
+    /// Invariant: a read through an index returns exactly the records a read without one
+    /// would, less those not indexed under its term, in the same order; no bound, however
+    /// odd, is an error.
+    async fn audit_read(&self, reads: &[AuditRead]) -> StoreResult<Vec<AuditChunk>>;
 
     /// Adds `delta` to each scope's approximate entry count and moves its last change up to
     /// `at_ms` (deltas of 0 too: a refresh is a change). A scope whose count reaches 0 or

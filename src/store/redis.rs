@@ -15,20 +15,25 @@
 //! parsed here (`dump::read_hash_dump`: a third less Redis CPU than `HGETALL`, one string to
 //! parse); a bucket that is not a listpack, or a server that refuses `DUMP` (ACLs), is read
 //! with `HGETALL` instead. An upsert on one node is one `MULTI`/`EXEC` (registry `SADD`s
-//! first, so a range is never stored before a reader would probe it; then multi-field
-//! `HSET`s per bucket, the audit `XADD`s and finally the `PUBLISH`) and its `WAIT`, in one
-//! pipeline, so it is taken whole or not at all. A cluster has no transaction across slots:
+//! first, so a range is never stored before a reader would probe it; then `HSET`s per entry,
+//! the audit appends (one `EVAL` per part written to: `XADD`s, their index, the trim; see
+//! `layout`, *Audit trail*) and finally the `PUBLISH`) and its `WAIT`, in one pipeline, so
+//! it is taken whole or not at all. A cluster has no transaction across slots:
 //! there the same steps run in that order as three batches (registries; buckets; audit and
 //! publish; each a `MULTI`/`EXEC` per slot), then one `WAIT` per primary written to, and an
 //! error at any step fails the write (it may be partly applied; a retry is idempotent). The
 //! audit records go to parts on the primaries of their entries (`layout`), and the `PUBLISH`
 //! rides with them, so a write depends on no shard but its own entries'. Deletes and lazy
 //! expiry are Lua scripts, one per bucket, called by SHA (loaded at start-up and again after a
-//! `NOSCRIPT`); definitions are small scripts sent whole (`EVAL`). The lists' counts are
-//! four keys on one hash tag (`layout`, *The lists' counts*): a change is one script call per
-//! 1,000 pairs on the write path (no replica waited for: bookkeeping), a page one read-only
-//! script call on the read connection, O(log n + page). The service's start folds the counts
-//! of the older 64-part layout into them (`fold_old_counts`), once per pair.
+//! `NOSCRIPT`); definitions and audit appends are scripts sent whole (`EVAL`), the appends
+//! because they run inside a write's `MULTI`. The lists' counts are four keys on one hash tag
+//! (`layout`, *The lists' counts*): a change is one script call per 1,000 pairs on the write
+//! path (no replica waited for: bookkeeping), a page one read-only script call on the
+//! operators' connection, O(log n + page). The service's start folds the counts of the older
+//! 64-part layout into them (`fold_old_counts`), once per pair. At open, the audit streams' records that no
+//! index holds yet are indexed (`layout`, *Audit trail*): once after an upgrade, then a round
+//! trip that finds nothing. Audit reads through the index are plain commands: a `ZRANGE` of
+//! each index, then an `XRANGE` of each record it names.
 //!
 //! Writes take the caller's deadline and never ask the server to wait past it; reads have no
 //! deadline of their own beyond the connection's response timeout: the service wraps every
@@ -45,21 +50,24 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 use super::scripts::{
-    self, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION, MetricScripts, OPEN_KEYSPACE,
-    PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
+    self, AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION,
+    MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
-use super::layout::{AUDIT_PARTS, COUNT_CHUNK, MAX_MEAN_FILL, key_slot};
+use super::layout::{
+    AUDIT_INDEX_ID_LEN, AUDIT_PARTS, COUNT_CHUNK, MAX_MEAN_FILL, audit_index_id, audit_index_term,
+    key_slot, parse_audit_index_id,
+};
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
-    AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, CountChange, CountsPage,
-    CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey, EntryStore, Invalidation,
-    InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer, MetricFamily, MetricOp,
-    MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase, StoreError, StoreResult,
-    StoredDefinition, WriteBatch,
+    AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
+    CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
+    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer,
+    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase,
+    StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::{ListName, Sandbox, now_ms};
 
@@ -101,6 +109,9 @@ pub struct OpenReport {
     pub warnings: Vec<String>,
     /// Set for an unkeyed keyspace: the line to log at ERROR at every start-up.
     pub unkeyed: Option<String>,
+    /// Audit records indexed at open: those written before the index existed (or by an
+    /// older build since); 0 once every stream is indexed.
+    pub audit_indexed: u64,
 }
 
 /// What `RedisStore::fold_old_counts` did.
@@ -112,6 +123,14 @@ pub struct Folded {
     /// Fields of the parts that are not pairs that layout wrote: left where they are.
     pub left_alone: u64,
 }
+
+/// Records an audit append indexes first, of those an older build left unindexed (a rolling
+/// deploy): what catches a part up without waiting for the next start-up.
+const AUDIT_CATCH_UP_PER_WRITE: usize = 100;
+
+/// Records one catch-up call indexes at open (a few ms of Redis each, so that nothing else
+/// waits long behind it).
+const AUDIT_INDEX_CHUNK: usize = 1_000;
 
 /// The Redis store.
 pub struct RedisStore {
@@ -268,6 +287,29 @@ fn parse_stream(v: &redis::Value) -> StoreResult<Vec<((u64, u64), AuditRecord)>>
                 fields.push((k, v));
             }
             Ok((id, AuditRecord { fields }))
+        })
+        .collect()
+}
+
+/// The ids an audit index range found (`RedisStore::audit_index_range`), newest first: each
+/// member ends with `\0` and its stream id in 19 hex digits (`layout::audit_index_id`).
+fn parse_index_range(v: &redis::Value) -> StoreResult<Vec<(u64, u64)>> {
+    let members: Vec<Vec<u8>> = redis::from_redis_value_ref(v)
+        .map_err(|e| StoreError::corrupt(format!("audit index range: {e}")))?;
+    members
+        .iter()
+        .map(|m| {
+            let split = m.len().checked_sub(AUDIT_INDEX_ID_LEN + 1);
+            split
+                .filter(|&at| m[at] == 0)
+                .and_then(|at| std::str::from_utf8(&m[at + 1..]).ok())
+                .and_then(parse_audit_index_id)
+                .ok_or_else(|| {
+                    StoreError::corrupt(format!(
+                        "audit index member {:?}",
+                        String::from_utf8_lossy(m)
+                    ))
+                })
         })
         .collect()
 }
@@ -449,6 +491,8 @@ impl RedisStore {
             dump_refused: AtomicBool::new(false),
         };
         store.load_scripts().await?;
+        let (audit_indexed, not_indexed) = store.index_audit_trail().await;
+        warnings.extend(not_indexed);
         Ok((
             store,
             OpenReport {
@@ -458,6 +502,7 @@ impl RedisStore {
                 key_id,
                 warnings,
                 unkeyed,
+                audit_indexed,
             },
         ))
     }
@@ -528,8 +573,71 @@ impl RedisStore {
         r
     }
 
+    /// Indexes, in every audit stream, the records no index holds yet: all of them the first
+    /// time (records written before the index existed), then those an older build wrote
+    /// since (a rolling deploy); a stream whose index holds members of records gone (an
+    /// older build trimmed them) is indexed again from scratch. `AUDIT_INDEX_CHUNK` records
+    /// a call, every stream at once per round trip: on an indexed keyspace, one round trip
+    /// that finds nothing to do. Returns the records indexed and, for each stream that could
+    /// not be indexed, a warning (its older records are then not found by searches by who or
+    /// list until a later start, or a write to it, catches it up).
+    async fn index_audit_trail(&self) -> (u64, Vec<String>) {
+        let keys = self.layout.audit_keys();
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let (mut indexed, mut first) = (0u64, true);
+        let mut warnings = Vec::new();
+        while !pending.is_empty() {
+            let cmds: Vec<Keyed> = pending
+                .iter()
+                .map(|&i| {
+                    let (ix, mark) = self.layout.audit_index_keys(i);
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(AUDIT_CATCH_UP_LUA.as_str())
+                        .arg(3)
+                        .arg(&keys[i])
+                        .arg(ix)
+                        .arg(mark)
+                        .arg(AUDIT_INDEX_CHUNK)
+                        .arg(if first { "1" } else { "" });
+                    (keys[i].clone().into_bytes(), cmd)
+                })
+                .collect();
+            let replies = match self.conn.run(cmds).await {
+                Ok(r) => r,
+                Err(e) => {
+                    warnings.push(format!(
+                        "audit trail not indexed ({e}): searches by who or list may miss records \
+                         written without the index until a later start (or a write to their \
+                         part) indexes them"
+                    ));
+                    break;
+                }
+            };
+            let mut next = Vec::new();
+            for (&i, reply) in pending.iter().zip(replies) {
+                match reply.and_then(|v| Ok(redis::from_redis_value::<(i64, u64, i64)>(v)?)) {
+                    Ok((done, n, _)) => {
+                        indexed += n;
+                        if done == 0 {
+                            next.push(i);
+                        }
+                    }
+                    Err(e) => warnings.push(format!(
+                        "audit stream {} not indexed ({e}): searches by who or list may miss its \
+                         records written without the index until a later start (or a write to \
+                         it) indexes them",
+                        keys[i]
+                    )),
+                }
+            }
+            pending = next;
+            first = false;
+        }
+        (indexed, warnings)
+    }
+
     /// Appends one record to the audit trail (for tools that write in bulk), in a part on a
-    /// primary that can take it.
+    /// primary that can take it, indexed and trimmed as a write's records are.
     pub async fn append_audit(&self, record: &AuditRecord) -> StoreResult<()> {
         let topology = self.monitor.topology();
         let now = Instant::now();
@@ -544,7 +652,7 @@ impl RedisStore {
                     .is_ok()
             })
             .unwrap_or(0);
-        let cmd = self.xadd(self.layout.audit_part_key(part), record);
+        let cmd = self.audit_append(part, &[record]);
         let deadline = Deadline::after(Duration::from_secs(10));
         let mut session = self
             .session(&topology, [cmd.0.as_slice()], self.write_replicas, deadline)
@@ -579,43 +687,87 @@ impl RedisStore {
         self.conn.clone()
     }
 
-    /// One record appended to the audit part `key` (capped).
-    fn xadd(&self, key: String, record: &AuditRecord) -> Keyed {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
+    /// Records appended to audit part `part`, indexed, the part trimmed past its cap
+    /// (`scripts::AUDIT_APPEND`): one `EVAL`, sent whole, so that inside a write's `MULTI`
+    /// it cannot fail for want of a cached script. Records without fields are skipped (a
+    /// stream entry needs one).
+    fn audit_append(&self, part: usize, records: &[&AuditRecord]) -> Keyed {
+        let key = self.layout.audit_part_key(part);
+        let (ix, mark) = self.layout.audit_index_keys(part);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(AUDIT_APPEND_LUA.as_str())
+            .arg(3)
+            .arg(&key)
+            .arg(ix)
+            .arg(mark)
             .arg(self.audit_part_len)
-            .arg("*");
-        for (name, value) in &record.fields {
-            cmd.arg(name).arg(value);
+            .arg(AUDIT_CATCH_UP_PER_WRITE);
+        for r in records.iter().filter(|r| !r.fields.is_empty()) {
+            cmd.arg(2 * r.fields.len());
+            for (name, value) in &r.fields {
+                cmd.arg(name).arg(value);
+            }
         }
         (key.into_bytes(), cmd)
     }
 
-    /// The `XADD`s of a write's audit records: record `i` goes to a part on the primary of
-    /// the bucket of entry `i` (the last entry's past the end: records beyond the entries,
-    /// such as a delete naming one entry twice, still land on a primary this write touches).
+    /// The appends of a write's audit records, one per part: record `i` goes to a part on
+    /// the primary of the bucket of entry `i` (the last entry's past the end: records beyond
+    /// the entries, such as a delete naming one entry twice, still land on a primary this
+    /// write touches), in order within each part.
     fn audit_cmds(
         &self,
         topology: &Topology,
         records: &[AuditRecord],
         buckets: &[u32],
     ) -> Vec<Keyed> {
-        records
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let part = match buckets.get(i).or(buckets.last()) {
-                    Some(&b) => {
-                        let slot = key_slot(self.layout.bucket_key(b).as_bytes());
-                        topology.audit_part(slot, b)
-                    }
-                    None => i % AUDIT_PARTS,
-                };
-                self.xadd(self.layout.audit_part_key(part), r)
-            })
+        let mut by_part: BTreeMap<usize, Vec<&AuditRecord>> = BTreeMap::new();
+        for (i, r) in records.iter().enumerate() {
+            let part = match buckets.get(i).or(buckets.last()) {
+                Some(&b) => {
+                    let slot = key_slot(self.layout.bucket_key(b).as_bytes());
+                    topology.audit_part(slot, b)
+                }
+                None => i % AUDIT_PARTS,
+            };
+            by_part.entry(part).or_default().push(r);
+        }
+        by_part
+            .into_iter()
+            .map(|(part, records)| self.audit_append(part, &records))
             .collect()
+    }
+
+    /// The range of a read through audit stream `stream`'s index: `ZRANGE <ix> <hi> <lo>
+    /// BYLEX REV LIMIT 0 <count>`, the members of `term` older than the read's bound, newest
+    /// first (`layout`, *Audit trail*). The bound is written as a member ends: a position past
+    /// what its width holds is above every stream id, so it is no bound at all (the sequence
+    /// clamped: no id has more).
+    fn audit_index_range(&self, stream: usize, term: &AuditTerm, read: &AuditRead) -> Keyed {
+        let (ix, _) = self.layout.audit_index_keys(stream);
+        let term = audit_index_term(term);
+        let bound = read.before.and_then(|(ms, seq)| {
+            let clamped = seq > u64::from(u32::MAX);
+            audit_index_id(ms, seq.min(u64::from(u32::MAX)))
+                .map(|id| (id, read.inclusive || clamped))
+        });
+        let hi = match &bound {
+            None => [&b"("[..], &term, b"\x01"].concat(),
+            Some((id, true)) => [&b"["[..], &term, b"\0", id.as_bytes()].concat(),
+            Some((id, false)) => [&b"("[..], &term, b"\0", id.as_bytes()].concat(),
+        };
+        let lo = [&b"["[..], &term, b"\0"].concat();
+        Self::keyed(ix, |c, key| {
+            c.arg("ZRANGE")
+                .arg(key)
+                .arg(hi)
+                .arg(lo)
+                .arg("BYLEX")
+                .arg("REV")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(read.count);
+        })
     }
 
     /// `PUBLISH`. On a cluster any node broadcasts it to every subscriber, so it is routed
@@ -1369,16 +1521,27 @@ impl EntryStore for RedisStore {
         (AUDIT_PARTS + 1) as u16
     }
 
-    async fn audit_read(
-        &self,
-        reads: &[AuditRead],
-    ) -> StoreResult<Vec<Vec<(AuditPos, AuditRecord)>>> {
+    async fn audit_read(&self, reads: &[AuditRead]) -> StoreResult<Vec<AuditChunk>> {
         let keys = self.layout.audit_keys();
+        let mut out = vec![AuditChunk::default(); reads.len()];
+        // First round trip: an `XREVRANGE` per plain read, an index range per indexed one.
+        // The reads sent, by index: a bound with nothing older is answered here (an
+        // `XREVRANGE` to `(0-0` is refused: "invalid end ID").
         let mut cmds: Vec<Keyed> = Vec::with_capacity(reads.len());
-        for read in reads {
+        let mut sent = Vec::with_capacity(reads.len());
+        for (i, read) in reads.iter().enumerate() {
+            let stream = usize::from(read.part);
             let key = keys
-                .get(usize::from(read.part))
+                .get(stream)
                 .ok_or_else(|| StoreError::corrupt(format!("no audit part {}", read.part)))?;
+            if read.before_everything() {
+                continue;
+            }
+            sent.push(i);
+            if let Some(term) = &read.index {
+                cmds.push(self.audit_index_range(stream, term, read));
+                continue;
+            }
             let end = match read.before {
                 None => "+".to_owned(),
                 Some((ms, seq)) if read.inclusive => format!("{ms}-{seq}"),
@@ -1399,23 +1562,48 @@ impl EntryStore for RedisStore {
             .run_all(cmds)
             .await
             .map_err(unavailable)?;
-        reads
-            .iter()
-            .zip(&replies)
-            .map(|(read, v)| {
-                Ok(parse_stream(v)?
+        // Second round trip: each record the indexes named, by its id (an `XRANGE` in a
+        // script would cost Redis ~10 times more a record: the reply made a Lua table and
+        // back).
+        let mut fetch: Vec<Keyed> = Vec::new();
+        let mut named: Vec<(usize, (u64, u64))> = Vec::new();
+        for (&i, v) in sent.iter().zip(&replies) {
+            let read = &reads[i];
+            let part = read.part;
+            if read.index.is_none() {
+                let records: Vec<(AuditPos, AuditRecord)> = parse_stream(v)?
                     .into_iter()
-                    .map(|((ms, seq), r)| {
-                        let pos = AuditPos {
-                            ms,
-                            seq,
-                            part: read.part,
-                        };
-                        (pos, r)
-                    })
-                    .collect())
-            })
-            .collect()
+                    .map(|((ms, seq), r)| (AuditPos { ms, seq, part }, r))
+                    .collect();
+                out[i].next = records
+                    .last()
+                    .filter(|_| records.len() == read.count)
+                    .map(|(p, _)| (p.ms, p.seq));
+                out[i].records = records;
+                continue;
+            }
+            let ids = parse_index_range(v)?;
+            out[i].next = ids.last().copied().filter(|_| ids.len() == read.count);
+            let key = &keys[usize::from(part)];
+            for (ms, seq) in ids {
+                let id = format!("{ms}-{seq}");
+                fetch.push(Self::keyed(key.clone(), |c, key| {
+                    c.arg("XRANGE").arg(key).arg(&id).arg(&id);
+                }));
+                named.push((i, (ms, seq)));
+            }
+        }
+        if !fetch.is_empty() {
+            let replies = self.conn.run_all(fetch).await.map_err(unavailable)?;
+            for ((i, (ms, seq)), v) in named.into_iter().zip(&replies) {
+                // A member whose record is gone (an older build trimmed it) finds nothing.
+                if let Some((_, record)) = parse_stream(v)?.into_iter().next() {
+                    let part = reads[i].part;
+                    out[i].records.push((AuditPos { ms, seq, part }, record));
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn count_changes(
@@ -1716,6 +1904,33 @@ mod tests {
             Value::Array(vec![bulk("at"), bulk("1"), bulk("dangling")]),
         ])]);
         assert_eq!(parse_stream(&odd).unwrap()[0].1.fields.len(), 1);
+    }
+
+    #[test]
+    fn odd_index_members_are_corrupt_not_panics() {
+        let member = |b: &[u8]| Value::BulkString(b.to_vec());
+        let ok = Value::Array(vec![
+            member(b"w:alice\x0018bcfe5684d00000003"),
+            member(b"v:00000000000000ab\x000000000000000000001"),
+        ]);
+        assert_eq!(
+            parse_index_range(&ok).unwrap(),
+            [(1_700_000_000_077, 3), (0, 1)]
+        );
+        for bad in [
+            &b"w:alice\x0018bcfe5684d0000000"[..],
+            b"w:alice18bcfe5684d00000003",
+            b"\x0018bcfe5684d0000000X",
+            b"0018bcfe5684d00000003",
+            b"",
+        ] {
+            let v = Value::Array(vec![member(bad)]);
+            assert!(
+                matches!(parse_index_range(&v), Err(StoreError::Corrupt { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(parse_index_range(&Value::Int(1)).is_err());
     }
 
     #[test]

@@ -1,15 +1,22 @@
 //! Every Lua script the Redis store runs, in one place: the keyspace's opening, the entry
 //! scripts (removal, compare-and-delete, the audit's expiry count), the lists' counts (change,
-//! page, and the fold of the older layout's parts), the metric families and the definitions.
+//! page, and the fold of the older layout's parts), the metric families, the definitions and
+//! the audit trail's index (append and trim, catch-up).
 //!
 //! Invariant: the "still live" rule is written once in Lua (`ENTRY_PREAMBLE`'s `live_code`,
 //! the twin of `ExpiryCode::is_live`, which a test in `expiry` checks against the same
 //! arithmetic), and every entry script that judges expiry starts with that preamble and takes
 //! "now" as `ExpiryCode::script_now`. Entry scripts touch one bucket (`KEYS[1]`), so each runs
 //! on the node that owns it, in a cluster too; the counts' scripts touch the keys of one hash
-//! tag. Scripts are called by SHA (`EVALSHA`) and loaded again after a `NOSCRIPT`
-//! (`is_noscript`), except the definitions' small ones, sent whole, and the fold, run once
-//! at start-up through `Script::invoke_async` (which loads it when missing).
+//! tag. Likewise the index of an audit record is
+//! written, and removed, only by `AUDIT_PREAMBLE`'s `members` (the twin of
+//! `AuditRecord::terms` and `layout::audit_index_term`), from the record's own fields, and
+//! every audit script touches one stream and its index, which share a hash tag. Scripts are
+//! called by SHA (`EVALSHA`) and loaded again after a `NOSCRIPT` (`is_noscript`), except the
+//! definitions' small ones and the audit append, sent whole (`EVAL`): the append runs inside
+//! a write's `MULTI`, where a `NOSCRIPT` (a failover to a node that never loaded it) would
+//! fail that one command after the entries before it were written; and the counts' fold, run
+//! once at start-up through `Script::invoke_async` (which loads it when missing).
 
 use std::sync::LazyLock;
 
@@ -281,6 +288,125 @@ for i = 1, #ARGV do
 end
 return out
 ";
+
+/// The start of every audit script (see `layout`, *Audit trail*). `members` appends to `out`
+/// (after its first `n`, with a score 0 before each when `scored`) the index members of the
+/// record at stream id `id` whose fields are `t[a..b]`: `<tag><escaped field>\0<id as 19 hex
+/// digits>` for the first `vfp` (if 16 lower-case hex digits), `who` and `list` it has; `esc`
+/// writes `\0` as `\1\1` and `\1` as `\1\2`. Members go to Redis `FLUSH_AT` arguments at a
+/// time (`flush`: one `ZADD` or `ZREM` for many records, within what `unpack` may spread).
+/// `catch_up` indexes the records after the mark KEYS[3] (every record without one), at most
+/// `limit`, moves the mark to the last and says whether none is left.
+const AUDIT_PREAMBLE: &str = r"
+local FLUSH_AT = 3000
+local function esc(s)
+  if not string.find(s, '[%z\1]') then return s end
+  return (string.gsub(s, '[%z\1]', function(c)
+    if c == '\0' then return '\1\1' end
+    return '\1\2'
+  end))
+end
+local function members(out, n, id, t, a, b, scored)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  local fid = string.format('\0%011x%08x', ms, seq)
+  local v, w, l = true, true, true
+  for j = a, b - 1, 2 do
+    local name, value, m = t[j], t[j + 1], nil
+    if name == 'who' then
+      if w then w = false; m = 'w:' .. esc(value) .. fid end
+    elseif name == 'list' then
+      if l then l = false; m = 'l:' .. esc(value) .. fid end
+    elseif name == 'vfp' and v then
+      v = false
+      if #value == 16 and not string.find(value, '[^0-9a-f]') then m = 'v:' .. value .. fid end
+    end
+    if m then
+      if scored then n = n + 1; out[n] = 0 end
+      n = n + 1
+      out[n] = m
+    end
+  end
+  return n
+end
+local function flush(cmd, key, args, n)
+  if n > 0 then redis.call(cmd, key, unpack(args, 1, n)) end
+  return 0
+end
+local function catch_up(stream, ix, mark, limit)
+  local h = redis.call('GET', mark)
+  local from = '-'
+  if h then from = '(' .. h end
+  local recs = redis.call('XRANGE', stream, from, '+', 'COUNT', limit)
+  local args, n = {}, 0
+  for _, r in ipairs(recs) do
+    n = members(args, n, r[1], r[2], 1, #r[2], true)
+    if n >= FLUSH_AT then n = flush('ZADD', ix, args, n) end
+  end
+  flush('ZADD', ix, args, n)
+  if #recs > 0 then redis.call('SET', mark, recs[#recs][1]) end
+  return #recs < limit, #recs
+end
+";
+
+/// Appends a write's records to one audit part and indexes them; then, past the cap, removes
+/// the oldest records and their index members. KEYS: the part, its index, its mark. ARGV: 1
+/// the cap, 2 how many records an older build left unindexed to catch up on first, then each
+/// record as its field count and its fields. The part is trimmed, once it holds more than the
+/// cap, to the cap less a sixteenth (at most 1,000 records a call), so trimming is paid once
+/// every `cap / 16` records and the part never holds more than the cap for long: the members
+/// removed are computed from the removed records themselves, so the index holds exactly the
+/// records the part holds. Returns the part's length before trimming.
+const AUDIT_APPEND: &str = r"
+local stream, ix, mark = KEYS[1], KEYS[2], KEYS[3]
+local cap = tonumber(ARGV[1])
+local caught = catch_up(stream, ix, mark, tonumber(ARGV[2]))
+local args, n, i, last = {}, 0, 3, nil
+while i <= #ARGV do
+  local k = tonumber(ARGV[i])
+  last = redis.call('XADD', stream, '*', unpack(ARGV, i + 1, i + k))
+  n = members(args, n, last, ARGV, i + 1, i + k, true)
+  if n >= FLUSH_AT then n = flush('ZADD', ix, args, n) end
+  i = i + k + 1
+end
+flush('ZADD', ix, args, n)
+if caught and last then redis.call('SET', mark, last) end
+local len = redis.call('XLEN', stream)
+if len > cap then
+  local drop = math.min(len - cap + math.floor(cap / 16), 1000)
+  local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', drop + 1)
+  n = 0
+  for k = 1, drop do
+    n = members(args, n, old[k][1], old[k][2], 1, #old[k][2], false)
+    if n >= FLUSH_AT then n = flush('ZREM', ix, args, n) end
+  end
+  flush('ZREM', ix, args, n)
+  redis.call('XTRIM', stream, 'MINID', old[drop + 1][1])
+end
+return len
+";
+
+/// Indexes an audit stream's records written without an index (an older build's, or before
+/// the index existed), at most ARGV[1] a call. KEYS as `AUDIT_APPEND`. With ARGV[2] = '1',
+/// first drops an index that holds more than 3 members a record (members of records another
+/// build trimmed away) with its mark, so it is built again. Returns {done, indexed, dropped}.
+const AUDIT_CATCH_UP: &str = r"
+local dropped = 0
+if ARGV[2] == '1' and redis.call('ZCARD', KEYS[2]) > 3 * redis.call('XLEN', KEYS[1]) then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  dropped = 1
+end
+local done, n = catch_up(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
+if done then return {1, n, dropped} end
+return {0, n, dropped}
+";
+
+/// The text of the audit append (see `AUDIT_APPEND`), preamble included: sent whole (`EVAL`).
+pub static AUDIT_APPEND_LUA: LazyLock<String> =
+    LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_APPEND}"));
+
+/// The text of the audit catch-up (see `AUDIT_CATCH_UP`), preamble included.
+pub static AUDIT_CATCH_UP_LUA: LazyLock<String> =
+    LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_CATCH_UP}"));
 
 /// The metric scripts, one per family (MIN and MAX share one).
 pub(super) struct MetricScripts {

@@ -631,7 +631,20 @@ async fn audit_trail_masks_values(h: &Harness) {
             rec.fields.iter().all(|(_, v)| !v.contains("13800000000")),
             "no raw value in {rec:?}"
         );
-        // The masked value and the fingerprint: nothing else derived from the value.
+        // The masked value and the two keyed fingerprints (the entry's, and the value's in its
+        // dimension, which the trail's index finds it by): nothing else derived from the value.
+        assert_eq!(
+            rec.get("vfp"),
+            Some(
+                format!(
+                    "{:016x}",
+                    h.store
+                        .layout()
+                        .audit_value(&Dimension::Phone, &Value::Text("13800000000".into()))
+                )
+                .as_str()
+            )
+        );
         let mut names: Vec<&str> = rec.fields.iter().map(|(n, _)| n.as_str()).collect();
         names.sort_unstable();
         let mut expected = vec![
@@ -643,6 +656,7 @@ async fn audit_trail_masks_values(h: &Harness) {
             "op",
             "sandbox",
             "value",
+            "vfp",
             "who",
         ];
         if op == "upsert" {
@@ -658,6 +672,13 @@ async fn audit_trail_masks_values(h: &Harness) {
     );
     assert_eq!(
         up.get("fingerprint") == Some(unkeyed.as_str()),
+        *h.store.layout().hashing() == Hashing::Unkeyed,
+        "format {}",
+        h.store.layout().format()
+    );
+    let unkeyed_vfp = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(b"phone\n13800000000"));
+    assert_eq!(
+        up.get("vfp") == Some(unkeyed_vfp.as_str()),
         *h.store.layout().hashing() == Hashing::Unkeyed,
         "format {}",
         h.store.layout().format()

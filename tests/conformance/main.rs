@@ -17,7 +17,8 @@
 //!   every change published);
 //! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it);
 //! * `operators`: what operators read (issue 13): the lists' counts, one identity on every
-//!   list of a sandbox, the audit trail paged and filtered.
+//!   list of a sandbox, the audit trail paged and filtered, through its index too (held to a
+//!   brute-force scan of the whole trail), cursors with nothing older included.
 //!
 //! With a complete tier, every check waits until the tier has read again what writes
 //! touched, and then must be answered without a single lookup sent to Redis.
@@ -44,6 +45,10 @@ struct Harness {
     /// The same store when it is Redis (what only the Redis store offers: the audit tool's
     /// writes).
     redis_store: Option<Arc<RedisStore>>,
+    /// The same store when it is the embedded one.
+    memory_store: Option<Arc<MemoryStore>>,
+    /// How the Redis store was opened, to open another keyspace beside it.
+    redis_options: Option<RedisOptions>,
     /// The keyspace's prefix, as opened.
     prefix: String,
     metrics: Arc<Metrics>,
@@ -122,25 +127,82 @@ async fn ready(
         prefix: store.layout().prefix().to_owned(),
         store,
         redis_store,
+        memory_store: None,
+        redis_options: None,
         metrics,
         tier,
         _redis: redis,
     }
 }
 
+/// Another keyspace on the harness's backend, its audit trail capped at `audit_max_len`
+/// records, with a name-list service over it (no local tier).
+struct Capped {
+    store: Arc<dyn Store>,
+    lists: NameLists,
+    redis: Option<Arc<RedisStore>>,
+    memory: Option<Arc<MemoryStore>>,
+    metrics: Arc<Metrics>,
+}
+
+async fn with_audit_cap(h: &Harness, audit_max_len: usize) -> Capped {
+    let (store, redis, memory): (Arc<dyn Store>, _, _) = match &h.redis_options {
+        Some(opts) => {
+            let (store, _) = RedisStore::open(RedisOptions {
+                prefix: unique_prefix(),
+                audit_max_len,
+                ..opts.clone()
+            })
+            .await
+            .unwrap();
+            let store = Arc::new(store);
+            (store.clone(), Some(store), None)
+        }
+        None => {
+            let store = Arc::new(
+                MemoryStore::open(
+                    Layout::new(unique_prefix(), 64, h.store.layout().hashing().clone()),
+                    audit_max_len,
+                    None,
+                )
+                .unwrap(),
+            );
+            (store.clone(), None, Some(store))
+        }
+    };
+    let metrics = Arc::new(Metrics::new());
+    let lists = NameLists::new(
+        store.clone(),
+        store.clone(),
+        settings(Tier::Off),
+        metrics.clone(),
+    );
+    Capped {
+        store,
+        lists,
+        redis,
+        memory,
+        metrics,
+    }
+}
+
 async fn memory() -> Harness {
-    let store = MemoryStore::open(
-        Layout::new(unique_prefix(), 64, common::keyed()),
-        1000,
-        None,
-    )
-    .unwrap();
-    ready(Arc::new(store), None, None, Tier::Off).await
+    let store = Arc::new(
+        MemoryStore::open(
+            Layout::new(unique_prefix(), 64, common::keyed()),
+            1000,
+            None,
+        )
+        .unwrap(),
+    );
+    let mut h = ready(store.clone(), None, None, Tier::Off).await;
+    h.memory_store = Some(store);
+    h
 }
 
 /// A fresh keyspace (prefix) on a shared cluster.
 async fn on_cluster(cluster: &RedisCluster) -> Harness {
-    let (store, _) = RedisStore::open(RedisOptions {
+    let opts = RedisOptions {
         url: String::new(),
         cluster_nodes: cluster.urls(),
         prefix: unique_prefix(),
@@ -148,15 +210,16 @@ async fn on_cluster(cluster: &RedisCluster) -> Harness {
         default_expected_entries: 1_000_000,
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
-        audit_max_len: 1000,
+        audit_max_len: REDIS_AUDIT_MAX_LEN,
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
-    })
-    .await
-    .unwrap();
+    };
+    let (store, _) = RedisStore::open(opts.clone()).await.unwrap();
     let store = Arc::new(store);
-    ready(store.clone(), Some(store), None, Tier::Complete).await
+    let mut h = ready(store.clone(), Some(store), None, Tier::Complete).await;
+    h.redis_options = Some(opts);
+    h
 }
 
 async fn redis() -> Harness {
@@ -179,7 +242,7 @@ async fn redis_unkeyed() -> Harness {
 
 async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
     let server = RedisServer::start();
-    let (store, report) = RedisStore::open(RedisOptions {
+    let opts = RedisOptions {
         url: server.url(),
         cluster_nodes: Vec::new(),
         prefix: unique_prefix(),
@@ -187,17 +250,22 @@ async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
         default_expected_entries: 1_000_000,
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
-        audit_max_len: 1000,
+        audit_max_len: REDIS_AUDIT_MAX_LEN,
         write_replicas: 0,
         allow_unkeyed: key.is_none(),
         fingerprint_key: key,
-    })
-    .await
-    .unwrap();
+    };
+    let (store, report) = RedisStore::open(opts.clone()).await.unwrap();
     assert_eq!(report.unkeyed.is_some(), report.format == 1);
     let store = Arc::new(store);
-    ready(store.clone(), Some(store), Some(server), tier).await
+    let mut h = ready(store.clone(), Some(store), Some(server), tier).await;
+    h.redis_options = Some(opts);
+    h
 }
+
+/// The Redis harnesses' audit cap: 64 records a part (parts are capped exactly), so that the
+/// 900 records of a case fit however they spread over the parts.
+const REDIS_AUDIT_MAX_LEN: usize = 64 * 64;
 
 /// A deadline no healthy store comes near.
 fn deadline() -> Deadline {
