@@ -63,8 +63,7 @@ async fn page(
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let query = AuditQuery::try_from(raw)?;
-    let page = offload
-        .run(async move { Ok(trail.page(&query).await?) })
-        .await?;
-    Ok(HttpResponse::Ok().json(page))
+    offload
+        .json(async move { Ok::<AuditPage, ApiError>(trail.page(&query).await?) })
+        .await
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
-use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
+use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, web};
 use tracing::Instrument;
 
 use super::json::read_body;
@@ -167,5 +167,24 @@ impl Offload {
         );
         task.await
             .map_err(|e| ApiError::Internal(format!("operator work failed: {e}")))?
+    }
+
+    /// `run`, the answer serialised to JSON on the lane too (a page of 1,000 list counts or
+    /// audit records is ~100 KB of JSON: written on an HTTP worker, it would delay the checks
+    /// queued there).
+    pub async fn json<T, F>(self, work: F) -> Result<HttpResponse, ApiError>
+    where
+        F: Future<Output = Result<T, ApiError>> + Send + 'static,
+        T: serde::Serialize + Send + 'static,
+    {
+        let body = self
+            .run(async move {
+                let answer = work.await?;
+                serde_json::to_vec(&answer).map_err(|e| ApiError::Internal(e.to_string()))
+            })
+            .await?;
+        Ok(HttpResponse::Ok()
+            .content_type("application/json")
+            .body(body))
     }
 }

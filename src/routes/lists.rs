@@ -267,10 +267,9 @@ pub async fn summaries(
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
     let query = ListsQuery::try_from(query.into_inner())?;
-    let page: ListsPage = offload
-        .run(async move { Ok(lists.summaries(&query).await?) })
-        .await?;
-    Ok(HttpResponse::Ok().json(page))
+    offload
+        .json(async move { Ok::<ListsPage, ApiError>(lists.summaries(&query).await?) })
+        .await
 }
 
 #[utoipa::path(
@@ -297,8 +296,8 @@ pub async fn lookup_everywhere(
     let (dimension, value) = path.into_inner();
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
-    let outcome = offload
-        .run(async move {
+    offload
+        .json(async move {
             lists
                 .lookup_everywhere(dimension, value, sandbox)
                 .await
@@ -307,6 +306,5 @@ pub async fn lookup_everywhere(
                     other => ApiError::from(other),
                 })
         })
-        .await?;
-    Ok(HttpResponse::Ok().json(outcome))
+        .await
 }

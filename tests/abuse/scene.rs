@@ -352,27 +352,40 @@ impl Attack {
                 ),
                 Attack::AnnouncedHeads { .. } | Attack::OddMethods => unreachable!(),
             };
-            let (status, answer) = call(
-                &http,
-                &format!("{base}{path}"),
-                method,
-                Some(ATTACKER_READ),
-                body,
-            )
-            .await;
+            // The answer's bytes, not a parsed document: on a shared machine the attacker's
+            // own parsing would count against the victim.
+            let mut req = http
+                .request(method.parse().unwrap(), format!("{base}{path}"))
+                .bearer_auth(ATTACKER_READ);
+            if let Some(b) = body {
+                req = req.json(&b);
+            }
+            let (status, answer) = match req.send().await {
+                Ok(res) => (res.status().as_u16(), res.bytes().await.unwrap_or_default()),
+                Err(_) => (0, Default::default()),
+            };
+            let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]);
             assert!(
                 allowed.contains(&status),
-                "{}: {method} {path}: {status} {answer}",
+                "{}: {method} {path}: {status} {text}",
                 self.name()
             );
             if self == Attack::AuditByWho && status == 200 {
-                assert_eq!(answer["records"], json!([]), "{answer}");
+                assert!(text.starts_with(r#"{"records":[]"#), "{text}");
             }
-            cursor = answer["next_cursor"].as_str().map(str::to_owned);
+            cursor = next_cursor(&answer);
             made += 1;
         }
         made
     }
+}
+
+/// The `next_cursor` of a page's JSON, found without parsing the page.
+fn next_cursor(page: &[u8]) -> Option<String> {
+    const KEY: &[u8] = br#""next_cursor":""#;
+    let at = page.windows(KEY.len()).rposition(|w| w == KEY)? + KEY.len();
+    let len = page[at..].iter().position(|&b| b == b'"')?;
+    Some(String::from_utf8_lossy(&page[at..at + len]).into_owned())
 }
 
 /// Attack 3: 32 connections send a check's head announcing 8 MiB, then nothing.
