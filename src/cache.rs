@@ -230,6 +230,8 @@ impl Recent {
 pub struct WriteMark {
     generation: u64,
     seq: u64,
+    /// When the write was sent: a copy that misses it was last known in sync then.
+    at: Instant,
 }
 
 /// A read of one bucket in flight, and the changes heard meanwhile.
@@ -717,17 +719,27 @@ impl LocalTier {
     /// For a fail-open answer: the key's code in whatever copy is held (current or not), and
     /// when that copy was last known in sync. `None` when the bucket is not held.
     /// A filter that says the key is absent answers too.
+    /// This instance's own acknowledged writes answer too (`remember_own`): for a field whose
+    /// bucket is not held, or held from before the write, its code as of the write's
+    /// acknowledgement. `None` when nothing here knows the key: never "absent" by default.
     pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
         self.copies.as_ref()?;
+        let own = self.recent.lock().expect("recent lock").own.get(key).copied();
+        let newer_own = |at: Instant| own.filter(|(_, acked)| *acked > at);
         if let Some(c) = self.get(key.bucket) {
             let at = self.synced_at(c.generation, c.dirty_since, c.fetched_at, now);
-            return Some((c.get(key.field), at));
+            return Some(newer_own(at).unwrap_or((c.get(key.field), at)));
         }
         let filters = self.filters.load();
-        let f = filters.as_ref()?;
-        let (generation, fetched_at) = f.stamp(key.bucket, self.generation())?;
-        (!f.may_hold(key.bucket, key.field))
-            .then(|| (None, self.synced_at(generation, None, fetched_at, now)))
+        let from_filter = filters.as_ref().and_then(|f| {
+            let (generation, fetched_at) = f.stamp(key.bucket, self.generation())?;
+            (!f.may_hold(key.bucket, key.field))
+                .then(|| (None, self.synced_at(generation, None, fetched_at, now)))
+        });
+        match from_filter {
+            Some((code, at)) => Some(newer_own(at).unwrap_or((code, at))),
+            None => own,
+        }
     }
 
     /// When what was read at `fetched_at` in `generation` (dirty since `dirty_since`) was
@@ -796,6 +808,9 @@ impl LocalTier {
         }
         let now = Instant::now();
         let mut conflicts = HashSet::new();
+        // A conflicting pair of changes leaves the copy known in sync only before the
+        // earlier of them (or, with no earlier one heard, the window before this one).
+        let mut since = now;
         {
             let window = self.settings.conflict_window;
             let mut recent = self.recent.lock().expect("recent lock");
@@ -819,12 +834,18 @@ impl LocalTier {
                 });
                 if (!atomic && (full || close)) || not_own {
                     conflicts.insert(k.bucket);
+                    let earlier = match (previous, recent.own.get(k)) {
+                        (Some(h), _) if close => h.at,
+                        (_, Some((_, at))) if not_own => *at,
+                        _ => now.checked_sub(window).unwrap_or(now),
+                    };
+                    since = since.min(earlier);
                 }
             }
         }
         self.apply_in_place(changes);
         if !conflicts.is_empty() {
-            self.dirty(conflicts);
+            self.dirty(conflicts, since);
         }
     }
 
@@ -835,6 +856,7 @@ impl LocalTier {
         WriteMark {
             generation: self.generation(),
             seq,
+            at: Instant::now(),
         }
     }
 
@@ -852,7 +874,8 @@ impl LocalTier {
         }
         let window = self.settings.conflict_window;
         if window.is_zero() || mark.generation != self.generation() {
-            self.wrote(&changes.iter().map(|(k, _)| *k).collect::<Vec<_>>());
+            self.remember_own(changes);
+            self.wrote(&changes.iter().map(|(k, _)| *k).collect::<Vec<_>>(), mark);
             return;
         }
         let now = Instant::now();
@@ -883,7 +906,24 @@ impl LocalTier {
             .collect();
         self.apply_in_place(&sure);
         if !unsure.is_empty() {
-            self.dirty(unsure);
+            self.dirty(unsure, mark.at);
+        }
+    }
+
+    /// This instance's write of `changes` was acknowledged: what a fail-open answer may say of
+    /// these fields while their buckets are not held (or are held older), as of now
+    /// (`held`). Kept for the conflict window, like every own write.
+    pub fn remember_own(&self, changes: &[(EntryKey, Option<u32>)]) {
+        if self.copies.is_none() || changes.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut recent = self.recent.lock().expect("recent lock");
+        recent.prune(now, self.settings.conflict_window);
+        if recent.own.len() < RECENT_CAP {
+            for (k, code) in changes {
+                recent.own.insert(*k, (*code, now));
+            }
         }
     }
 
@@ -918,22 +958,23 @@ impl LocalTier {
 
     /// Fields changed to values not known here (an older writer's `Keys`).
     pub fn changed_unknown(&self, keys: &[EntryKey]) {
-        self.dirty(keys.iter().map(|k| k.bucket).collect());
+        self.dirty(keys.iter().map(|k| k.bucket).collect(), Instant::now());
     }
 
-    /// This instance wrote (or tried to write) these fields, the outcome or the order of
-    /// its message unknown (else `wrote_acked`): their buckets are read again, and answered
-    /// from the store until then (read-your-writes whatever the outcome).
-    pub fn wrote(&self, keys: &[EntryKey]) {
-        self.dirty(keys.iter().map(|k| k.bucket).collect());
+    /// This instance wrote (or tried to write) these fields, sent at `mark`, the outcome or
+    /// the order of its message unknown (else `wrote_acked`): their buckets are read again,
+    /// and answered from the store until then (read-your-writes whatever the outcome). A copy
+    /// held meanwhile was last known in sync when the write was sent, not after.
+    pub fn wrote(&self, keys: &[EntryKey], mark: WriteMark) {
+        self.dirty(keys.iter().map(|k| k.bucket).collect(), mark.at);
     }
 
-    /// Marks the held copies of `buckets` (and reads in flight) out of date and queues them.
-    fn dirty(&self, buckets: HashSet<u32>) {
+    /// Marks the held copies of `buckets` (and reads in flight) out of date since `since`
+    /// (the earliest such time is kept) and queues them.
+    fn dirty(&self, buckets: HashSet<u32>, since: Instant) {
         if self.copies.is_none() {
             return;
         }
-        let now = Instant::now();
         let filters = self.filters.load();
         let generation = self.generation();
         for bucket in buckets {
@@ -946,8 +987,8 @@ impl LocalTier {
             });
             let held = match self.get(bucket) {
                 Some(copy) => {
-                    if copy.dirty_since.is_none() {
-                        self.put(bucket, copy.dirtied(now));
+                    if copy.dirty_since.is_none_or(|d| d > since) {
+                        self.put(bucket, copy.dirtied(since));
                     }
                     true
                 }
@@ -1740,10 +1781,12 @@ impl RegistryCache {
     }
 
     /// The registries known locally, even if untrusted (for a fail-open answer).
-    pub async fn get_cached(&self, scopes: &[Scope]) -> Vec<Arc<Vec<PrefixLen>>> {
+    /// What is cached of each scope's registry, whatever its age (fail-open answers); `None`
+    /// where nothing is: its lengths are not known here.
+    pub async fn get_cached(&self, scopes: &[Scope]) -> Vec<Option<Arc<Vec<PrefixLen>>>> {
         let mut out = Vec::with_capacity(scopes.len());
         for s in scopes {
-            out.push(self.entries.get(s).await.unwrap_or_default());
+            out.push(self.entries.get(s).await);
         }
         out
     }
@@ -2224,7 +2267,7 @@ mod tests {
         assert_eq!(t.held(&key(5), Instant::now()), None, "maybe: unknown");
 
         // A write of this instance (outcome unknown): unusable, queued for its filter only.
-        t.wrote(&[key(other)]);
+        t.wrote(&[key(other)], t.write_mark());
         assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Remote);
         {
             let q = t.queue.lock().unwrap();

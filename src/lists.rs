@@ -22,7 +22,7 @@
 //! hash-map lookup per pair for its hits), and `lookup_everywhere` reads the lists of one
 //! sandbox only, at most `MAX_LOOKUP_LISTS` of them, and says when there were more.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -391,6 +391,11 @@ pub struct CheckOutcome {
     #[serde(flatten)]
     #[schema(inline)]
     pub stale: Option<Staleness>,
+    /// Degraded answers only, when some lookups could not be made: the subject values they
+    /// were for, of which nothing is claimed (absent otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(required = false)]
+    pub unanswered: Vec<Unanswered>,
     /// Only when the check gave a `precedence`: the first list of that order with a hit
     /// (`Some(None)`, sent as `null`, when none had one). Without one there is no `decision`
     /// key at all, so such answers are byte for byte what they were before it existed.
@@ -410,15 +415,29 @@ impl CheckOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Staleness {
     /// Milliseconds since the local copies it used were last known in sync (the oldest of
-    /// them); `None` (null) when the tier is off.
+    /// them): every lookup the answer made reflects a state no older than this. `None`
+    /// (null) when it made none (the tier off, or nothing held: see `unanswered`).
     pub stale_ms: Option<u64>,
 }
 
 struct Probe {
     list: usize,
     dimension: usize,
+    /// The value's index within its dimension's values.
+    value: usize,
     shown: String,
     key: EntryKey,
+}
+
+/// A subject value a degraded answer could not look up (no local copy of its bucket, or of
+/// the registry of lengths its ranges, segments or domains need): nothing is claimed of it,
+/// listed or not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Unanswered {
+    #[schema(value_type = String)]
+    pub dimension: Dimension,
+    /// Its index within that dimension's values, as in the request.
+    pub index: usize,
 }
 
 /// The name-list service of one instance.
@@ -592,10 +611,15 @@ impl NameLists {
         // Read-your-writes: acknowledged (its message atomic with it), the change is applied
         // here at once; otherwise (an error may still have landed, or messages may overtake
         // writes) its buckets are answered by the store until read again.
-        if result.is_ok() && self.store.inner().atomic_messages() {
-            self.cache.wrote_acked(&changes, mark);
-        } else {
-            self.cache.wrote(&keys);
+        match &result {
+            Ok(_) if self.store.inner().atomic_messages() => {
+                self.cache.wrote_acked(&changes, mark)
+            }
+            Ok(_) => {
+                self.cache.remember_own(&changes);
+                self.cache.wrote(&keys, mark);
+            }
+            Err(_) => self.cache.wrote(&keys, mark),
         }
         if !scopes.is_empty() {
             self.registries
@@ -662,13 +686,18 @@ impl NameLists {
         let mut seen = HashSet::new();
         let unique: Vec<EntryKey> = keys.iter().copied().filter(|k| seen.insert(*k)).collect();
         let deadline = Deadline::after(self.settings.write_deadline);
+        let mark = self.cache.write_mark();
         let result = self
             .store
             .call(StoreOp::Remove, deadline, |s| {
                 s.remove(&unique, now, audit, deadline)
             })
             .await;
-        self.cache.wrote(&unique);
+        if result.is_ok() {
+            let gone: Vec<(EntryKey, Option<u32>)> = unique.iter().map(|k| (*k, None)).collect();
+            self.cache.remember_own(&gone);
+        }
+        self.cache.wrote(&unique, mark);
         let flags = result?;
         let removed = flags.iter().filter(|r| r.was_live()).count();
         // What was there, expired or not, was counted: subtract it from its scope.
@@ -809,6 +838,7 @@ impl NameLists {
                 hits: Vec::new(),
                 degraded: false,
                 stale: None,
+                unanswered: Vec::new(),
                 decision: None,
             },
             truncated: page.more,
@@ -829,6 +859,11 @@ impl NameLists {
             let all = &mut all.check;
             all.hits.extend(part.hits);
             all.degraded |= part.degraded;
+            for u in part.unanswered {
+                if !all.unanswered.contains(&u) {
+                    all.unanswered.push(u);
+                }
+            }
             if let Some(s) = part.stale {
                 all.stale = Some(match all.stale {
                     Some(a) => Staleness {
@@ -858,13 +893,14 @@ impl NameLists {
             .iter()
             .map(|l| (l.clone(), q.sandbox.clone()))
             .collect();
-        let registries = if needs_registry {
+        // `None` for a scope whose registry is not known here (the store down, none cached).
+        let registries: Vec<Option<Arc<Vec<PrefixLen>>>> = if needs_registry {
             match self
                 .registries
                 .get(&self.store, &scopes, trusted, deadline)
                 .await
             {
-                Ok(r) => r,
+                Ok(r) => r.into_iter().map(Some).collect(),
                 Err(_) => {
                     degraded = true;
                     self.registries.get_cached(&scopes).await
@@ -919,21 +955,39 @@ impl NameLists {
             }
         }
         let mut stale = None;
+        let mut unknown: HashSet<EntryKey> = HashSet::new();
         if degraded {
             if self.settings.fail_mode == FailMode::Closed {
                 self.metrics.refused_answers.inc();
                 return Err(StoreError::Timeout(budget).into());
             }
             self.metrics.degraded_answers.inc();
-            // Whatever copy is held answers, with how long ago it was last known in sync.
+            // Whatever is held answers, with how long ago it was last known in sync; what
+            // nothing here knows stays unknown (never "absent").
             let mut synced: Option<Instant> = None;
             for k in &missing {
-                if let Some((code, at)) = self.cache.held(k, now) {
-                    known.insert(*k, code);
-                    synced = Some(synced.map_or(at, |s| s.min(at)));
+                match self.cache.held(k, now) {
+                    Some((code, at)) => {
+                        known.insert(*k, code);
+                        synced = Some(synced.map_or(at, |s| s.min(at)));
+                    }
+                    None => {
+                        unknown.insert(*k);
+                    }
                 }
             }
-            let since = synced.or_else(|| self.cache.synced(now));
+            // Lookups answered locally as current, and registries from the cache, are as old
+            // as the tier's last known sync.
+            let answered_here = !known.is_empty() || registries.iter().any(Option::is_some);
+            let tier = if answered_here {
+                self.cache.synced(now)
+            } else {
+                None
+            };
+            let since = match (synced, tier) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             stale = Some(Staleness {
                 stale_ms: since.map(|t| now.saturating_duration_since(t).as_millis() as u64),
             });
@@ -942,6 +996,8 @@ impl NameLists {
         let now_ms = now_ms();
         let mut hits = Vec::new();
         let mut reported = HashSet::new();
+        let probes_made: Vec<(EntryKey, usize, usize)> =
+            probes.iter().map(|p| (p.key, p.dimension, p.value)).collect();
         for p in probes {
             let Some(Some(code)) = known.get(&p.key).copied() else {
                 continue;
@@ -959,6 +1015,36 @@ impl NameLists {
                 });
             }
         }
+        // A value with no hit whose lookups were not all made is claimed neither way.
+        let mut unanswered = Vec::new();
+        if degraded {
+            let mut hit: HashSet<(usize, usize)> = HashSet::new();
+            let mut open: BTreeSet<(usize, usize)> = BTreeSet::new();
+            for p in &probes_made {
+                if known.get(&p.0).copied().flatten().is_some_and(|c| code_is_live(c, now_ms)) {
+                    hit.insert((p.1, p.2));
+                }
+                if unknown.contains(&p.0) {
+                    open.insert((p.1, p.2));
+                }
+            }
+            for (di, (dimension, values)) in q.subjects.iter().enumerate() {
+                let needs_lengths =
+                    matches!(dimension, Dimension::Ip | Dimension::Phone | Dimension::Email);
+                let lengths_unknown =
+                    needs_lengths && registries.iter().any(Option::is_none);
+                for vi in 0..values.len() {
+                    if (lengths_unknown || open.contains(&(di, vi))) && !hit.contains(&(di, vi)) {
+                        unanswered.push(Unanswered {
+                            dimension: dimension.clone(),
+                            index: vi,
+                        });
+                    }
+                }
+            }
+        }
+        // From the lookups made: with values unanswered, a list of the order before the one
+        // decided might have had a hit too (the answer says which values were not looked up).
         let decision = q.precedence().map(|order| {
             order
                 .into_iter()
@@ -969,6 +1055,7 @@ impl NameLists {
             hits,
             degraded,
             stale,
+            unanswered,
             decision,
         })
     }
@@ -980,23 +1067,24 @@ impl NameLists {
     fn probes(
         &self,
         q: &CheckQuery,
-        registries: &[Arc<Vec<PrefixLen>>],
+        registries: &[Option<Arc<Vec<PrefixLen>>>],
     ) -> Result<Vec<Probe>, ValidationError> {
         let layout = self.store.layout();
         let mut probes = Vec::new();
         for (li, list) in q.lists.iter().enumerate() {
             for (di, (dimension, values)) in q.subjects.iter().enumerate() {
-                for value in values {
+                for (vi, value) in values.iter().enumerate() {
                     let mut probe = |v: &Value| {
                         probes.push(Probe {
                             list: li,
                             dimension: di,
+                            value: vi,
                             shown: v.to_string(),
                             key: layout.entry_key(list, dimension, &q.sandbox, v),
                         })
                     };
                     probe(value);
-                    let Some(lens) = registries.get(li) else {
+                    let Some(Some(lens)) = registries.get(li) else {
                         continue;
                     };
                     for len in lens.iter() {

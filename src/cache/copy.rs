@@ -216,7 +216,7 @@ impl BucketCopy {
     pub fn dirtied(&self, at: Instant) -> Self {
         Self {
             words: self.words.clone(),
-            dirty_since: Some(self.dirty_since.unwrap_or(at)),
+            dirty_since: Some(self.dirty_since.map_or(at, |d| d.min(at))),
             ..*self
         }
     }
