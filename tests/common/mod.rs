@@ -254,7 +254,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (its data is gone: no persistence).
+    /// Starts the server again on the same port (its data is gone, unless its arguments
+    /// turned persistence on: then it loads its AOF or RDB file again).
     pub fn restart(&mut self) {
         self.kill();
         for _ in 0..50 {
@@ -264,6 +265,22 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    /// Starts the server again on the same port with no data, whatever its persistence: its
+    /// directory (AOF, RDB; a cluster node's `nodes.conf` too, so it would come back alone)
+    /// is emptied first. What a restart without a volume does.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        for entry in std::fs::read_dir(self.dir.path()).expect("the server's directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).expect("removing the AOF directory");
+            } else {
+                std::fs::remove_file(&path).expect("removing a data file");
+            }
+        }
+        self.restart();
     }
 
     /// A digest of the whole dataset (`DEBUG DIGEST`): equal digests, equal data.
