@@ -724,7 +724,13 @@ impl LocalTier {
     /// acknowledgement. `None` when nothing here knows the key: never "absent" by default.
     pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
         self.copies.as_ref()?;
-        let own = self.recent.lock().expect("recent lock").own.get(key).copied();
+        let own = self
+            .recent
+            .lock()
+            .expect("recent lock")
+            .own
+            .get(key)
+            .copied();
         let newer_own = |at: Instant| own.filter(|(_, acked)| *acked > at);
         if let Some(c) = self.get(key.bucket) {
             let at = self.synced_at(c.generation, c.dirty_since, c.fetched_at, now);

@@ -121,6 +121,9 @@ impl ApiError {
             ApiError::Unavailable(StoreError::Refused(Refusal::Replicas { .. })) => {
                 ErrorCode::ReplicasUnavailable
             }
+            ApiError::Unavailable(
+                StoreError::Refused(Refusal::KeyspaceLost) | StoreError::Lost(_),
+            ) => ErrorCode::KeyspaceLost,
             ApiError::Unavailable(_) => ErrorCode::StoreUnavailable,
             ApiError::Overloaded(_) => ErrorCode::Overloaded,
             ApiError::Internal(_) => ErrorCode::Internal,
@@ -153,6 +156,10 @@ impl ResponseError for ApiError {
             ApiError::Unavailable(StoreError::Refused(r)) => {
                 tracing::warn!(error = %r, "write refused, answering 503");
                 r.public_message()
+            }
+            ApiError::Unavailable(e @ StoreError::Lost(_)) => {
+                tracing::warn!(error = %e, "keyspace lost, answering 503");
+                crate::store::LOST_MESSAGE.to_owned()
             }
             ApiError::Unavailable(e) => {
                 tracing::warn!(error = %e, "answering 503");
@@ -215,6 +222,8 @@ mod tests {
             ApiError::Unavailable(StoreError::Refused(Refusal::NoTime {
                 left: std::time::Duration::ZERO,
             })),
+            ApiError::Unavailable(StoreError::Refused(Refusal::KeyspaceLost)),
+            ApiError::Unavailable(StoreError::Lost("x".into())),
             ApiError::Overloaded("x".into()),
             ApiError::Internal("x".into()),
         ];

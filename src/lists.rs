@@ -489,6 +489,7 @@ impl NameLists {
         let (expired, rx) = mpsc::channel(4096);
         let tasks = vec![
             tokio::spawn(cache.clone().run(store.clone(), metrics.tier.clone())),
+            tokio::spawn(crate::invalidation::watch_keyspace(bus.clone())),
             tokio::spawn(crate::invalidation::listen(
                 bus,
                 cache.clone(),
@@ -612,9 +613,7 @@ impl NameLists {
         // here at once; otherwise (an error may still have landed, or messages may overtake
         // writes) its buckets are answered by the store until read again.
         match &result {
-            Ok(_) if self.store.inner().atomic_messages() => {
-                self.cache.wrote_acked(&changes, mark)
-            }
+            Ok(_) if self.store.inner().atomic_messages() => self.cache.wrote_acked(&changes, mark),
             Ok(_) => {
                 self.cache.remember_own(&changes);
                 self.cache.wrote(&keys, mark);
@@ -882,6 +881,8 @@ impl NameLists {
         let deadline = Deadline::after(budget);
         let trusted = self.cache.is_trusted();
         let mut degraded = false;
+        // The store said the keyspace is lost: fail-closed answers say so.
+        let mut lost = false;
 
         // The lengths in use (IP prefixes, phone segments, e-mail domains), only for subjects
         // of those dimensions.
@@ -901,8 +902,9 @@ impl NameLists {
                 .await
             {
                 Ok(r) => r.into_iter().map(Some).collect(),
-                Err(_) => {
+                Err(e) => {
                     degraded = true;
+                    lost = matches!(e, StoreError::Lost(_));
                     self.registries.get_cached(&scopes).await
                 }
             }
@@ -951,7 +953,10 @@ impl NameLists {
             match read {
                 Ok(codes) => known.extend(missing.iter().copied().zip(codes)),
                 // Logged and counted by the call; the answer is the tier's, or a refusal.
-                Err(_) => degraded = true,
+                Err(e) => {
+                    degraded = true;
+                    lost = matches!(e, StoreError::Lost(_));
+                }
             }
         }
         let mut stale = None;
@@ -959,6 +964,11 @@ impl NameLists {
         if degraded {
             if self.settings.fail_mode == FailMode::Closed {
                 self.metrics.refused_answers.inc();
+                if lost {
+                    return Err(
+                        StoreError::Lost("the keyspace is lost (see the log)".into()).into(),
+                    );
+                }
                 return Err(StoreError::Timeout(budget).into());
             }
             self.metrics.degraded_answers.inc();
@@ -996,8 +1006,10 @@ impl NameLists {
         let now_ms = now_ms();
         let mut hits = Vec::new();
         let mut reported = HashSet::new();
-        let probes_made: Vec<(EntryKey, usize, usize)> =
-            probes.iter().map(|p| (p.key, p.dimension, p.value)).collect();
+        let probes_made: Vec<(EntryKey, usize, usize)> = probes
+            .iter()
+            .map(|p| (p.key, p.dimension, p.value))
+            .collect();
         for p in probes {
             let Some(Some(code)) = known.get(&p.key).copied() else {
                 continue;
@@ -1021,7 +1033,12 @@ impl NameLists {
             let mut hit: HashSet<(usize, usize)> = HashSet::new();
             let mut open: BTreeSet<(usize, usize)> = BTreeSet::new();
             for p in &probes_made {
-                if known.get(&p.0).copied().flatten().is_some_and(|c| code_is_live(c, now_ms)) {
+                if known
+                    .get(&p.0)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|c| code_is_live(c, now_ms))
+                {
                     hit.insert((p.1, p.2));
                 }
                 if unknown.contains(&p.0) {
@@ -1029,10 +1046,11 @@ impl NameLists {
                 }
             }
             for (di, (dimension, values)) in q.subjects.iter().enumerate() {
-                let needs_lengths =
-                    matches!(dimension, Dimension::Ip | Dimension::Phone | Dimension::Email);
-                let lengths_unknown =
-                    needs_lengths && registries.iter().any(Option::is_none);
+                let needs_lengths = matches!(
+                    dimension,
+                    Dimension::Ip | Dimension::Phone | Dimension::Email
+                );
+                let lengths_unknown = needs_lengths && registries.iter().any(Option::is_none);
                 for vi in 0..values.len() {
                     if (lengths_unknown || open.contains(&(di, vi))) && !hit.contains(&(di, vi)) {
                         unanswered.push(Unanswered {

@@ -55,11 +55,14 @@ pub enum StoreOp {
     ListCounts,
     /// `GET /v1/audit`: a page of the audit trail read.
     AuditPage,
+    /// The keyspace id read from its meta hash (every second, and before trusting copies
+    /// again).
+    Keyspace,
 }
 
 impl StoreOp {
     /// Every operation, in the order their series are first exported.
-    pub const ALL: [StoreOp; 18] = [
+    pub const ALL: [StoreOp; 19] = [
         StoreOp::Check,
         StoreOp::Get,
         StoreOp::Write,
@@ -78,6 +81,7 @@ impl StoreOp {
         StoreOp::Counts,
         StoreOp::ListCounts,
         StoreOp::AuditPage,
+        StoreOp::Keyspace,
     ];
 
     /// The `op` label.
@@ -101,6 +105,7 @@ impl StoreOp {
             StoreOp::Counts => "counts",
             StoreOp::ListCounts => "list_counts",
             StoreOp::AuditPage => "audit_page",
+            StoreOp::Keyspace => "keyspace",
         }
     }
 
@@ -115,12 +120,19 @@ impl StoreOp {
                 | StoreOp::Subscribe
                 | StoreOp::Definitions
                 | StoreOp::AuditSummary
+                | StoreOp::Keyspace
         )
     }
 }
 
 /// The `reason` labels of `namelist_write_refusals_total` (`Refusal::label`).
-pub const REFUSAL_REASONS: &[&str] = &["replicas", "unreachable", "deadline", "busy"];
+pub const REFUSAL_REASONS: &[&str] = &[
+    "replicas",
+    "unreachable",
+    "deadline",
+    "busy",
+    "keyspace_lost",
+];
 
 /// The `state` labels of `namelist_audit_buckets`, in [`Metrics::set_audit`]'s order.
 const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"];
@@ -147,6 +159,8 @@ pub struct Metrics {
     pub refused_answers: IntCounter,
     /// 1 while the invalidation subscription is up.
     pub subscription_up: IntGauge,
+    /// 1 while the keyspace is lost (its id gone from its meta hash, or another).
+    pub keyspace_lost: IntGauge,
     /// Events by outcome: `applied` counts metric updates, `duplicate` and `late` events.
     pub events: IntCounterVec,
     /// Feature reads that found a COUNT_DISTINCT entity at its member cap.
@@ -448,6 +462,11 @@ impl Metrics {
                 "1 while the cache invalidation subscription is up",
             )
             .expect("valid metric"),
+            keyspace_lost: IntGauge::new(
+                "namelist_keyspace_lost",
+                "1 while the keyspace is lost: its id gone from Redis (restarted empty, flushed) or replaced",
+            )
+            .expect("valid metric"),
             registry,
         };
         m.register_all();
@@ -527,6 +546,7 @@ impl Metrics {
             Box::new(self.degraded_answers.clone()),
             Box::new(self.refused_answers.clone()),
             Box::new(self.subscription_up.clone()),
+            Box::new(self.keyspace_lost.clone()),
             Box::new(self.events.clone()),
             Box::new(self.distinct_capped.clone()),
             Box::new(self.auth_failures.clone()),

@@ -74,7 +74,9 @@ enum Tier {
 }
 
 async fn setup(mode: FailMode, tier: Tier) -> (RedisServer, Arc<TestApp>) {
-    let redis = RedisServer::start();
+    // Persistent, as in production: a Redis restarted without its data is a lost keyspace,
+    // which the service refuses to take as empty lists (tests/keyspace_lost.rs).
+    let redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut settings = redis_settings(&redis);
     settings.fail_mode = mode;
     match tier {

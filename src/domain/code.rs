@@ -124,6 +124,9 @@ error_codes! {
     /// A write refused unsent: a primary it needs has fewer online replicas than
     /// `write_replicas`.
     ReplicasUnavailable = "replicas_unavailable", [503];
+    /// The keyspace is gone from Redis (restarted empty, flushed, replaced): writes are
+    /// refused until it is restored; features cannot be read.
+    KeyspaceLost = "keyspace_lost", [503];
     /// This instance is at the budget of the route's class (`max_in_flight_requests`,
     /// `max_in_flight_writes`, `max_in_flight_operator`) or at `max_buffered_body_bytes`.
     Overloaded = "overloaded", [503];

@@ -56,6 +56,18 @@
 //! entry would hash to a different bucket and silently vanish. So does one whose key has
 //! another id than the recorded one, or none (see `fingerprint` for every start-up outcome).
 //!
+//! # The keyspace id: a lost keyspace is noticed
+//! `<prefix>meta` also holds `keyspace_id`, 32 random hex digits made when the keyspace is
+//! created (and given once to a keyspace made before ids). Redis restarted without its data,
+//! a `FLUSHALL` or a failover to an empty node all look alike from a client: an empty
+//! keyspace, no error. The id tells "lost" from "new": every read pipeline of a check or of
+//! the local tier carries `HGET <prefix>meta keyspace_id`, so no answer is ever built from a
+//! keyspace that is not the one opened; a write on one node reads it inside its `MULTI` (and
+//! publishes only if it matches, `GUARDED_PUBLISH`); every instance checks it every second.
+//! An instance that finds it missing or changed leaves the marker `<prefix>{<prefix>meta}lost`
+//! (the lost id, in the meta hash's slot); while it stands, no instance or tool creates a
+//! keyspace at the prefix but `namelist-tools keyspace create`, which removes it.
+//!
 //! # Matching entries: IP ranges, phone segments, e-mail domains
 //! An entry that lists a set of values is still one entry, a field like any other: its
 //! canonical value is the set's normalised text, which no exact value can have:
@@ -584,6 +596,14 @@ impl Layout {
     /// is known.
     pub fn meta_key_of(prefix: &str) -> String {
         format!("{prefix}meta")
+    }
+
+    /// The marker a running instance leaves when it sees its keyspace vanish:
+    /// `<prefix>{<prefix>meta}lost`, the lost keyspace's id, in the meta hash's slot. While it
+    /// stands, nothing creates a new keyspace at this prefix but the explicit
+    /// `namelist-tools keyspace create` (see `store::redis`, *A lost keyspace*).
+    pub fn lost_marker_key_of(prefix: &str) -> String {
+        format!("{prefix}{{{prefix}meta}}lost")
     }
 
     pub fn registry_key(&self, list: &ListName, sandbox: &Sandbox) -> String {

@@ -60,6 +60,11 @@ pub enum StoreError {
     },
     #[error("keyspace: {0}")]
     Keyspace(String),
+    /// The keyspace this store was opened with is gone from the store (restarted empty,
+    /// flushed, failed over to an empty node) or replaced by another: nothing read from the
+    /// store now is its state, and nothing written is kept (`KeyspaceHealth`).
+    #[error("keyspace lost: {0}")]
+    Lost(String),
     /// A write refused before anything was sent: nothing was written.
     #[error("write refused, nothing written: {0}")]
     Refused(Refusal),
@@ -130,6 +135,9 @@ pub enum Refusal {
     /// Every write connection stayed busy (waiting for replicas) until the deadline.
     #[error("all {connections} write connections stayed busy until the deadline")]
     Busy { connections: usize },
+    /// The keyspace is lost (`KeyspaceHealth::Lost`): nothing is written until it is back.
+    #[error("the keyspace is lost")]
+    KeyspaceLost,
 }
 
 impl Refusal {
@@ -140,6 +148,7 @@ impl Refusal {
             Refusal::Unreachable { .. } => "unreachable",
             Refusal::NoTime { .. } => "deadline",
             Refusal::Busy { .. } => "busy",
+            Refusal::KeyspaceLost => "keyspace_lost",
         }
     }
 
@@ -164,8 +173,23 @@ impl Refusal {
             Refusal::Busy { .. } => {
                 "every write connection was busy waiting for replicas until the deadline; nothing was written, retry later".to_owned()
             }
+            Refusal::KeyspaceLost => LOST_MESSAGE.to_owned(),
         }
     }
+}
+
+/// What a caller is told of a lost keyspace (the cause goes to the log).
+pub const LOST_MESSAGE: &str = "the keyspace this service was opened with is gone from Redis \
+    (restarted empty, flushed, or replaced): nothing is written until it is restored; checks \
+    are answered from this instance's copies per fail_mode";
+
+/// Whether the store still holds the keyspace it was opened with (`StoreBase::keyspace`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyspaceHealth {
+    /// Its keyspace id is where it was.
+    Present,
+    /// The id is missing or another one: since `since_ms` (Unix ms), for `why`.
+    Lost { since_ms: i64, why: String },
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -515,8 +539,21 @@ pub trait StoreBase: Send + Sync + 'static {
     /// the store maps them to its own keys with the same one.
     fn layout(&self) -> &Layout;
 
-    /// Whether the store answers.
+    /// Whether the store answers (and, where a keyspace can be lost, still holds it).
     async fn ping(&self) -> StoreResult<()>;
+
+    /// Where the store tells whether its keyspace is still there; `None` for a store that
+    /// cannot lose it behind the service's back (the embedded one).
+    fn keyspace(&self) -> Option<tokio::sync::watch::Receiver<KeyspaceHealth>> {
+        None
+    }
+
+    /// Checks that the keyspace is still there (its id in its meta key), updating what
+    /// `keyspace` says: `Err(Lost)` when it is not. Called every second by the service and
+    /// before it trusts its copies again.
+    async fn verify_keyspace(&self) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 /// The name-list entries: each entry's raw expiry code in its bucket, the IP prefix-length

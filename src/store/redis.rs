@@ -51,7 +51,7 @@ use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool
 use super::dump;
 use super::scripts::{
     self, AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION,
-    MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
+    GUARDED_PUBLISH, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
 };
 use super::worker_conn::PerWorker;
 
@@ -65,9 +65,9 @@ use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
     AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
     CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
-    EntryStore, Invalidation, InvalidationBus, InvalidationStream, Layout, ListCount, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen, Removed, Scope, StoreBase,
-    StoreError, StoreResult, StoredDefinition, WriteBatch,
+    EntryStore, Invalidation, InvalidationBus, InvalidationStream, KeyspaceHealth, Layout,
+    ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen,
+    Refusal, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
 use crate::domain::{ListName, Sandbox, now_ms};
 
@@ -168,6 +168,11 @@ pub struct RedisStore {
     /// The server refused `DUMP` once (ACLs, renamed command): buckets are read with
     /// `HGETALL` from then on.
     dump_refused: AtomicBool,
+    /// The keyspace's id as opened, and whether it is still there (`layout`, *The keyspace
+    /// id*): set when a read, a write or `verify_keyspace` finds the meta hash without it.
+    keyspace_id: String,
+    lost: AtomicBool,
+    health: tokio::sync::watch::Sender<KeyspaceHealth>,
 }
 
 impl RedisStore {
@@ -187,6 +192,81 @@ impl RedisStore {
     /// definitions): never the checks'.
     fn operator_reads(&self) -> RedisConn {
         self.operator.clone()
+    }
+
+    /// `HGET <meta> keyspace_id`: rides in every read pipeline of a check or of the tier, so
+    /// that nothing read from a keyspace other than the one opened is ever used.
+    fn keyspace_probe(&self) -> Keyed {
+        Self::keyed(self.layout.meta_key(), |c, key| {
+            c.arg("HGET").arg(key).arg("keyspace_id");
+        })
+    }
+
+    /// What the probe answered: `Ok` if it is this keyspace's id; else the keyspace is lost
+    /// (marked so) and whatever was read with it is not its state.
+    fn probed(&self, reply: Option<&redis::Value>) -> StoreResult<()> {
+        let id: Option<String> = match reply {
+            Some(v) => redis::from_redis_value_ref(v)
+                .map_err(|e| StoreError::corrupt(format!("keyspace id: {e}")))?,
+            None => return Err(StoreError::corrupt("no reply to the keyspace probe".into())),
+        };
+        match id {
+            Some(id) if id == self.keyspace_id => Ok(()),
+            Some(other) => Err(self.mark_lost(format!(
+                "{} holds another keyspace (id {other}, not {})",
+                self.layout.meta_key(),
+                self.keyspace_id
+            ))),
+            None => Err(self.mark_lost(format!(
+                "{} is gone (keyspace id {}): Redis restarted without its data, was flushed, \
+                 or failed over to an empty node",
+                self.layout.meta_key(),
+                self.keyspace_id
+            ))),
+        }
+    }
+
+    /// The keyspace is lost (`KeyspaceHealth::Lost`): said once, loudly, with the marker left
+    /// for instances that start meanwhile. Returns the error to answer with.
+    fn mark_lost(&self, why: String) -> StoreError {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                keyspace_id = self.keyspace_id,
+                why,
+                "KEYSPACE LOST: writes are refused and checks answered from local copies until it is restored"
+            );
+            self.health.send_replace(KeyspaceHealth::Lost {
+                since_ms: now_ms(),
+                why: why.clone(),
+            });
+            let mut conn = self.operator_reads();
+            let marker = Layout::lost_marker_key_of(self.layout.prefix());
+            let id = self.keyspace_id.clone();
+            tokio::spawn(async move {
+                let r: RedisResult<()> = redis::cmd("SET")
+                    .arg(&marker)
+                    .arg(&id)
+                    .arg("NX")
+                    .query_async(&mut conn)
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "could not leave the lost keyspace's marker");
+                }
+            });
+        }
+        StoreError::Lost(why)
+    }
+
+    /// `Err` at once while the keyspace is lost: a read (`Lost`) or a write (refused unsent).
+    fn unless_lost(&self, write: bool) -> StoreResult<()> {
+        if !self.lost.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(if write {
+            StoreError::Refused(Refusal::KeyspaceLost)
+        } else {
+            StoreError::Lost("the keyspace is lost (see the log)".into())
+        })
     }
 }
 
@@ -336,9 +416,29 @@ pub fn min_listpack_entries(mean_fill: f64) -> u64 {
     (mean_fill + 5.0 * mean_fill.sqrt()).ceil() as u64
 }
 
+/// Whether `RedisStore::open` may make a keyspace where the meta hash is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Create {
+    /// Unless an instance saw one vanish there (the lost marker stands).
+    IfNew,
+    /// Even then (`namelist-tools keyspace create`): the marker is removed.
+    Anew,
+}
+
 impl RedisStore {
-    /// Connects, opens (or creates) the keyspace and checks the server's listpack limit.
+    /// Connects, opens (or creates, unless a keyspace was lost there) the keyspace and checks
+    /// the server's listpack limit.
     pub async fn open(opts: RedisOptions) -> StoreResult<(Self, OpenReport)> {
+        Self::open_with(opts, Create::IfNew).await
+    }
+
+    /// `open`, making a new keyspace even where one was seen lost (the lost marker stands):
+    /// what `namelist-tools keyspace create` does, and nothing else.
+    pub async fn open_anew(opts: RedisOptions) -> StoreResult<(Self, OpenReport)> {
+        Self::open_with(opts, Create::Anew).await
+    }
+
+    async fn open_with(opts: RedisOptions, create: Create) -> StoreResult<(Self, OpenReport)> {
         let cluster = !opts.cluster_nodes.is_empty();
         let urls = if cluster {
             opts.cluster_nodes.clone()
@@ -372,6 +472,7 @@ impl RedisStore {
                 .unwrap_or(opts.default_expected_entries),
         );
         let meta = Layout::meta_key_of(&opts.prefix);
+        let marker = Layout::lost_marker_key_of(&opts.prefix);
         let place = format!("key prefix {}", opts.prefix);
         // What a new keyspace would be; the script creates it only if it is missing.
         let new = fingerprint::for_new_keyspace(
@@ -383,20 +484,35 @@ impl RedisStore {
             Ok((h, _)) => (h.format().to_string(), h.key_id().unwrap_or("").to_owned()),
             Err(_) => (String::new(), String::new()),
         };
-        let (format, buckets, created, key_id): (
+        let new_id = format!("{:032x}", rand::random::<u128>());
+        let (format, buckets, created, key_id, keyspace_id): (
             Option<String>,
             Option<String>,
             i64,
             Option<String>,
+            Option<String>,
         ) = Script::new(OPEN_KEYSPACE)
             .key(&meta)
+            .key(&marker)
             .arg(create_format)
             .arg(wanted)
             .arg(now_ms())
             .arg(create_key_id)
+            .arg(&new_id)
+            .arg(if create == Create::Anew { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
+        if created == -2 {
+            return Err(StoreError::Keyspace(format!(
+                "{meta} is missing, and an instance saw the keyspace there (id {}) vanish: Redis \
+                 restarted without its data, was flushed, or failed over to an empty node. Restore \
+                 its data (RDB or AOF) and start again, or make a new, empty keyspace explicitly \
+                 with `namelist-tools keyspace create` and load the lists into it",
+                keyspace_id.as_deref().unwrap_or("?")
+            )));
+        }
+        let keyspace_id = keyspace_id.unwrap_or(new_id);
         let (hashing, unkeyed) = match created {
             // Missing, and not created: only when there was nothing to create it with.
             -1 => {
@@ -489,6 +605,9 @@ impl RedisStore {
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,
             dump_refused: AtomicBool::new(false),
+            keyspace_id,
+            lost: AtomicBool::new(false),
+            health: tokio::sync::watch::channel(KeyspaceHealth::Present).0,
         };
         store.load_scripts().await?;
         let (audit_indexed, not_indexed) = store.index_audit_trail().await;
@@ -770,6 +889,21 @@ impl RedisStore {
         })
     }
 
+    /// A write's `PUBLISH` on one node, inside its `MULTI`: only while the keyspace id is
+    /// this one (`GUARDED_PUBLISH`), so a write that reached a lost keyspace is announced to
+    /// nobody.
+    fn guarded_publish_cmd(&self, message: &Invalidation) -> Keyed {
+        let meta = self.layout.meta_key();
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(GUARDED_PUBLISH)
+            .arg(1)
+            .arg(&meta)
+            .arg(&self.keyspace_id)
+            .arg(self.layout.channel())
+            .arg(message.encode());
+        (meta.into_bytes(), cmd)
+    }
+
     /// `PUBLISH`. On a cluster any node broadcasts it to every subscriber, so it is routed
     /// by `route` (a key the same write touches: it then depends on no other shard); `None`
     /// routes by the channel's name.
@@ -984,10 +1118,12 @@ impl RedisStore {
 
     /// Whole buckets by `HGETALL`.
     async fn hgetall_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
-        self.bulk
-            .run_all(self.on_buckets("HGETALL", buckets))
-            .await
-            .map_err(unavailable)?
+        let mut cmds = self.on_buckets("HGETALL", buckets);
+        cmds.push(self.keyspace_probe());
+        let mut replies = self.bulk.run_all(cmds).await.map_err(unavailable)?;
+        let probe = replies.pop();
+        self.probed(probe.as_ref())?;
+        replies
             .iter()
             .map(|v| {
                 redis::from_redis_value_ref::<Vec<(i64, u32)>>(v)
@@ -1163,12 +1299,42 @@ impl StoreBase for RedisStore {
     }
 
     /// On the connection the calling worker's checks use (its own, or the shared one).
+    /// `PING`, and `Err(Lost)` while the keyspace is lost (`/readyz` then answers 503).
     async fn ping(&self) -> StoreResult<()> {
         let mut conn = self.reads();
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
+        self.unless_lost(false)
+    }
+
+    fn keyspace(&self) -> Option<tokio::sync::watch::Receiver<KeyspaceHealth>> {
+        Some(self.health.subscribe())
+    }
+
+    /// Reads the keyspace id from the meta hash: missing or another → lost; this one again
+    /// after a loss (its data restored) → present again, said at WARN, the marker removed.
+    async fn verify_keyspace(&self) -> StoreResult<()> {
+        let probe = self.keyspace_probe();
+        let reply = self
+            .operator_reads()
+            .run_all(vec![probe])
+            .await
+            .map_err(unavailable)?;
+        self.probed(reply.first())?;
+        if self.lost.swap(false, Ordering::AcqRel) {
+            tracing::warn!(
+                keyspace_id = self.keyspace_id,
+                "the keyspace is back (its data restored): writes are taken again"
+            );
+            self.health.send_replace(KeyspaceHealth::Present);
+            let mut conn = self.operator_reads();
+            let _: RedisResult<()> = redis::cmd("DEL")
+                .arg(Layout::lost_marker_key_of(self.layout.prefix()))
+                .query_async(&mut conn)
+                .await;
+        }
         Ok(())
     }
 }
@@ -1182,7 +1348,8 @@ impl EntryStore for RedisStore {
     }
 
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
-        let cmds = keys
+        self.unless_lost(false)?;
+        let mut cmds: Vec<Keyed> = keys
             .iter()
             .map(|k| {
                 Self::keyed(self.layout.bucket_key(k.bucket), |c, key| {
@@ -1190,10 +1357,11 @@ impl EntryStore for RedisStore {
                 })
             })
             .collect();
-        self.reads()
-            .run_all(cmds)
-            .await
-            .map_err(unavailable)?
+        cmds.push(self.keyspace_probe());
+        let mut replies = self.reads().run_all(cmds).await.map_err(unavailable)?;
+        let probe = replies.pop();
+        self.probed(probe.as_ref())?;
+        replies
             .iter()
             .map(|v| {
                 redis::from_redis_value_ref::<Option<u32>>(v)
@@ -1203,14 +1371,15 @@ impl EntryStore for RedisStore {
     }
 
     async fn get_buckets(&self, buckets: &[u32]) -> StoreResult<Vec<Vec<(i64, u32)>>> {
+        self.unless_lost(false)?;
         if self.dump_refused.load(Ordering::Relaxed) {
             return self.hgetall_buckets(buckets).await;
         }
-        let replies = self
-            .bulk
-            .run(self.on_buckets("DUMP", buckets))
-            .await
-            .map_err(unavailable)?;
+        let mut cmds = self.on_buckets("DUMP", buckets);
+        cmds.push(self.keyspace_probe());
+        let mut replies = self.bulk.run(cmds).await.map_err(unavailable)?;
+        let probe = replies.pop().transpose().map_err(unavailable)?;
+        self.probed(probe.as_ref())?;
         let mut out: Vec<Option<Vec<(i64, u32)>>> = Vec::with_capacity(buckets.len());
         let mut other = Vec::new();
         for (i, reply) in replies.into_iter().enumerate() {
@@ -1273,7 +1442,12 @@ impl EntryStore for RedisStore {
                 })
             })
             .collect();
-        let raw = self.reads().run_all(cmds).await.map_err(unavailable)?;
+        self.unless_lost(false)?;
+        let mut cmds: Vec<Keyed> = cmds;
+        cmds.push(self.keyspace_probe());
+        let mut raw = self.reads().run_all(cmds).await.map_err(unavailable)?;
+        let probe = raw.pop();
+        self.probed(probe.as_ref())?;
         raw.iter()
             .map(|v| {
                 let members: Vec<String> = redis::from_redis_value_ref(v)
@@ -1289,6 +1463,7 @@ impl EntryStore for RedisStore {
     }
 
     async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<Vec<bool>> {
+        self.unless_lost(true)?;
         let mut registries = Vec::new();
         let mut scopes = Vec::new();
         for ((list, sandbox), len) in &batch.prefixes {
@@ -1315,16 +1490,17 @@ impl EntryStore for RedisStore {
         let entry_buckets: Vec<u32> = batch.entries.iter().map(|(k, _)| k.bucket).collect();
         let mut last = self.audit_cmds(&topology, &batch.audit, &entry_buckets);
         let route = last.first().or(buckets.first()).map(|(k, _)| k.clone());
+        let atomic = !self.conn.is_cluster(); // one MULTI with the write on one node
+        let publish = |message: &Invalidation| match atomic {
+            true => self.guarded_publish_cmd(message),
+            false => self.publish_cmd(message, route.as_deref()),
+        };
         if !scopes.is_empty() {
             scopes.sort();
             scopes.dedup();
-            last.push(self.publish_cmd(&Invalidation::Scopes(scopes), route.as_deref()));
+            last.push(publish(&Invalidation::Scopes(scopes)));
         }
-        let atomic = !self.conn.is_cluster(); // one MULTI with the write on one node
-        last.push(self.publish_cmd(
-            &Invalidation::upserted(&batch.entries, atomic),
-            route.as_deref(),
-        ));
+        last.push(publish(&Invalidation::upserted(&batch.entries, atomic)));
         let touched = registries.iter().chain(&buckets).chain(&last);
         let mut session = self
             .session(
@@ -1344,10 +1520,17 @@ impl EntryStore for RedisStore {
                 all_ok(session.commit(last, true).await?)?;
                 replies
             } else {
-                let all = registries.into_iter().chain(buckets).chain(last).collect();
+                // The keyspace id first, in the same transaction: a write that reached a
+                // keyspace lost meanwhile is never acknowledged (and announced to nobody).
+                let all = std::iter::once(self.keyspace_probe())
+                    .chain(registries)
+                    .chain(buckets)
+                    .chain(last)
+                    .collect();
                 let mut replies = all_ok(session.commit(all, true).await?)?;
-                replies.truncate(n_registries + n_entries);
-                replies.split_off(n_registries)
+                self.probed(replies.first())?;
+                replies.truncate(1 + n_registries + n_entries);
+                replies.split_off(1 + n_registries)
             };
             if replies.len() != n_entries {
                 return Err(StoreError::corrupt(format!(
@@ -1375,6 +1558,7 @@ impl EntryStore for RedisStore {
         audit: Vec<AuditRecord>,
         deadline: Deadline,
     ) -> StoreResult<Vec<Removed>> {
+        self.unless_lost(true)?;
         let calls = self.removal_calls(keys);
         let now_rel = ExpiryCode::script_now(now_ms);
         let topology = self.monitor.topology();
@@ -1393,7 +1577,16 @@ impl EntryStore for RedisStore {
             )
             .await?;
         let r = async {
-            let mut results = session.step(scripts, false).await?;
+            // The keyspace id after the deletions, on their connection: deletions that reached
+            // a keyspace lost meanwhile are neither audited, announced nor acknowledged.
+            let mut results = session
+                .step(
+                    scripts.into_iter().chain([self.keyspace_probe()]).collect(),
+                    false,
+                )
+                .await?;
+            let probe = results.pop().transpose().map_err(unavailable)?;
+            self.probed(probe.as_ref())?;
             if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
                 // The script cache was flushed (a restart): load and redo what did not run.
                 self.load_scripts().await?;
@@ -1457,6 +1650,7 @@ impl EntryStore for RedisStore {
         code: u32,
         deadline: Deadline,
     ) -> StoreResult<bool> {
+        self.unless_lost(true)?;
         // Housekeeping: no replica is waited for (an expired entry deleted again after a
         // failover is harmless), but an unreachable primary is not tried.
         let bucket = self.layout.bucket_key(key.bucket);
@@ -1612,6 +1806,7 @@ impl EntryStore for RedisStore {
         at_ms: i64,
         deadline: Deadline,
     ) -> StoreResult<()> {
+        self.unless_lost(true)?;
         let pairs: Vec<(&str, &str, i64, i64)> = changes
             .iter()
             .map(|c| (c.scope.0.as_str(), c.scope.1.as_str(), c.delta, at_ms))
@@ -1742,6 +1937,8 @@ impl MetricStore for RedisStore {
         ops: &[MetricOp],
         deadline: Deadline,
     ) -> StoreResult<Vec<MetricAnswer>> {
+        // A lost keyspace has no counts to read and keeps none written.
+        self.unless_lost(ops.iter().any(|o| o.update.is_some()))?;
         // Updates are writes (their own connections, refusal, WAIT); reads stay on the read
         // path. Both go at once.
         let (updates, reads): (Vec<usize>, Vec<usize>) =
@@ -1803,6 +2000,7 @@ impl DefinitionStore for RedisStore {
         body: &str,
         deadline: Deadline,
     ) -> StoreResult<u64> {
+        self.unless_lost(true)?;
         let v = self
             .definition_call(kind, PUT_DEFINITION, &[id, fingerprint, body], deadline)
             .await?;
@@ -1816,6 +2014,7 @@ impl DefinitionStore for RedisStore {
         id: &str,
         deadline: Deadline,
     ) -> StoreResult<bool> {
+        self.unless_lost(true)?;
         let v = self
             .definition_call(kind, DELETE_DEFINITION, &[id], deadline)
             .await?;

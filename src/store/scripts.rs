@@ -31,18 +31,39 @@ local function live_code(c, now)
 end
 ";
 
-/// Creates the meta hash if it is missing and ARGV[1] (the format to create) is not empty;
-/// ARGV[4] is the key id ('' in format 1). Returns (format, buckets, created, key id), created
-/// being 1 (created now), 0 (found) or -1 (missing, and not created).
+/// Opens the keyspace. KEYS: the meta hash, the lost marker (one slot). Creates the meta hash
+/// if it is missing and ARGV[1] (the format to create) is not empty, with ARGV[4] the key id
+/// ('' in format 1) and ARGV[5] a new random keyspace id; but not where the lost marker
+/// stands (a running instance saw this keyspace vanish) unless ARGV[6] is '1' (the explicit
+/// `namelist-tools keyspace create`), which also removes the marker. A keyspace found without
+/// an id (made before ids) is given ARGV[5]. Returns (format, buckets, created, key id,
+/// keyspace id), created being 1 (created now), 0 (found), -1 (missing, and nothing to create
+/// it with) or -2 (missing where the lost marker stands; the keyspace id is the lost one's).
 pub(super) const OPEN_KEYSPACE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == '' then return {false, false, -1, false} end
-  redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3])
+  if ARGV[1] == '' then return {false, false, -1, false, false} end
+  if ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+    return {false, false, -2, false, redis.call('GET', KEYS[2])}
+  end
+  redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3],
+    'keyspace_id', ARGV[5])
   if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
-  return {ARGV[1], ARGV[2], 1, ARGV[4]}
+  redis.call('DEL', KEYS[2])
+  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5]}
 end
-local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id')
-return {m[1], m[2], 0, m[3]}
+redis.call('HSETNX', KEYS[1], 'keyspace_id', ARGV[5])
+local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id', 'keyspace_id')
+return {m[1], m[2], 0, m[3], m[4]}
+";
+
+/// A write's `PUBLISH`, only while the keyspace is the one the writer opened: KEYS[1] the
+/// meta hash, ARGV the keyspace id, the channel, the message. Sent inside a write's `MULTI`
+/// on one node, so that a write that reached a keyspace lost meanwhile (and is answered
+/// `keyspace_lost`, never acknowledged) is announced to no instance. Returns 1 if published.
+pub(super) const GUARDED_PUBLISH: &str = r"
+if redis.call('HGET', KEYS[1], 'keyspace_id') ~= ARGV[1] then return 0 end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
 ";
 
 /// Deletes fields of one bucket; per field 1 if it was present and live at ARGV[1]

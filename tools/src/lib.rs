@@ -19,6 +19,7 @@
 //!   `stats`, `compare`, `render`);
 //! * `sweep`: expired fields reclaimed, paced and resumable;
 //! * `keygen`: a new fingerprint key file;
+//! * `keyspace`: `keyspace create`, a new keyspace in place of a lost one;
 //! * `pace`, `progress`: the one rate limiter and the one progress-bar setup they share;
 //! * [`Global`], here: the options every tool shares, and the store they open.
 
@@ -26,6 +27,7 @@ pub mod audit;
 pub mod gen_data;
 pub mod import;
 pub mod keygen;
+pub mod keyspace;
 pub mod pace;
 pub mod progress;
 pub mod sweep;

@@ -9,7 +9,7 @@ use namelist_tools::{self as tools, Global};
 #[derive(Parser)]
 #[command(
     version,
-    about = "Operator tools for namelist: import, gen, audit, sweep, keygen"
+    about = "Operator tools for namelist: import, gen, audit, sweep, keygen, keyspace"
 )]
 struct Cli {
     #[command(flatten)]
@@ -25,6 +25,14 @@ enum Command {
     Audit(tools::audit::Args),
     Sweep(tools::sweep::Args),
     Keygen(tools::keygen::Args),
+    /// Keyspace administration.
+    #[command(subcommand)]
+    Keyspace(KeyspaceCommand),
+}
+
+#[derive(Subcommand)]
+enum KeyspaceCommand {
+    Create(tools::keyspace::Args),
 }
 
 #[tokio::main]
@@ -37,5 +45,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Audit(args) => tools::audit::run(&cli.global, args).await,
         Command::Sweep(args) => tools::sweep::run(&cli.global, args).await,
         Command::Keygen(args) => tools::keygen::run(&args),
+        Command::Keyspace(KeyspaceCommand::Create(args)) => {
+            tools::keyspace::run(&cli.global, args).await
+        }
     }
 }

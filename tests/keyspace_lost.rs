@@ -1,0 +1,314 @@
+//! A lost keyspace (issue 25, point 3): Redis restarted without its data is noticed within a
+//! few seconds, never silently recreated; writes are refused with `keyspace_lost` and nothing
+//! is written; checks are answered from the tier (fail-open) or refused (fail-closed); the
+//! same keyspace restored brings instances back by themselves; a new one needs the explicit
+//! `keyspace create` and is adopted on restart.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use namelist::config::Settings;
+use namelist::lists::FailMode;
+use namelist::startup::Application;
+use namelist::store::redis::{RedisOptions, RedisStore};
+use serde_json::{Value, json};
+
+fn upsert(values: &[&str]) -> Value {
+    json!({"entries": values.iter()
+        .map(|v| json!({"dimension": "uid", "value": v}))
+        .collect::<Vec<_>>()})
+}
+
+fn check(values: &[&str]) -> Value {
+    json!({"lists": ["black"], "subjects": {"uid": values}})
+}
+
+/// Every key of the keyspace at `prefix`, as `DUMP`s: what an RDB restore brings back.
+fn dump_all(redis: &RedisServer, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut conn)
+        .unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let d: Vec<u8> = redis::cmd("DUMP").arg(&k).query(&mut conn).unwrap();
+            (k, d)
+        })
+        .collect()
+}
+
+fn restore_all(redis: &RedisServer, dumps: &[(String, Vec<u8>)]) {
+    let mut conn = redis.conn();
+    for (k, d) in dumps {
+        let () = redis::cmd("RESTORE")
+            .arg(k)
+            .arg(0)
+            .arg(d.as_slice())
+            .arg("REPLACE")
+            .query(&mut conn)
+            .unwrap();
+    }
+}
+
+fn meta_exists(redis: &RedisServer, prefix: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(format!("{prefix}meta"))
+        .query::<i64>(&mut redis.conn())
+        .unwrap()
+        == 1
+}
+
+/// Polls until the instance has seen the keyspace lost (its gauge), for at most `limit`;
+/// `/readyz` is 503 from then on.
+async fn lost_within(app: &TestApp, limit: Duration) -> Duration {
+    let started = Instant::now();
+    while app.metric("namelist_keyspace_lost").await != Some(1.0) {
+        assert!(
+            started.elapsed() < limit,
+            "the lost keyspace was not noticed within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = started.elapsed();
+    assert_eq!(app.get("/readyz").await.status(), 503);
+    took
+}
+
+/// Polls `/readyz` until it answers `status`, for at most `limit`.
+async fn ready_becomes(app: &TestApp, status: u16, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if app.get("/readyz").await.status() == status {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "/readyz did not become {status} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn error_code(res: reqwest::Response) -> (u16, String) {
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.expect("a JSON error");
+    (
+        status,
+        body["error"]["code"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+fn options(settings: &Settings, redis: &RedisServer) -> RedisOptions {
+    let mut opts = RedisOptions::from_settings(settings).expect("options");
+    opts.url = redis.url();
+    opts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
+    let mut redis = RedisServer::start();
+    let settings = redis_settings(&redis);
+    let prefix = settings.key_prefix.clone();
+    let app = spawn_app(settings.clone()).await;
+    assert_eq!(
+        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
+            .await
+            .status(),
+        200
+    );
+    let body = app.check(&check(&["u1", "never-seen"])).await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(body["degraded"], false);
+
+    redis.restart_empty();
+    let noticed = lost_within(&app, Duration::from_secs(5)).await;
+    eprintln!("lost keyspace noticed after {noticed:?}");
+
+    // Writes: refused, nothing written, the meta key not recreated.
+    let (status, code) =
+        error_code(app.post("/v1/lists/black/entries", &upsert(&["u2"])).await).await;
+    assert_eq!((status, code.as_str()), (503, "keyspace_lost"));
+    let (status, code) = error_code(
+        app.delete("/v1/lists/black/entries", &upsert(&["u1"]))
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (503, "keyspace_lost"));
+    assert!(!meta_exists(&redis, &prefix), "the keyspace was recreated");
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        keys,
+        vec![format!("{prefix}{{{prefix}meta}}lost")],
+        "nothing but the marker is written"
+    );
+
+    // Checks: from the tier, degraded, the listed entry still a hit, the rest as of the loss.
+    let body = app.check(&check(&["u1", "never-seen"])).await;
+    assert_eq!(body["degraded"], true, "{body}");
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(body["hits"][0]["value"], "u1");
+    assert!(body["stale_ms"].as_u64().is_some(), "{body}");
+    assert!(
+        body.get("unanswered").is_none(),
+        "a complete tier holds every bucket: {body}"
+    );
+
+    // A new instance refuses to start instead of making a new keyspace.
+    let err = match Application::build(settings.clone()).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("an instance started on a lost keyspace"),
+    };
+    assert!(err.contains("namelist-tools keyspace create"), "{err}");
+    assert!(!meta_exists(&redis, &prefix));
+
+    // Still lost a few seconds later (the periodic check never "heals" an empty keyspace).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(app.get("/readyz").await.status(), 503);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_checks_with_keyspace_lost() {
+    let mut redis = RedisServer::start();
+    let settings = Settings {
+        fail_mode: FailMode::Closed,
+        ..redis_settings(&redis)
+    };
+    let app = spawn_app(settings).await;
+    assert_eq!(
+        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
+            .await
+            .status(),
+        200
+    );
+    redis.restart_empty();
+    lost_within(&app, Duration::from_secs(5)).await;
+    // A check the tier answers whole needs no store read, so the loss may only show on one
+    // that does: a value on a list the tier reads from Redis. Complete tiers answer every
+    // lookup locally, so the refusal shows once the tier stops being trusted.
+    let started = Instant::now();
+    loop {
+        let res = app.post("/v1/check", &check(&["u1"])).await;
+        if res.status() == 503 {
+            let (_, code) = error_code(res).await;
+            assert_eq!(code, "keyspace_lost");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a fail-closed check kept being answered on a lost keyspace"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_keyspace_restored_is_resumed_by_itself() {
+    let mut redis = RedisServer::start();
+    let settings = redis_settings(&redis);
+    let prefix = settings.key_prefix.clone();
+    let app = spawn_app(settings.clone()).await;
+    assert_eq!(
+        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
+            .await
+            .status(),
+        200
+    );
+    let backup = dump_all(&redis, &prefix);
+
+    redis.restart_empty();
+    lost_within(&app, Duration::from_secs(5)).await;
+    // The backup brought back (an RDB restored): the same keyspace id.
+    restore_all(&redis, &backup);
+    let resumed = ready_becomes(&app, 200, Duration::from_secs(5)).await;
+    eprintln!("restored keyspace resumed after {resumed:?}");
+    assert_eq!(app.metric("namelist_keyspace_lost").await, Some(0.0));
+    assert_eq!(
+        app.post("/v1/lists/black/entries", &upsert(&["u2"]))
+            .await
+            .status(),
+        200
+    );
+    // The marker is gone: a new instance starts on it.
+    let marker: i64 = redis::cmd("EXISTS")
+        .arg(format!("{prefix}{{{prefix}meta}}lost"))
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(marker, 0);
+    let other = spawn_app(settings).await;
+    let started = Instant::now();
+    loop {
+        let body = other.check(&check(&["u1", "u2", "u3"])).await;
+        let hits: Vec<&str> = body["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["value"].as_str().unwrap())
+            .collect();
+        if hits == ["u1", "u2"] && body["degraded"] == false {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And the first instance answers from Redis again, exactly.
+    let body = app.check(&check(&["u1", "u2", "u3"])).await;
+    assert_eq!(body["degraded"], false, "{body}");
+    assert_eq!(body["hits"].as_array().unwrap().len(), 2, "{body}");
+    other.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_keyspace_is_made_explicitly_and_adopted_on_restart() {
+    let mut redis = RedisServer::start();
+    let settings = redis_settings(&redis);
+    let prefix = settings.key_prefix.clone();
+    let app = spawn_app(settings.clone()).await;
+    assert_eq!(
+        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
+            .await
+            .status(),
+        200
+    );
+    redis.restart_empty();
+    lost_within(&app, Duration::from_secs(5)).await;
+
+    // What `namelist-tools keyspace create --lost-for-good` does.
+    let (_, report) = RedisStore::open_anew(options(&settings, &redis))
+        .await
+        .expect("a new keyspace");
+    assert!(report.created);
+    assert!(meta_exists(&redis, &prefix));
+
+    // The running instance does not adopt it: another id is not its keyspace.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(app.get("/readyz").await.status(), 503);
+    let (status, code) =
+        error_code(app.post("/v1/lists/black/entries", &upsert(&["u2"])).await).await;
+    assert_eq!((status, code.as_str()), (503, "keyspace_lost"));
+    app.stop().await;
+
+    // A restarted one does, empty.
+    let fresh = spawn_app(settings).await;
+    assert_eq!(fresh.get("/readyz").await.status(), 200);
+    assert_eq!(
+        fresh
+            .post("/v1/lists/black/entries", &upsert(&["u3"]))
+            .await
+            .status(),
+        200
+    );
+    let body = fresh.check(&check(&["u1", "u3"])).await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(body["hits"][0]["value"], "u3");
+    fresh.stop().await;
+}
