@@ -275,6 +275,38 @@ async fn restore_builds_what_hset_would() {
     assert_eq!(fields["entries_written"], "20000");
 }
 
+/// Past `--memory-mb` the rows spill to temporary files and are read back: the same
+/// buckets as an import that held everything in memory (an 80M-row import once failed there
+/// with EBADF: the spill files were opened write-only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_past_its_memory_budget_spills_and_writes_the_same() {
+    let redis = sanitising();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.csv");
+    // More rows than the smallest budget holds (1,024 records), in buckets of 3 partitions.
+    let rows = rows(30_000, "s");
+    write_csv_absolute(&file, &rows);
+
+    let held = open(&redis, "m:", 150_000).await;
+    let a = import(Some(&held), restored_layout(&held), &Args::for_file(&file))
+        .await
+        .unwrap();
+    let spilled = open(&redis, "s:", 150_000).await;
+    let mut args = Args::for_file(&file);
+    args.memory_mb = 0;
+    let b = import(Some(&spilled), restored_layout(&spilled), &args)
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.rows_read, b.rows_rejected, b.entries_written),
+        (30_000, 0, 30_000)
+    );
+    assert_eq!(a.entries_written, b.entries_written);
+    let m = dump_buckets(&redis, "m:");
+    assert_eq!(m.values().map(BTreeMap::len).sum::<usize>(), 30_000);
+    assert_same_buckets(&m, &dump_buckets(&redis, "s:"), "in memory vs spilled");
+}
+
 /// The lists' approximate counts (`GET /v1/lists`), sorted.
 async fn counts(store: &namelist::store::redis::RedisStore) -> Vec<(String, String, i64)> {
     use namelist::store::{CountsQuery, EntryStore};

@@ -5,7 +5,7 @@
 //! bucket writes, ascending, where the last row for an entry wins (as with the API).
 
 use std::collections::HashSet;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, Write};
 
 use anyhow::Context;
@@ -81,7 +81,15 @@ impl Partitions {
                 continue;
             }
             if self.files[i].is_none() {
-                let f = File::create(dir.join(format!("p{i}")))?;
+                // Read back in `take`: opened for both (`File::create` is write-only, and
+                // reading it failed with EBADF past ~67M rows at the default budget).
+                let path = dir.join(format!("p{i}"));
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .with_context(|| format!("creating the spill file {}", path.display()))?;
                 self.files[i] = Some(BufWriter::new(f));
             }
             let w = self.files[i].as_mut().expect("just created");
@@ -134,4 +142,41 @@ pub(super) fn group(mut recs: Vec<Rec>) -> Vec<BucketWrite> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(i: u32) -> Rec {
+        Rec {
+            bucket: (i * 7_919) % 60_000,
+            code: i,
+            field: i64::from(i) * 31 - 1_000_000,
+        }
+    }
+
+    #[test]
+    fn spilled_partitions_come_back_whole_and_in_input_order() {
+        // A budget of 1,024 records (the floor) over 60,000 buckets (3 partitions): 10,000
+        // records spill about nine times, and the last ones stay in memory.
+        let mut p = Partitions::new(60_000, 0);
+        for i in 0..10_000 {
+            p.push(rec(i)).unwrap();
+        }
+        assert!(p.dir.is_some(), "the budget was passed: partitions spilled");
+        assert_eq!(p.len(), 3);
+        let mut all = Vec::new();
+        for i in 0..p.len() {
+            let part = p.take(i).unwrap();
+            assert!(part.iter().all(|r| r.bucket / 25_000 == i as u32));
+            assert!(
+                part.windows(2).all(|w| w[0].code < w[1].code),
+                "input order kept across the spill file and memory"
+            );
+            all.extend(part);
+        }
+        all.sort_by_key(|r| r.code);
+        assert_eq!(all, (0..10_000).map(rec).collect::<Vec<_>>());
+    }
 }
