@@ -467,6 +467,16 @@ impl Index {
 }
 
 /// The local tier of one instance.
+/// `proven_ns` when the subscription gives no proofs of delivery.
+const NO_CLOCK: u64 = u64::MAX;
+
+/// How old the subscription's last proof of delivery may be for the tier to answer a check
+/// locally as current: within the invalidation bound (100 ms) that non-degraded answers
+/// promise, less the time a message takes to arrive. Proofs come every
+/// `Liveness::PROOF_EVERY` (25 ms); past this, lookups go to Redis (no generation change,
+/// nothing read again) until the next proof.
+pub const LIVE_BOUND: Duration = Duration::from_millis(90);
+
 pub struct LocalTier {
     copies: Option<moka::sync::Cache<u32, Arc<BucketCopy>>>,
     /// Complete mode's copies (see the module docs); `None` when complete mode is impossible.
@@ -483,6 +493,11 @@ pub struct LocalTier {
     settings: TierSettings,
     mode: AtomicU8,
     trusted: AtomicBool,
+    /// When the subscription last proved that it delivers (`Liveness`), in nanoseconds since
+    /// `epoch`; `NO_CLOCK` when it gives no proofs (an in-process bus). While trusted, what is
+    /// held is known in sync as of this instant, not as of now, and answers locally only
+    /// while the proof is younger than `LIVE_BOUND`.
+    proven_ns: AtomicU64,
     sync: Mutex<SyncState>,
     held: Arc<Held>,
     stripes: Box<[Mutex<HashMap<u32, Fetching>>]>,
@@ -551,6 +566,7 @@ impl LocalTier {
             buckets,
             mode: AtomicU8::new(if on { Mode::Sizing } else { Mode::Off } as u8),
             trusted: AtomicBool::new(false),
+            proven_ns: AtomicU64::new(NO_CLOCK),
             sync: Mutex::new(SyncState {
                 trusted: false,
                 generation: 1,
@@ -591,6 +607,42 @@ impl LocalTier {
         self.trusted.load(Ordering::Acquire)
     }
 
+    /// Trusted, and (with a clock of proofs) proven to receive invalidations within
+    /// `LIVE_BOUND`: what may answer a check locally as current.
+    fn current(&self, now: Instant) -> bool {
+        self.is_trusted() && now.saturating_duration_since(self.proven_at(now)) <= LIVE_BOUND
+    }
+
+    /// Until when what the subscription delivered is known complete: `now` without a clock.
+    fn proven_at(&self, now: Instant) -> Instant {
+        match self.proven_ns.load(Ordering::Acquire) {
+            NO_CLOCK => now,
+            ns => (self.epoch + Duration::from_nanos(ns)).min(now),
+        }
+    }
+
+    /// A subscription begins: `clock` says whether it gives proofs of delivery (then the
+    /// first proof is its start, `at`).
+    pub fn clock(&self, clock: bool, at: Instant) {
+        let ns = if clock {
+            at.saturating_duration_since(self.epoch).as_nanos() as u64
+        } else {
+            NO_CLOCK
+        };
+        self.proven_ns.store(ns, Ordering::Release);
+    }
+
+    /// The subscription delivered everything published before `sent` (and the listener
+    /// applied it).
+    pub fn proven(&self, sent: Instant) {
+        let ns = sent.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let _ = self
+            .proven_ns
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p != NO_CLOCK && p < ns).then_some(ns)
+            });
+    }
+
     pub fn mode(&self) -> Mode {
         Mode::from_u8(self.mode.load(Ordering::Relaxed))
     }
@@ -610,7 +662,8 @@ impl LocalTier {
         let mut st = self.sync.lock().expect("sync lock");
         if st.trusted {
             st.trusted = false;
-            st.broke_at = Some(Instant::now());
+            // In sync only as far as the subscription last proved it.
+            st.broke_at = Some(self.proven_at(Instant::now()));
         }
         self.trusted.store(false, Ordering::Release);
     }
@@ -647,7 +700,7 @@ impl LocalTier {
 
     /// Whether `copy` may answer a normal (not fail-open) lookup at `now`.
     fn usable(&self, copy: &BucketCopy, now: Instant) -> bool {
-        self.is_trusted()
+        self.current(now)
             && copy.generation == self.generation()
             && copy.dirty_since.is_none()
             && now.saturating_duration_since(copy.fetched_at) <= self.settings.ttl
@@ -692,7 +745,7 @@ impl LocalTier {
             return false;
         };
         let generation = self.generation();
-        self.is_trusted()
+        self.current(now)
             && f.stamp(key.bucket, generation).is_some_and(|(g, at)| {
                 g == generation && now.saturating_duration_since(at) <= self.settings.ttl
             })
@@ -763,7 +816,7 @@ impl LocalTier {
         let st = self.sync.lock().expect("sync lock");
         if generation == st.generation {
             return if st.trusted {
-                now
+                self.proven_at(now)
             } else {
                 st.broke_at.unwrap_or(now)
             };
@@ -776,7 +829,7 @@ impl LocalTier {
         self.copies.as_ref()?;
         let st = self.sync.lock().expect("sync lock");
         Some(if st.trusted {
-            now
+            self.proven_at(now)
         } else {
             st.broke_at.unwrap_or(now)
         })

@@ -71,11 +71,14 @@ pub async fn listen(
             .call(
                 StoreOp::Subscribe,
                 Deadline::after(SUBSCRIBE_DEADLINE),
-                |b| b.subscribe(),
+                |b| b.subscribe_proven(),
             )
             .await;
         match subscribed {
-            Ok(mut stream) => {
+            Ok((mut stream, live)) => {
+                // Proofs of delivery date what is held (`LocalTier::proven`); the first is
+                // the subscription itself.
+                tier.clock(live.is_some(), std::time::Instant::now());
                 metrics.subscription_up.set(1);
                 backoff = MIN_BACKOFF;
                 tracing::info!("cache invalidation subscription up");
@@ -102,7 +105,16 @@ pub async fn listen(
                             None => std::future::pending().await,
                         }
                     };
+                    let proof = async {
+                        match &live {
+                            Some(l) => l.notify.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
+                        // Messages first: a proof is passed on only after every message
+                        // already delivered before it was applied.
+                        biased;
                         message = stream.next() => match message {
                             Some(m) if trusting => apply(&tier, &registries, m).await,
                             // While the keyspace is lost (or not yet known good), what is
@@ -110,6 +122,11 @@ pub async fn listen(
                             Some(_) => {}
                             None => break,
                         },
+                        () = proof => {
+                            if let Some(at) = live.as_ref().and_then(|l| l.take()) {
+                                tier.proven(at);
+                            }
+                        }
                         alive = changed => {
                             if !alive {
                                 health = None;

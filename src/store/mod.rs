@@ -23,7 +23,8 @@ pub mod replicas;
 pub mod scripts;
 pub mod worker_conn;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -521,6 +522,38 @@ pub struct StoredDefinition {
 /// since have changed unseen.
 pub type InvalidationStream = BoxStream<'static, Invalidation>;
 
+/// How a subscription proves that it still delivers: the bus pings it, and each answered ping
+/// proves that every message published (to the node it listens on) before the ping was sent
+/// has been delivered to the stream. The ping's send time is left here for the listener,
+/// which passes it on only after the messages already in the stream: so a proof never runs
+/// ahead of what was applied. A connection that silently stops delivering (a node stopped,
+/// half-open) is thus noticed in `PROOF_EVERY`, not at the ping's timeout.
+#[derive(Debug, Default)]
+pub struct Liveness {
+    proven: std::sync::Mutex<Option<Instant>>,
+    pub notify: tokio::sync::Notify,
+}
+
+impl Liveness {
+    /// How often a bus that can prove delivery pings its subscription.
+    pub const PROOF_EVERY: Duration = Duration::from_millis(25);
+
+    /// A ping sent at `sent` was answered.
+    pub fn proved(&self, sent: Instant) {
+        let mut p = self.proven.lock().expect("liveness lock");
+        if p.is_none_or(|t| t < sent) {
+            *p = Some(sent);
+        }
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    /// The latest proof, taken.
+    pub fn take(&self) -> Option<Instant> {
+        self.proven.lock().expect("liveness lock").take()
+    }
+}
+
 // ---- The store traits ----
 //
 // One trait per concern, each extending `StoreBase`. A backend implements them all (and so is
@@ -665,6 +698,12 @@ pub trait EntryStore: StoreBase {
 pub trait InvalidationBus: StoreBase {
     /// Subscribes to the invalidations every writer publishes.
     async fn subscribe(&self) -> StoreResult<InvalidationStream>;
+
+    /// Subscribes, with the proofs of delivery of that subscription when the bus can give
+    /// them (`None`: an in-process bus, which delivers every message as it is published).
+    async fn subscribe_proven(&self) -> StoreResult<(InvalidationStream, Option<Arc<Liveness>>)> {
+        Ok((self.subscribe().await?, None))
+    }
 
     /// Publishes an invalidation.
     async fn publish(&self, message: &Invalidation) -> StoreResult<()>;

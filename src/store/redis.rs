@@ -40,6 +40,7 @@
 //! call in the deadline that fits it.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -66,8 +67,9 @@ use super::{
     AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
     CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
     EntryStore, Invalidation, InvalidationBus, InvalidationStream, KeyspaceHealth, Layout,
-    ListCount, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, PrefixLen,
-    Refusal, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition, WriteBatch,
+    ListCount, Liveness, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore,
+    PrefixLen, Refusal, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
+    WriteBatch,
 };
 use crate::domain::{ListName, Sandbox, now_ms};
 
@@ -1876,6 +1878,10 @@ impl EntryStore for RedisStore {
 #[async_trait]
 impl InvalidationBus for RedisStore {
     async fn subscribe(&self) -> StoreResult<InvalidationStream> {
+        Ok(self.subscribe_proven().await?.0)
+    }
+
+    async fn subscribe_proven(&self) -> StoreResult<(InvalidationStream, Option<Arc<Liveness>>)> {
         // On a cluster any node delivers every PUBLISH: subscribe to the seeds in turn, so
         // a node that is down (or was failed over) is skipped next time.
         let n = self.pubsub_clients.len().max(1);
@@ -1894,12 +1900,17 @@ impl InvalidationBus for RedisStore {
             .map_err(|_| StoreError::Timeout(self.pubsub_timeout))?
             .map_err(unavailable)?;
         let (mut sink, stream) = pubsub.split();
-        // A half-open connection delivers nothing and never errors: ping it, and end the
-        // stream when a ping goes unanswered.
+        // A half-open connection (or a stopped node) delivers nothing and never errors: ping
+        // it, leave each answered ping's send time as a proof of delivery (`Liveness`), and
+        // end the stream when a ping goes unanswered.
         let (mut dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
         let timeout = self.pubsub_timeout;
+        let live = Arc::new(Liveness::default());
+        live.proved(Instant::now());
+        let proofs = live.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(Liveness::PROOF_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
                 tokio::select! {
@@ -1908,17 +1919,20 @@ impl InvalidationBus for RedisStore {
                     _ = tick.tick() => {}
                 }
                 // In subscribed mode PING answers ["pong", ""], not +PONG.
+                let sent = Instant::now();
                 let ping = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
                 if !matches!(ping, Ok(Ok(_))) {
                     let _ = dead_tx.send(());
                     return;
                 }
+                proofs.proved(sent);
             }
         });
-        Ok(stream
+        let stream = stream
             .take_until(dead_rx)
             .filter_map(|msg| async move { Invalidation::decode(msg.get_payload_bytes()) })
-            .boxed())
+            .boxed();
+        Ok((stream, Some(live)))
     }
 
     async fn publish(&self, message: &Invalidation) -> StoreResult<()> {
