@@ -370,15 +370,24 @@ impl Run {
         let n = self.schedule.background;
         for from in (0..n).step_by(BULK) {
             let values: Vec<String> = (from..(from + BULK).min(n)).map(background_value).collect();
-            let outcome = self
-                .net
-                .write(
-                    Sender::Driver,
-                    self.net.endpoint(0),
-                    WriteKind::Upsert,
-                    values,
-                )
-                .await;
+            // Set-up, not the history: an upsert is idempotent, so one that timed out on a
+            // machine still busy starting the cluster is sent again (a few times at most).
+            let mut outcome = Outcome::Unknown;
+            for _ in 0..5 {
+                outcome = self
+                    .net
+                    .write(
+                        Sender::Driver,
+                        self.net.endpoint(0),
+                        WriteKind::Upsert,
+                        values.clone(),
+                    )
+                    .await;
+                if outcome == Outcome::Ok {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
             assert_eq!(outcome, Outcome::Ok, "loading the background entries");
         }
     }
