@@ -78,7 +78,9 @@ def pick(path, n):
     out = []
     with open(path) as f:
         for row in csv.DictReader(f):
-            if row["sandbox"] == "default" and not row["expires_at"] and not row["ttl_seconds"]:
+            v = row["value"]
+            exact = "/" not in v and "*" not in v and not v.startswith("@")
+            if exact and row["sandbox"] == "default" and not row["expires_at"] and not row["ttl_seconds"]:
                 out.append((row["dimension"], row["value"]))
                 if len(out) == n:
                     break
@@ -86,10 +88,10 @@ def pick(path, n):
 listed, never = pick(lists, 500), pick(outsiders, 500)
 time.sleep(max(0.0, ready + 1.0 - (time.time() - t0)))
 at = time.time() - t0
-ratio = loaded()
 redis = subprocess.run(["redis-cli", "-p", str(rport), "info", "server"], capture_output=True, text=True).stdout
 rpid = int([l for l in redis.splitlines() if l.startswith("process_id:")][0].split(":")[1])
 os.kill(rpid, signal.SIGSTOP)
+ratio = loaded()  # /metrics needs no Redis: the share loaded when the outage began
 try:
     from concurrent.futures import ThreadPoolExecutor
     def one(dv):
