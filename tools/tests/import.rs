@@ -293,7 +293,7 @@ async fn an_import_past_its_memory_budget_spills_and_writes_the_same() {
         .unwrap();
     let spilled = open(&redis, "s:", 150_000).await;
     let mut args = Args::for_file(&file);
-    args.memory_mb = 0;
+    args.memory_mb = Some(0);
     let b = import(Some(&spilled), restored_layout(&spilled), &args)
         .await
         .unwrap();

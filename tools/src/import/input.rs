@@ -382,7 +382,7 @@ fn read_rows(
         writer: None,
     };
     let mut out = ReadOutcome {
-        partitions: Partitions::new(layout.buckets(), args.memory_mb.saturating_mul(1 << 20)),
+        partitions: Partitions::new(layout.buckets(), args.memory_budget()),
         prefixes: HashSet::new(),
         rows_read: 0,
         rows_rejected: 0,

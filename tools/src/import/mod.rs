@@ -94,9 +94,11 @@ pub struct Args {
     /// Pace writes to at most this many rows per second (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub max_rows_per_sec: u64,
-    /// Memory for grouping rows before spilling to temporary files, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub memory_mb: u64,
+    /// Memory for grouping rows before spilling to temporary files ($TMPDIR), in MiB
+    /// (16 B a row). Default: a quarter of the machine's memory (or of the container's
+    /// limit), between 256 MiB and 16 GiB.
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
     /// Always use HSET, never RESTORE.
     #[arg(long)]
     pub no_restore: bool,
@@ -130,12 +132,20 @@ impl Args {
             batch_buckets: 256,
             in_flight: 4,
             max_rows_per_sec: 0,
-            memory_mb: 1024,
+            memory_mb: None,
             no_restore: false,
             reason: None,
             actor: "namelist-tools".into(),
             json: false,
             quiet: true,
+        }
+    }
+
+    /// The grouping budget in bytes: `--memory-mb`, or the default from the machine.
+    fn memory_budget(&self) -> u64 {
+        match self.memory_mb {
+            Some(mb) => mb.saturating_mul(1 << 20),
+            None => partition::default_budget(),
         }
     }
 

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, Write};
+use std::path::Path;
 
 use anyhow::Context;
 use namelist::store::bulk::BucketWrite;
@@ -36,6 +37,46 @@ impl Rec {
         }
     }
 }
+
+/// The default grouping budget: a quarter of the memory this process may use (the machine's,
+/// or the cgroup v2 limit when lower: a container), between 256 MiB and 16 GiB.
+pub(super) fn default_budget() -> u64 {
+    const MIB: u64 = 1 << 20;
+    // SAFETY: sysconf has no preconditions; -1 (unknown) is handled below.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let machine = if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        4096 * MIB
+    };
+    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    (machine.min(limit) / 4).clamp(256 * MIB, 16 * 1024 * MIB)
+}
+
+/// Bytes free for an unprivileged user on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `st` a valid out-pointer for the call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Room a spill leaves free on its file system: the rest of the import (the partitions read
+/// back one at a time, the reject file) needs some too.
+const SPILL_MARGIN: u64 = 64 << 20;
 
 /// Records grouped by ranges of buckets, in memory up to a budget, then in temporary files.
 pub(super) struct Partitions {
@@ -76,6 +117,20 @@ impl Partitions {
             self.dir = Some(tempfile::tempdir().context("creating a spill directory")?);
         }
         let dir = self.dir.as_ref().expect("just created").path().to_owned();
+        // Checked before every spill, not guessed up front (gzip and stdin have no size): a
+        // full disk stops the import with the figures, before a write fails half-way.
+        let need = self.buffered as u64 * 16;
+        let free = free_bytes(&dir)
+            .with_context(|| format!("reading the free space of {}", dir.display()))?;
+        if free < need + SPILL_MARGIN {
+            anyhow::bail!(
+                "the spill directory {} has {} MiB free; this spill needs {} MiB (16 B a row past                  --memory-mb) plus {} MiB of margin: point TMPDIR at a larger disk or raise                  --memory-mb (nothing was written to Redis yet)",
+                dir.display(),
+                free >> 20,
+                need.div_ceil(1 << 20),
+                SPILL_MARGIN >> 20
+            );
+        }
         for (i, buf) in self.buffers.iter_mut().enumerate() {
             if buf.is_empty() {
                 continue;
@@ -154,6 +209,13 @@ mod tests {
             code: i,
             field: i64::from(i) * 31 - 1_000_000,
         }
+    }
+
+    #[test]
+    fn the_default_budget_is_a_share_of_memory_within_bounds() {
+        let b = default_budget();
+        assert!((256 << 20..=16 << 30).contains(&b), "{b}");
+        assert!(free_bytes(&std::env::temp_dir()).unwrap() > 0);
     }
 
     #[test]
