@@ -485,6 +485,8 @@ pub struct LocalTier {
     copies_budget: u64,
     /// Set when a copy did not fit the index: the worker turns the tier partial.
     overflowed: AtomicBool,
+    /// The filters' bits per entry (an `f64`'s bits; 0 without filters), for the metrics.
+    filter_bits: AtomicU64,
     /// Partial mode's filters of every bucket (`filter`), while partial and room allows.
     filters: ArcSwapOption<filter::Filters>,
     /// When the tier was made: the filters' stamps count from here.
@@ -561,6 +563,7 @@ impl LocalTier {
             index,
             copies_budget,
             overflowed: AtomicBool::new(false),
+            filter_bits: AtomicU64::new(0),
             filters: ArcSwapOption::empty(),
             epoch: Instant::now(),
             buckets,
@@ -1512,6 +1515,26 @@ impl LocalTier {
                     .map(|f| (f, entries))
             })
             .flatten();
+        self.filter_bits.store(
+            made.as_ref()
+                .map_or(0.0, |(f, e)| f.bits_per_entry(*e))
+                .to_bits(),
+            Ordering::Relaxed,
+        );
+        if mode == Mode::Partial && made.is_none() {
+            // What it would take: the minimum bits an entry, over the filters' share.
+            let needed = f64::from(self.buckets)
+                * ((entries.max(1.0) * filter::MIN_BITS_PER_ENTRY / 64.0).ceil() + 2.0)
+                * 8.0
+                / FILTER_SHARE;
+            tracing::warn!(
+                buckets = self.buckets,
+                budget_mib = budget >> 20,
+                needed_mib = (needed / f64::from(1u32 << 20)).ceil() as u64,
+                "local tier: filters of every bucket do not fit local_memory_mb: values on no \
+                 list are looked up in the store (raise local_memory_mb to the needed size)"
+            );
+        }
         let scale = match &made {
             Some((f, entries)) => {
                 tracing::info!(
@@ -1603,6 +1626,9 @@ impl LocalTier {
         gauges.stale_seconds.set(stale);
         let oldest = self.sweep.lock().expect("sweep lock").oldest;
         gauges.oldest_copy_seconds.set(oldest.as_secs_f64());
+        gauges
+            .filter_bits_per_entry
+            .set(f64::from_bits(self.filter_bits.load(Ordering::Relaxed)));
         gauges.set_fetches(
             self.fetched.load(Ordering::Relaxed),
             self.fetch_errors.load(Ordering::Relaxed),

@@ -208,6 +208,8 @@ pub struct TierGauges {
     pub stale_seconds: Gauge,
     /// The oldest copy seen by the last refresh pass (stays under `cache_ttl_ms`).
     pub oldest_copy_seconds: Gauge,
+    /// Partial mode's filter bits per entry (0: no filters, e.g. they do not fit the budget).
+    pub filter_bits_per_entry: Gauge,
     pub fetches: IntCounter,
     pub fetch_errors: IntCounter,
 }
@@ -239,11 +241,17 @@ impl TierGauges {
             ),
             stale_seconds: gauge(
                 "namelist_tier_stale_seconds",
-                "Seconds since the local tier was last known in sync (0 while the invalidation                  subscription is up)",
+                "Seconds since the local tier was last known in sync (while the invalidation \
+                 subscription is up: the age of its last proof of delivery, ~0.03)",
             ),
             oldest_copy_seconds: gauge(
                 "namelist_tier_oldest_copy_seconds",
                 "Age of the oldest bucket copy seen by the last refresh pass (must stay under                  cache_ttl_ms, else those buckets are answered by the store)",
+            ),
+            filter_bits_per_entry: gauge(
+                "namelist_tier_filter_bits_per_entry",
+                "Bits per entry of the partial tier's filters of every bucket (0: none; under 4 \
+                 they do not fit local_memory_mb and values on no list go to the store)",
             ),
             fetches: counter(
                 "namelist_tier_fetches_total",
@@ -280,6 +288,7 @@ impl TierGauges {
             Box::new(self.loaded.clone()),
             Box::new(self.stale_seconds.clone()),
             Box::new(self.oldest_copy_seconds.clone()),
+            Box::new(self.filter_bits_per_entry.clone()),
             Box::new(self.fetches.clone()),
             Box::new(self.fetch_errors.clone()),
         ]

@@ -161,6 +161,9 @@ async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
         let local = metric(&app, "namelist_cache_hits_total").await - hits;
         let sent = metric(&app, "namelist_cache_misses_total").await - misses;
         if app.lists.cache().filter_bytes() > 0 && local / (local + sent) > 0.9 {
+            let bits = metric(&app, "namelist_tier_filter_bits_per_entry").await;
+            // 4 to 10, rounded up to whole 64-bit words a bucket.
+            assert!((4.0..=13.0).contains(&bits), "{bits} filter bits an entry");
             eprintln!(
                 "{local} of 200 absent devices answered locally after {:?}",
                 started.elapsed()
@@ -211,6 +214,41 @@ async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
     }
     assert!(local_from.is_some(), "a hot bucket is admitted");
     eprintln!("hot bucket answered locally from check {local_from:?}");
+}
+
+/// A budget too small for filters of every bucket: none are made, the gauge says 0, and
+/// checks stay exact (values on no list go to Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_that_do_not_fit_are_not_made_and_the_gauge_says_so() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    settings.expected_entries = Some(2_000_000); // 10,000 buckets
+    // 80,000 entries, 8 a bucket; 4 bits an entry need 10,000 × (1 word + 2) × 8 B / 0.9
+    // ≈ 267 KB of filters: 0.1 MiB (105 KB) holds fewer.
+    settings.local_memory_mb = 0.1;
+    settings.cache_ttl_ms = 1_000;
+    let app = spawn_app(settings).await;
+    for chunk in 0..8 {
+        let entries: Vec<_> = (chunk * 10_000..(chunk + 1) * 10_000)
+            .map(|i| json!({"dimension": "device", "value": format!("in-{i}")}))
+            .collect();
+        let res = app
+            .post("/v1/lists/black/entries", &json!({"entries": entries}))
+            .await;
+        assert_eq!(res.status(), 200);
+    }
+    // Sized again for these entries within a TTL.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(app.lists.cache().mode(), Mode::Partial);
+    assert_eq!(app.lists.cache().filter_bytes(), 0);
+    assert_eq!(
+        metric(&app, "namelist_tier_filter_bits_per_entry").await,
+        0.0
+    );
+    for i in (0..80_000).step_by(997) {
+        assert!(listed(&app, &format!("in-{i}")).await);
+        assert!(!listed(&app, &format!("out-{i}")).await);
+    }
 }
 
 /// Values `in-0` .. `in-{n}`, `ttl` seconds spread over a day (17 bits a code).
