@@ -487,6 +487,9 @@ pub struct LocalTier {
     overflowed: AtomicBool,
     /// The filters' bits per entry (an `f64`'s bits; 0 without filters), for the metrics.
     filter_bits: AtomicU64,
+    /// Lookups sent to the store only because the subscription's last proof of delivery was
+    /// older than `LIVE_BOUND` (for the metrics).
+    pub unproven: AtomicU64,
     /// Partial mode's filters of every bucket (`filter`), while partial and room allows.
     filters: ArcSwapOption<filter::Filters>,
     /// When the tier was made: the filters' stamps count from here.
@@ -564,6 +567,7 @@ impl LocalTier {
             copies_budget,
             overflowed: AtomicBool::new(false),
             filter_bits: AtomicU64::new(0),
+            unproven: AtomicU64::new(0),
             filters: ArcSwapOption::empty(),
             epoch: Instant::now(),
             buckets,
@@ -613,7 +617,14 @@ impl LocalTier {
     /// Trusted, and (with a clock of proofs) proven to receive invalidations within
     /// `LIVE_BOUND`: what may answer a check locally as current.
     fn current(&self, now: Instant) -> bool {
-        self.is_trusted() && now.saturating_duration_since(self.proven_at(now)) <= LIVE_BOUND
+        if !self.is_trusted() {
+            return false;
+        }
+        let proven = now.saturating_duration_since(self.proven_at(now)) <= LIVE_BOUND;
+        if !proven {
+            self.unproven.fetch_add(1, Ordering::Relaxed);
+        }
+        proven
     }
 
     /// Until when what the subscription delivered is known complete: `now` without a clock.
@@ -1633,6 +1644,10 @@ impl LocalTier {
             self.fetched.load(Ordering::Relaxed),
             self.fetch_errors.load(Ordering::Relaxed),
         );
+        let unproven = self.unproven.load(Ordering::Relaxed);
+        gauges
+            .unproven
+            .inc_by(unproven.saturating_sub(gauges.unproven.get()));
     }
 
     /// The background worker: sizes the keyspace up, loads, refreshes and rereads buckets,

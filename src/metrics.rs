@@ -210,6 +210,8 @@ pub struct TierGauges {
     pub oldest_copy_seconds: Gauge,
     /// Partial mode's filter bits per entry (0: no filters, e.g. they do not fit the budget).
     pub filter_bits_per_entry: Gauge,
+    /// Lookups sent to the store because the subscription's last proof of delivery was late.
+    pub unproven: IntCounter,
     pub fetches: IntCounter,
     pub fetch_errors: IntCounter,
 }
@@ -253,6 +255,11 @@ impl TierGauges {
                 "Bits per entry of the partial tier's filters of every bucket (0: none; under 4 \
                  they do not fit local_memory_mb and values on no list go to the store)",
             ),
+            unproven: counter(
+                "namelist_tier_unproven_lookups_total",
+                "Lookups a current local copy could have answered, sent to the store because the \
+                 invalidation subscription's last proof of delivery was over 90 ms old",
+            ),
             fetches: counter(
                 "namelist_tier_fetches_total",
                 "Buckets read whole in the background (load, refresh, hot, changed)",
@@ -289,6 +296,7 @@ impl TierGauges {
             Box::new(self.stale_seconds.clone()),
             Box::new(self.oldest_copy_seconds.clone()),
             Box::new(self.filter_bits_per_entry.clone()),
+            Box::new(self.unproven.clone()),
             Box::new(self.fetches.clone()),
             Box::new(self.fetch_errors.clone()),
         ]
