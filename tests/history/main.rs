@@ -71,7 +71,8 @@ async fn row4_first_write_after_redis_restarted_empty() {
 // The fixed seeds cover every kind of fault: node 2 (instance restarts, kill -9, SIGSTOP, a
 // last restart empty), node 8 (pub/sub connections killed three times, kill -9, SIGSTOP),
 // cluster 5 (an instance restart, a primary paused, pub/sub killed, a primary killed and its
-// replica promoted), cluster 2 (two failovers).
+// replica promoted). Cluster seed 2 (two failovers) left CI to keep it under 15 minutes:
+// `HISTORY_REPLAY=cluster:2` runs it.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_node_seed_2() {
@@ -86,11 +87,6 @@ async fn random_node_seed_8() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_cluster_seed_5() {
     random(5, Topology::Cluster).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_cluster_seed_2() {
-    random(2, Topology::Cluster).await;
 }
 
 /// `HISTORY_SEEDS=N`: N more random seeds; `HISTORY_REPLAY=node:SEED|cluster:SEED`: one
