@@ -1640,14 +1640,11 @@ impl LocalTier {
         gauges
             .filter_bits_per_entry
             .set(f64::from_bits(self.filter_bits.load(Ordering::Relaxed)));
-        gauges.set_fetches(
+        gauges.set_totals(
             self.fetched.load(Ordering::Relaxed),
             self.fetch_errors.load(Ordering::Relaxed),
+            self.unproven.load(Ordering::Relaxed),
         );
-        let unproven = self.unproven.load(Ordering::Relaxed);
-        gauges
-            .unproven
-            .inc_by(unproven.saturating_sub(gauges.unproven.get()));
     }
 
     /// The background worker: sizes the keyspace up, loads, refreshes and rereads buckets,

@@ -881,8 +881,8 @@ impl NameLists {
         let deadline = Deadline::after(budget);
         let trusted = self.cache.is_trusted();
         let mut degraded = false;
-        // The store said the keyspace is lost: fail-closed answers say so.
-        let mut lost = false;
+        // A lost keyspace, as the store said it: fail-closed answers with it.
+        let mut lost: Option<StoreError> = None;
 
         // The lengths in use (IP prefixes, phone segments, e-mail domains), only for subjects
         // of those dimensions.
@@ -904,7 +904,7 @@ impl NameLists {
                 Ok(r) => r.into_iter().map(Some).collect(),
                 Err(e) => {
                     degraded = true;
-                    lost = matches!(e, StoreError::Lost(_));
+                    lost = matches!(e, StoreError::Lost(_)).then_some(e);
                     self.registries.get_cached(&scopes).await
                 }
             }
@@ -955,7 +955,7 @@ impl NameLists {
                 // Logged and counted by the call; the answer is the tier's, or a refusal.
                 Err(e) => {
                     degraded = true;
-                    lost = matches!(e, StoreError::Lost(_));
+                    lost = matches!(e, StoreError::Lost(_)).then_some(e);
                 }
             }
         }
@@ -964,12 +964,7 @@ impl NameLists {
         if degraded {
             if self.settings.fail_mode == FailMode::Closed {
                 self.metrics.refused_answers.inc();
-                if lost {
-                    return Err(
-                        StoreError::Lost("the keyspace is lost (see the log)".into()).into(),
-                    );
-                }
-                return Err(StoreError::Timeout(budget).into());
+                return Err(lost.unwrap_or(StoreError::Timeout(budget)).into());
             }
             self.metrics.degraded_answers.inc();
             // Whatever is held answers, with how long ago it was last known in sync; what
@@ -1004,45 +999,22 @@ impl NameLists {
         }
 
         let now_ms = now_ms();
-        let mut hits = Vec::new();
-        let mut reported = HashSet::new();
-        let probes_made: Vec<(EntryKey, usize, usize)> = probes
-            .iter()
-            .map(|p| (p.key, p.dimension, p.value))
-            .collect();
-        for p in probes {
-            let Some(Some(code)) = known.get(&p.key).copied() else {
-                continue;
-            };
-            if !code_is_live(code, now_ms) {
-                self.reclaim(p.key, code, || (q.lists[p.list].clone(), q.sandbox.clone()));
-                continue;
-            }
-            if reported.insert((p.list, p.dimension, p.key)) {
-                hits.push(Hit {
-                    list: q.lists[p.list].clone(),
-                    dimension: q.subjects[p.dimension].0.clone(),
-                    value: p.shown,
-                    expires_at: Expiry::from_code(code).expires_at_ms(),
-                });
-            }
-        }
         // A value with no hit whose lookups were not all made is claimed neither way.
         let mut unanswered = Vec::new();
         if degraded {
             let mut hit: HashSet<(usize, usize)> = HashSet::new();
             let mut open: BTreeSet<(usize, usize)> = BTreeSet::new();
-            for p in &probes_made {
+            for p in &probes {
                 if known
-                    .get(&p.0)
+                    .get(&p.key)
                     .copied()
                     .flatten()
                     .is_some_and(|c| code_is_live(c, now_ms))
                 {
-                    hit.insert((p.1, p.2));
+                    hit.insert((p.dimension, p.value));
                 }
-                if unknown.contains(&p.0) {
-                    open.insert((p.1, p.2));
+                if unknown.contains(&p.key) {
+                    open.insert((p.dimension, p.value));
                 }
             }
             for (di, (dimension, values)) in q.subjects.iter().enumerate() {
@@ -1059,6 +1031,25 @@ impl NameLists {
                         });
                     }
                 }
+            }
+        }
+        let mut hits = Vec::new();
+        let mut reported = HashSet::new();
+        for p in probes {
+            let Some(Some(code)) = known.get(&p.key).copied() else {
+                continue;
+            };
+            if !code_is_live(code, now_ms) {
+                self.reclaim(p.key, code, || (q.lists[p.list].clone(), q.sandbox.clone()));
+                continue;
+            }
+            if reported.insert((p.list, p.dimension, p.key)) {
+                hits.push(Hit {
+                    list: q.lists[p.list].clone(),
+                    dimension: q.subjects[p.dimension].0.clone(),
+                    value: p.shown,
+                    expires_at: Expiry::from_code(code).expires_at_ms(),
+                });
             }
         }
         // From the lookups made: with values unanswered, a list of the order before the one

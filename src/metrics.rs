@@ -278,12 +278,15 @@ impl TierGauges {
         }
     }
 
-    /// Advances the fetch counters to these totals.
-    pub fn set_fetches(&self, fetched: u64, errors: u64) {
-        self.fetches
-            .inc_by(fetched.saturating_sub(self.fetches.get()));
-        self.fetch_errors
-            .inc_by(errors.saturating_sub(self.fetch_errors.get()));
+    /// Advances the tier's counters to these totals (the tier keeps its own atomics).
+    pub fn set_totals(&self, fetched: u64, errors: u64, unproven: u64) {
+        for (counter, total) in [
+            (&self.fetches, fetched),
+            (&self.fetch_errors, errors),
+            (&self.unproven, unproven),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {

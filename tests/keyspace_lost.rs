@@ -12,6 +12,7 @@ use common::{RedisServer, TestApp, redis_settings, spawn_app};
 use namelist::config::Settings;
 use namelist::lists::FailMode;
 use namelist::startup::Application;
+use namelist::store::Layout;
 use namelist::store::redis::{RedisOptions, RedisStore};
 use serde_json::{Value, json};
 
@@ -101,24 +102,38 @@ async fn error_code(res: reqwest::Response) -> (u16, String) {
     )
 }
 
-fn options(settings: &Settings, redis: &RedisServer) -> RedisOptions {
-    let mut opts = RedisOptions::from_settings(settings).expect("options");
-    opts.url = redis.url();
-    opts
+/// A Redis, an instance on it with `fail_mode`, and `u1` listed through it.
+async fn listed_u1(fail_mode: FailMode) -> (RedisServer, Settings, TestApp) {
+    let redis = RedisServer::start();
+    let settings = Settings {
+        fail_mode,
+        ..redis_settings(&redis)
+    };
+    let app = spawn_app(settings.clone()).await;
+    assert_eq!(write(&app, "u1").await, 200);
+    (redis, settings, app)
+}
+
+/// `POST /v1/lists/black/entries` of one uid: the status.
+async fn write(app: &TestApp, value: &str) -> u16 {
+    app.post("/v1/lists/black/entries", &upsert(&[value]))
+        .await
+        .status()
+        .as_u16()
+}
+
+fn marker_exists(redis: &RedisServer, prefix: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(Layout::lost_marker_key_of(prefix))
+        .query::<i64>(&mut redis.conn())
+        .unwrap()
+        == 1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
-    let mut redis = RedisServer::start();
-    let settings = redis_settings(&redis);
+    let (mut redis, settings, app) = listed_u1(FailMode::Open).await;
     let prefix = settings.key_prefix.clone();
-    let app = spawn_app(settings.clone()).await;
-    assert_eq!(
-        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
-            .await
-            .status(),
-        200
-    );
     let body = app.check(&check(&["u1", "never-seen"])).await;
     assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
     assert_eq!(body["degraded"], false);
@@ -145,7 +160,7 @@ async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
         .unwrap();
     assert_eq!(
         keys,
-        vec![format!("{prefix}{{{prefix}meta}}lost")],
+        vec![Layout::lost_marker_key_of(&prefix)],
         "nothing but the marker is written"
     );
 
@@ -176,18 +191,7 @@ async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_refuses_checks_with_keyspace_lost() {
-    let mut redis = RedisServer::start();
-    let settings = Settings {
-        fail_mode: FailMode::Closed,
-        ..redis_settings(&redis)
-    };
-    let app = spawn_app(settings).await;
-    assert_eq!(
-        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
-            .await
-            .status(),
-        200
-    );
+    let (mut redis, _, app) = listed_u1(FailMode::Closed).await;
     redis.restart_empty();
     lost_within(&app, Duration::from_secs(5)).await;
     // A check the tier answers whole needs no store read, so the loss may only show on one
@@ -212,16 +216,8 @@ async fn fail_closed_refuses_checks_with_keyspace_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_keyspace_restored_is_resumed_by_itself() {
-    let mut redis = RedisServer::start();
-    let settings = redis_settings(&redis);
+    let (mut redis, settings, app) = listed_u1(FailMode::Open).await;
     let prefix = settings.key_prefix.clone();
-    let app = spawn_app(settings.clone()).await;
-    assert_eq!(
-        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
-            .await
-            .status(),
-        200
-    );
     let backup = dump_all(&redis, &prefix);
 
     redis.restart_empty();
@@ -231,18 +227,9 @@ async fn the_same_keyspace_restored_is_resumed_by_itself() {
     let resumed = ready_becomes(&app, 200, Duration::from_secs(5)).await;
     eprintln!("restored keyspace resumed after {resumed:?}");
     assert_eq!(app.metric("namelist_keyspace_lost").await, Some(0.0));
-    assert_eq!(
-        app.post("/v1/lists/black/entries", &upsert(&["u2"]))
-            .await
-            .status(),
-        200
-    );
+    assert_eq!(write(&app, "u2").await, 200);
     // The marker is gone: a new instance starts on it.
-    let marker: i64 = redis::cmd("EXISTS")
-        .arg(format!("{prefix}{{{prefix}meta}}lost"))
-        .query(&mut redis.conn())
-        .unwrap();
-    assert_eq!(marker, 0);
+    assert!(!marker_exists(&redis, &prefix));
     let other = spawn_app(settings).await;
     let started = Instant::now();
     loop {
@@ -269,23 +256,16 @@ async fn the_same_keyspace_restored_is_resumed_by_itself() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_keyspace_is_made_explicitly_and_adopted_on_restart() {
-    let mut redis = RedisServer::start();
-    let settings = redis_settings(&redis);
+    let (mut redis, settings, app) = listed_u1(FailMode::Open).await;
     let prefix = settings.key_prefix.clone();
-    let app = spawn_app(settings.clone()).await;
-    assert_eq!(
-        app.post("/v1/lists/black/entries", &upsert(&["u1"]))
-            .await
-            .status(),
-        200
-    );
     redis.restart_empty();
     lost_within(&app, Duration::from_secs(5)).await;
 
     // What `namelist-tools keyspace create --lost-for-good` does.
-    let (_, report) = RedisStore::open_anew(options(&settings, &redis))
-        .await
-        .expect("a new keyspace");
+    let (_, report) =
+        RedisStore::open_anew(RedisOptions::from_settings(&settings).expect("options"))
+            .await
+            .expect("a new keyspace");
     assert!(report.created);
     assert!(meta_exists(&redis, &prefix));
 
@@ -300,13 +280,7 @@ async fn a_new_keyspace_is_made_explicitly_and_adopted_on_restart() {
     // A restarted one does, empty.
     let fresh = spawn_app(settings).await;
     assert_eq!(fresh.get("/readyz").await.status(), 200);
-    assert_eq!(
-        fresh
-            .post("/v1/lists/black/entries", &upsert(&["u3"]))
-            .await
-            .status(),
-        200
-    );
+    assert_eq!(write(&fresh, "u3").await, 200);
     let body = fresh.check(&check(&["u1", "u3"])).await;
     assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
     assert_eq!(body["hits"][0]["value"], "u3");

@@ -147,15 +147,7 @@ async fn a_keyspace_larger_than_the_budget_answers_exactly_within_it() {
     // start-up, are sized again for the entries written below within a second.
     settings.cache_ttl_ms = 1_000;
     let app = spawn_app(settings).await;
-    for chunk in 0..2 {
-        let entries: Vec<_> = (chunk * 10_000..(chunk + 1) * 10_000)
-            .map(|i| json!({"dimension": "device", "value": format!("in-{i}")}))
-            .collect();
-        let res = app
-            .post("/v1/lists/black/entries", &json!({"entries": entries}))
-            .await;
-        assert_eq!(res.status(), 200);
-    }
+    list_devices(&app, 20_000).await;
     assert_eq!(app.lists.cache().mode(), Mode::Partial);
     // Filters of every bucket answer most absent devices without Redis, once sized for the
     // entries and read.
@@ -238,15 +230,7 @@ async fn filters_that_do_not_fit_are_not_made_and_the_gauge_says_so() {
     settings.local_memory_mb = 0.1;
     settings.cache_ttl_ms = 1_000;
     let app = spawn_app(settings).await;
-    for chunk in 0..8 {
-        let entries: Vec<_> = (chunk * 10_000..(chunk + 1) * 10_000)
-            .map(|i| json!({"dimension": "device", "value": format!("in-{i}")}))
-            .collect();
-        let res = app
-            .post("/v1/lists/black/entries", &json!({"entries": entries}))
-            .await;
-        assert_eq!(res.status(), 200);
-    }
+    list_devices(&app, 80_000).await;
     // Sized again for these entries within a TTL.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(app.lists.cache().mode(), Mode::Partial);
@@ -258,6 +242,19 @@ async fn filters_that_do_not_fit_are_not_made_and_the_gauge_says_so() {
     for i in (0..80_000).step_by(997) {
         assert!(listed(&app, &format!("in-{i}")).await);
         assert!(!listed(&app, &format!("out-{i}")).await);
+    }
+}
+
+/// Lists devices `in-0` .. `in-{n - 1}` on `black`, 10,000 a request (no expiry).
+async fn list_devices(app: &TestApp, n: usize) {
+    for chunk in (0..n).step_by(10_000) {
+        let entries: Vec<_> = (chunk..(chunk + 10_000).min(n))
+            .map(|i| json!({"dimension": "device", "value": format!("in-{i}")}))
+            .collect();
+        let res = app
+            .post("/v1/lists/black/entries", &json!({"entries": entries}))
+            .await;
+        assert_eq!(res.status(), 200);
     }
 }
 

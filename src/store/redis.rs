@@ -1905,8 +1905,8 @@ impl InvalidationBus for RedisStore {
         // end the stream when a ping goes unanswered.
         let (mut dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
         let timeout = self.pubsub_timeout;
+        // (The first proof is the subscription itself: the listener starts its clock.)
         let live = Arc::new(Liveness::default());
-        live.proved(Instant::now());
         let proofs = live.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Liveness::PROOF_EVERY);
