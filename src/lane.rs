@@ -15,13 +15,23 @@
 //! only then gives the permit back, so the class budget bounds the operator work the store
 //! is doing, not only the requests whose clients still wait.
 //!
+//! And one operator's work at a time ([`OperatorLane::turn`]): Redis runs one connection's
+//! commands back to back, so sixteen pages of list counts sent at once (2-5 ms of Redis each)
+//! stood 20 ms or more in front of every check's command that arrived meanwhile, past the
+//! check's 20 ms deadline. Taking turns bounds what operators queue in Redis to one request's
+//! commands; a request that waits longer than its class's deadline for its turn is refused
+//! (503 `overloaded`) unsent.
+//!
 //! This module depends on nothing else of the crate: the store (below) asks
 //! [`on_operator_lane`], the routes (above) spawn onto the lane.
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 thread_local! {
@@ -63,11 +73,16 @@ fn lower_priority() {
 pub struct OperatorLane {
     runtime: Option<Runtime>,
     handle: Handle,
+    /// One operator's work at a time (see the module docs).
+    turns: Arc<Semaphore>,
+    /// The longest a request waits for its turn.
+    wait: Duration,
 }
 
 impl OperatorLane {
-    /// Starts the lane with `threads` threads (at least 1).
-    pub fn start(threads: usize) -> std::io::Result<Self> {
+    /// Starts the lane with `threads` threads (at least 1); a request waits at most `wait`
+    /// for its turn.
+    pub fn start(threads: usize, wait: Duration) -> std::io::Result<Self> {
         let runtime = Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("namelist-operator")
@@ -81,7 +96,21 @@ impl OperatorLane {
         Ok(Self {
             runtime: Some(runtime),
             handle,
+            turns: Arc::new(Semaphore::new(1)),
+            wait,
         })
+    }
+
+    /// Waits for this request's turn to do its work (see the module docs): `None` if it did
+    /// not come within the lane's wait.
+    pub fn turn(&self) -> impl Future<Output = Option<OwnedSemaphorePermit>> + Send + 'static {
+        let (turns, wait) = (self.turns.clone(), self.wait);
+        async move {
+            tokio::time::timeout(wait, turns.acquire_owned())
+                .await
+                .ok()?
+                .ok()
+        }
     }
 
     /// Runs `work` on the lane.
@@ -109,7 +138,7 @@ mod tests {
 
     #[tokio::test]
     async fn work_runs_on_the_lane_thread_at_a_lower_priority() {
-        let lane = OperatorLane::start(1).unwrap();
+        let lane = OperatorLane::start(1, Duration::from_secs(1)).unwrap();
         assert!(!on_operator_lane());
         let (on_lane, nice) = lane
             .spawn(async {
@@ -126,6 +155,19 @@ mod tests {
             .unwrap();
         assert!(on_lane);
         assert!(nice >= NICENESS, "nice {nice}");
+        drop(lane);
+    }
+
+    #[tokio::test]
+    async fn one_turn_at_a_time_and_a_bounded_wait() {
+        let lane = OperatorLane::start(1, Duration::from_millis(50)).unwrap();
+        let first = lane.turn().await.expect("the first turn is free");
+        assert!(
+            lane.turn().await.is_none(),
+            "a second turn while the first is held"
+        );
+        drop(first);
+        assert!(lane.turn().await.is_some(), "the turn is given back");
         drop(lane);
     }
 }

@@ -302,7 +302,10 @@ impl Application {
             },
             settings.max_buffered_body_bytes,
         ));
-        let lane = web::Data::new(OperatorLane::start(1).map_err(StartupError::Lane)?);
+        let lane = web::Data::new(
+            OperatorLane::start(1, Duration::from_millis(settings.operator_deadline_ms))
+                .map_err(StartupError::Lane)?,
+        );
         let app_lists = lists.clone();
         let app_tokens = web::Data::from(tokens);
         let mut server = HttpServer::new(move || {

@@ -157,10 +157,16 @@ impl Offload {
         };
         let place = self.place;
         let span = tracing::Span::current();
+        let turn = lane.turn();
         let task = lane.spawn(
             async move {
+                let Some(turn) = turn.await else {
+                    return Err(ApiError::Overloaded(
+                        "operators' requests are queued past operator_deadline_ms".into(),
+                    ));
+                };
                 let r = work.await;
-                drop(place);
+                drop((turn, place));
                 r
             }
             .instrument(span),
