@@ -510,9 +510,12 @@ impl Service {
     }
 
     /// Waits until the local tier has settled: complete and every bucket loaded, or off, or
-    /// partial (then preloading for `settle` more). The mode reached.
+    /// partial with every bucket answering locally (its filter, or a copy, in sync:
+    /// `namelist_tier_answering_ratio`; a tier whose filters do not fit never gets there and
+    /// is taken as settled after `settle`). The mode reached.
     async fn wait_tier(&self, http: &reqwest::Client, settle: Duration) -> &'static str {
         let started = Instant::now();
+        let mut partial_since = None;
         loop {
             let v = self
                 .metrics(
@@ -522,6 +525,8 @@ impl Service {
                         "namelist_tier_mode{mode=\"partial\"}",
                         "namelist_tier_mode{mode=\"off\"}",
                         "namelist_tier_loaded_ratio",
+                        "namelist_tier_answering_ratio",
+                        "namelist_tier_filter_bits_per_entry",
                     ],
                 )
                 .await;
@@ -529,8 +534,11 @@ impl Service {
                 return "complete";
             }
             if v[1] == 1.0 {
-                tokio::time::sleep(settle).await;
-                return "partial";
+                let since = *partial_since.get_or_insert_with(Instant::now);
+                if v[4] >= 0.999 || (v[5] == 0.0 && since.elapsed() >= settle) {
+                    tokio::time::sleep(settle).await;
+                    return "partial";
+                }
             }
             if v[2] == 1.0 {
                 return "off";

@@ -100,6 +100,9 @@ const BATCH: usize = 64;
 const PASSES_PER_REFRESH: u32 = 16;
 /// Buckets the worker looks at per sweep step.
 const SCAN_STEP: u32 = 4096;
+/// How often the answering gauge counts the filters in sync (a look at every bucket's stamp:
+/// ~1 ms at 1M buckets).
+const ANSWERING_EVERY: Duration = Duration::from_secs(2);
 /// Buckets read to measure their mean size before choosing the mode.
 const SAMPLE: u32 = 64;
 /// How long one background read may take.
@@ -160,10 +163,15 @@ pub struct TierSettings {
     pub budget_bytes: u64,
     /// Most buckets held; 0 turns the tier off.
     pub max_buckets: u64,
-    /// The longest a copy answers after the read it comes from started.
+    /// Without proofs of delivery: the longest a copy answers after the read it comes from
+    /// started. With them: the shortest period of the safety-net re-reads (see the module
+    /// docs, *Trust and generations*).
     pub ttl: Duration,
     /// Background reads per second (loading, refreshing); 0: unpaced.
     pub fetch_rate: u64,
+    /// With proofs of delivery: buckets re-read per second, on average, only because of
+    /// their age (the safety net); 0: every `ttl / 2` as without proofs.
+    pub refresh_rate: u64,
     /// Two changes of one field within this window are read again (see the module docs):
     /// at least the longest a write may take between landing and publishing.
     pub conflict_window: Duration,
@@ -310,6 +318,9 @@ struct Sweep {
     gathered_gen: u64,
     /// Oldest copy seen in the last full pass, for the gauge.
     oldest: Duration,
+    /// The answering gauge's last value and when it was counted (every `ANSWERING_EVERY`:
+    /// a look at every filter's stamp).
+    answering: Option<(Instant, f64)>,
     /// Complete mode's passes over every copy.
     copies: Ring,
     /// Partial mode's passes over every filter.
@@ -599,6 +610,7 @@ impl LocalTier {
                 gathered_at: None,
                 gathered_gen: 0,
                 oldest: Duration::ZERO,
+                answering: None,
                 copies: Ring::default(),
                 filters: Ring::default(),
             }),
@@ -717,7 +729,45 @@ impl LocalTier {
         self.current(now)
             && copy.generation == self.generation()
             && copy.dirty_since.is_none()
-            && now.saturating_duration_since(copy.fetched_at) <= self.settings.ttl
+            && self.young_enough(copy.fetched_at, now)
+    }
+
+    /// Whether what was read at `at` may still answer by its age: always while the feed gives
+    /// proofs of delivery (what was held since is known to have heard every change; the
+    /// generation and the proof's age are checked apart), else within `ttl`.
+    fn young_enough(&self, at: Instant, now: Instant) -> bool {
+        self.proven_feed() || now.saturating_duration_since(at) <= self.settings.ttl
+    }
+
+    /// Whether the subscription gives proofs of delivery (a Redis store's; an in-process
+    /// bus's does not).
+    fn proven_feed(&self) -> bool {
+        self.proven_ns.load(Ordering::Acquire) != NO_CLOCK
+    }
+
+    /// The mean period of the safety-net re-reads: `ttl / 2` without proofs of delivery (or
+    /// with `refresh_rate` 0); with them, long enough that the age-driven re-reads of all
+    /// buckets stay near `refresh_rate` a second, whatever the keyspace.
+    fn refresh_period(&self) -> Duration {
+        let floor = self.settings.ttl / 2;
+        if !self.proven_feed() || self.settings.refresh_rate == 0 {
+            return floor;
+        }
+        floor.max(Duration::from_secs_f64(
+            f64::from(self.buckets) / self.settings.refresh_rate as f64,
+        ))
+    }
+
+    /// When what is held of `bucket` falls due by age: from `ttl / 2` without proofs; with
+    /// them, between one and two `refresh_period`s, by a fixed share per bucket, so that a
+    /// keyspace loaded at once is not re-read at once.
+    fn refresh_after(&self, bucket: u32) -> Duration {
+        let period = self.refresh_period();
+        if !self.proven_feed() || self.settings.refresh_rate == 0 {
+            return period;
+        }
+        let share = f64::from(bucket.wrapping_mul(0x9E37_79B9)) / f64::from(u32::MAX);
+        period.mul_f64(1.0 + share)
     }
 
     /// The check path: the key's answer if its bucket is held and current, else `Remote`
@@ -760,9 +810,8 @@ impl LocalTier {
         };
         let generation = self.generation();
         self.current(now)
-            && f.stamp(key.bucket, generation).is_some_and(|(g, at)| {
-                g == generation && now.saturating_duration_since(at) <= self.settings.ttl
-            })
+            && f.stamp(key.bucket, generation)
+                .is_some_and(|(g, at)| g == generation && self.young_enough(at, now))
             && !f.may_hold(key.bucket, key.field)
     }
 
@@ -1263,13 +1312,13 @@ impl LocalTier {
     }
 
     /// Whether the held copy of `bucket` (if any) should be read again now.
-    fn due(&self, copy: Option<&BucketCopy>, now: Instant) -> bool {
+    fn due(&self, bucket: u32, copy: Option<&BucketCopy>, now: Instant) -> bool {
         match copy {
             None => true,
             Some(c) => {
                 c.generation != self.generation()
                     || c.dirty_since.is_some()
-                    || now.saturating_duration_since(c.fetched_at) >= self.settings.ttl / 2
+                    || now.saturating_duration_since(c.fetched_at) >= self.refresh_after(bucket)
             }
         }
     }
@@ -1298,16 +1347,16 @@ impl LocalTier {
         match self.mode() {
             Mode::Complete => {
                 let generation = self.generation();
-                let refresh_at = self.settings.ttl / 2;
+                let refresh_at = self.refresh_period();
                 // The index, not the cache: a cache lookup records a read for its
                 // eviction policy, which made the sweep the service's largest CPU cost.
                 let state = |b: u32| match self.index.as_ref().and_then(|i| i.get(b)) {
                     Some(slot) => slot
                         .as_ref()
-                        .map(|c| (c.fetched_at, self.due(Some(c), now))),
+                        .map(|c| (c.fetched_at, self.due(b, Some(c), now))),
                     None => copies
                         .get(&b)
-                        .map(|c| (c.fetched_at, self.due(Some(&c), now))),
+                        .map(|c| (c.fetched_at, self.due(b, Some(&c), now))),
                 };
                 let Sweep { copies: ring, .. } = &mut *sweep;
                 if let Some(oldest) =
@@ -1345,7 +1394,7 @@ impl LocalTier {
                     let mut due = Vec::new();
                     for (b, c) in copies.iter() {
                         oldest = oldest.max(now.saturating_duration_since(c.fetched_at));
-                        if self.due(Some(&c), now) {
+                        if self.due(*b, Some(&c), now) {
                             due.push(*b);
                         }
                     }
@@ -1364,11 +1413,11 @@ impl LocalTier {
                 let filters = self.filters.load();
                 if let Some(f) = filters.as_ref() {
                     let generation = self.generation();
-                    let refresh_at = self.settings.ttl / 2;
+                    let refresh_at = self.refresh_period();
                     let state = |b: u32| {
                         f.stamp(b, generation).map(|(g, at)| {
-                            let due =
-                                g != generation || now.saturating_duration_since(at) >= refresh_at;
+                            let due = g != generation
+                                || now.saturating_duration_since(at) >= self.refresh_after(b);
                             (at, due)
                         })
                     };
@@ -1435,17 +1484,26 @@ impl LocalTier {
             if previous != mode {
                 self.index_for(mode);
             }
-            let per_refresh = f64::from(self.buckets) / (s.ttl.as_secs_f64() / 2.0);
+            let refresh = self.refresh_period();
+            let per_refresh = f64::from(self.buckets) / refresh.as_secs_f64();
             tracing::info!(
                 mode = mode.label(),
                 buckets = self.buckets,
                 mean_bucket_bytes = mean as u64,
                 projected_bytes = projected as u64,
                 budget_bytes = s.budget_bytes,
+                load_secs = u64::from(self.buckets)
+                    .checked_div(s.fetch_rate)
+                    .unwrap_or(0),
+                refresh_secs = refresh.as_secs(),
                 "local tier mode chosen"
             );
             let every_bucket = mode == Mode::Complete || self.filter_bytes() > 0;
-            if every_bucket && s.fetch_rate > 0 && per_refresh > s.fetch_rate as f64 {
+            if every_bucket
+                && !self.proven_feed()
+                && s.fetch_rate > 0
+                && per_refresh > s.fetch_rate as f64
+            {
                 tracing::warn!(
                     buckets = self.buckets,
                     fetch_rate = s.fetch_rate,
@@ -1628,15 +1686,31 @@ impl LocalTier {
             .set(self.held.bytes.load(Ordering::Relaxed).max(0) + self.filter_bytes() as i64);
         gauges.buckets.set(self.count() as i64);
         let current = self.held.current.load(Ordering::Relaxed).max(0) as f64;
-        gauges
-            .loaded
-            .set((current / f64::from(self.buckets.max(1))).min(1.0));
+        let loaded = (current / f64::from(self.buckets.max(1))).min(1.0);
+        gauges.loaded.set(loaded);
         let stale = self
             .synced(now)
             .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
         gauges.stale_seconds.set(stale);
-        let oldest = self.sweep.lock().expect("sweep lock").oldest;
+        let (oldest, answering) = {
+            let mut sweep = self.sweep.lock().expect("sweep lock");
+            let answering = match (self.mode(), self.filters.load().as_ref()) {
+                (Mode::Partial, Some(f)) if self.is_trusted() => match sweep.answering {
+                    Some((at, v)) if now.saturating_duration_since(at) < ANSWERING_EVERY => v,
+                    _ => {
+                        let v = f.of_generation(self.generation()) as f64
+                            / f64::from(self.buckets.max(1));
+                        sweep.answering = Some((now, v));
+                        v
+                    }
+                },
+                (Mode::Complete, _) if self.is_trusted() => loaded,
+                _ => 0.0,
+            };
+            (sweep.oldest, answering)
+        };
         gauges.oldest_copy_seconds.set(oldest.as_secs_f64());
+        gauges.answering.set(answering);
         gauges
             .filter_bits_per_entry
             .set(f64::from_bits(self.filter_bits.load(Ordering::Relaxed)));
@@ -1745,11 +1819,28 @@ impl LocalTier {
         }
     }
 
-    /// Whether every bucket is held, current and in sync (complete mode, loaded).
+    /// Whether every bucket is held and of the current generation (complete mode, loaded).
+    ///
+    /// Exact: every slot of the index is looked at (once the approximate count says they
+    /// may all be there), since a copy read before a generation change can be counted as
+    /// current (`Held::holding` races `new_generation`). For tests, benches and start-up
+    /// checks, not the check path.
     pub fn is_complete(&self) -> bool {
-        self.is_trusted()
+        if !(self.is_trusted()
             && self.mode() == Mode::Complete
-            && self.held.current.load(Ordering::Relaxed) >= i64::from(self.buckets)
+            && self.held.current.load(Ordering::Relaxed) >= i64::from(self.buckets))
+        {
+            return false;
+        }
+        let Some(index) = self.index.as_ref().filter(|i| i.is_on()) else {
+            return false;
+        };
+        let generation = self.generation();
+        (0..self.buckets).all(|b| {
+            index
+                .get(b)
+                .is_some_and(|slot| slot.as_deref().is_some_and(|c| c.generation == generation))
+        })
     }
 
     /// Waits until the tier has settled (tests and benches): off, partial once sized, or
@@ -1920,6 +2011,7 @@ mod tests {
             max_buckets: 1_000_000,
             ttl: Duration::from_secs(60),
             fetch_rate: 0,
+            refresh_rate: 0,
             conflict_window: window,
         }
     }
@@ -2543,9 +2635,46 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(61);
         assert_eq!(t.lookup(&key(5), later), Lookup::Remote);
         assert!(t.due(
+            1,
             t.get(1).as_deref(),
             Instant::now() + Duration::from_secs(30)
         ));
+    }
+
+    /// With proofs of delivery a copy answers past the TTL (the feed, not the age, keeps it in
+    /// sync), and falls due for the safety net's re-read between one and two of its periods
+    /// (`buckets / refresh_rate`, at least `ttl / 2`).
+    #[test]
+    fn with_proofs_of_delivery_copies_outlive_the_ttl_until_the_safety_net_reads_them() {
+        let mut s = settings(1 << 20, Duration::ZERO);
+        s.ttl = Duration::from_secs(1);
+        s.refresh_rate = 2; // 8 buckets: a period of 4 s
+        let t = LocalTier::new(8, s, true);
+        let start = Instant::now();
+        t.clock(true, start);
+        t.resynced();
+        install(&t, vec![(5, 0)]);
+        assert_eq!(t.refresh_period(), Duration::from_secs(4));
+        let later = Instant::now() + Duration::from_secs(3);
+        t.proven(later);
+        assert_eq!(t.lookup(&key(5), later), Lookup::Local(Some(0)));
+        assert_eq!(t.lookup(&key(6), later), Lookup::Local(None));
+        assert!(!t.due(1, t.get(1).as_deref(), later));
+        let past = Instant::now() + Duration::from_secs(8);
+        assert!(t.due(1, t.get(1).as_deref(), past));
+        // A proof too old: not current, whatever the copy's age.
+        assert_eq!(t.lookup(&key(5), later + LIVE_BOUND * 2), Lookup::Remote);
+        // The share per bucket spreads the buckets over [period, 2 periods).
+        let afters: Vec<Duration> = (0..8).map(|b| t.refresh_after(b)).collect();
+        assert!(
+            afters
+                .iter()
+                .all(|a| *a >= Duration::from_secs(4) && *a <= Duration::from_secs(8))
+        );
+        assert!(
+            afters.iter().collect::<HashSet<_>>().len() > 4,
+            "{afters:?}"
+        );
     }
 
     /// Reads buckets `0..n`, 200 entries each (field `b * 1,000 + i`), through the tier.

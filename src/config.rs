@@ -46,9 +46,11 @@ pub struct Settings {
     /// Sizes the bucket count of a new keyspace (`ceil(n / 200)`). Unset: an existing
     /// keyspace's recorded count is adopted and a new one is sized for 1,000,000 entries.
     pub expected_entries: Option<u64>,
-    /// The longest a local copy of a bucket (and a cached IP prefix registry) answers after
-    /// it was read: the bound on staleness if an invalidation is lost. Copies are read again
-    /// in the background from half this age on.
+    /// The longest a cached prefix registry answers after it was read. For the local tier's
+    /// copies and filters it is that bound only where the invalidation feed gives no proofs
+    /// of delivery; over Redis (proofs every 25 ms) they answer while the feed is unbroken
+    /// and proven, whatever their age, and this is the shortest period of the safety-net
+    /// re-reads (`local_refresh_rate`).
     pub cache_ttl_ms: u64,
     /// Most buckets the local tier holds (each ~200 entries); 0 turns the tier off. The
     /// memory budget (`local_memory_mb`) usually binds first.
@@ -59,6 +61,12 @@ pub struct Settings {
     /// Buckets the local tier reads per second in the background (start-up load, refresh);
     /// 0: unpaced.
     pub local_fetch_rate: u64,
+    /// Buckets the local tier re-reads per second, on average, only because of their age: a
+    /// safety net against a change whose message never reached the feed (a writer that died
+    /// between its write and its message on a cluster). Its Redis cost stays this many reads
+    /// a second whatever the keyspace; a full pass takes `buckets / local_refresh_rate`
+    /// seconds (at least `cache_ttl_ms / 2`). 0: every `cache_ttl_ms / 2`.
+    pub local_refresh_rate: u64,
     /// `open`: answer from the cache, flagged degraded, when the store is slow or down;
     /// `closed`: answer 503.
     pub fail_mode: FailMode,
@@ -136,6 +144,7 @@ impl Default for Settings {
             cache_capacity: 1_000_000,
             local_memory_mb: 256.0,
             local_fetch_rate: 5_000,
+            local_refresh_rate: 100,
             fail_mode: FailMode::Open,
             check_deadline_ms: 20,
             write_deadline_ms: 2_000,
@@ -207,6 +216,7 @@ const KEYS: &[&str] = &[
     "cache_capacity",
     "local_memory_mb",
     "local_fetch_rate",
+    "local_refresh_rate",
     "fail_mode",
     "check_deadline_ms",
     "write_deadline_ms",
@@ -344,6 +354,7 @@ impl Settings {
             cache_capacity: self.cache_capacity,
             local_memory_bytes: (self.local_memory_mb * 1024.0 * 1024.0) as u64,
             local_fetch_rate: self.local_fetch_rate,
+            local_refresh_rate: self.local_refresh_rate,
         }
     }
 }

@@ -78,8 +78,7 @@ pub struct ListSettings {
     pub operator_deadline: Duration,
     pub write_deadline: Duration,
     pub fail_mode: FailMode,
-    /// The longest a local copy of a bucket answers after it was read (the staleness bound
-    /// if an invalidation is lost); also the registry cache's TTL.
+    /// The local tier's `TierSettings::ttl`; also the registry cache's TTL.
     pub cache_ttl: Duration,
     /// Most buckets the local tier holds; 0 turns it off.
     pub cache_capacity: u64,
@@ -87,6 +86,8 @@ pub struct ListSettings {
     pub local_memory_bytes: u64,
     /// Background bucket reads per second (loading, refreshing); 0: unpaced.
     pub local_fetch_rate: u64,
+    /// The tier's safety-net re-reads per second (`TierSettings::refresh_rate`).
+    pub local_refresh_rate: u64,
 }
 
 /// Why a name-list operation failed.
@@ -481,6 +482,7 @@ impl NameLists {
                 max_buckets: settings.cache_capacity,
                 ttl: settings.cache_ttl,
                 fetch_rate: settings.local_fetch_rate,
+                refresh_rate: settings.local_refresh_rate,
                 conflict_window: settings.write_deadline + Duration::from_secs(1),
             },
             !store.inner().in_process(),

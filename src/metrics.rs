@@ -206,8 +206,11 @@ pub struct TierGauges {
     pub loaded: Gauge,
     /// Seconds since the tier was last known in sync (0 while the subscription is up).
     pub stale_seconds: Gauge,
-    /// The oldest copy seen by the last refresh pass (stays under `cache_ttl_ms`).
+    /// The oldest copy seen by the last refresh pass.
     pub oldest_copy_seconds: Gauge,
+    /// Buckets whose lookups of values on no list are answered locally (a copy, or in
+    /// partial mode a filter, in sync), as a fraction of the keyspace's buckets.
+    pub answering: Gauge,
     /// Partial mode's filter bits per entry (0: no filters, e.g. they do not fit the budget).
     pub filter_bits_per_entry: Gauge,
     /// Lookups sent to the store because the subscription's last proof of delivery was late.
@@ -248,7 +251,14 @@ impl TierGauges {
             ),
             oldest_copy_seconds: gauge(
                 "namelist_tier_oldest_copy_seconds",
-                "Age of the oldest bucket copy seen by the last refresh pass (must stay under                  cache_ttl_ms, else those buckets are answered by the store)",
+                "Age of the oldest bucket copy seen by the last refresh pass (over Redis copies \
+                 answer at any age while the invalidation feed is proven; the safety net reads \
+                 each again within two buckets / local_refresh_rate periods)",
+            ),
+            answering: gauge(
+                "namelist_tier_answering_ratio",
+                "Buckets whose lookups of values on no list are answered locally (a copy, or a \
+                 partial tier's filter, in sync), as a fraction of the keyspace's buckets",
             ),
             filter_bits_per_entry: gauge(
                 "namelist_tier_filter_bits_per_entry",

@@ -387,6 +387,7 @@ async fn a_page_costs_the_same_however_many_pairs() {
         cache_capacity: 0,
         local_memory_bytes: 0,
         local_fetch_rate: 0,
+        local_refresh_rate: 0,
     };
     let lists = NameLists::new(
         store.clone(),

@@ -164,6 +164,16 @@ impl Filters {
         self.stamps[bucket as usize].store(stamp, Ordering::Release);
     }
 
+    /// Buckets whose filter comes from a read of `generation`.
+    pub fn of_generation(&self, generation: u64) -> usize {
+        (0..self.stamps.len() as u32)
+            .filter(|&b| {
+                self.stamp(b, generation)
+                    .is_some_and(|(g, _)| g == generation)
+            })
+            .count()
+    }
+
     /// The filter of `bucket` no longer answers until it is read again.
     pub fn invalidate(&self, bucket: u32) {
         if let Some(s) = self.stamps.get(bucket as usize) {

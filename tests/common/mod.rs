@@ -657,6 +657,7 @@ pub fn test_settings() -> Settings {
         fingerprint_key_file: Some(key_file().to_owned()),
         // Load the local tier as fast as Redis answers: test keyspaces are small.
         local_fetch_rate: 0,
+        local_refresh_rate: 0,
         ..Settings::default()
     }
 }

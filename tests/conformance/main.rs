@@ -80,6 +80,7 @@ fn settings(tier: Tier) -> ListSettings {
             Tier::Off => 0,
         },
         local_fetch_rate: 0,
+        local_refresh_rate: 0,
     }
 }
 
