@@ -75,6 +75,7 @@ until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$SPORT/ready
 READY=$(python3 -c "import time; print('%.1f' % (time.time() - $START))")
 while :; do
   A=$(metric namelist_tier_answering_ratio)
+  [ -n "$A" ] || { echo "no namelist_tier_answering_ratio in /metrics"; exit 1; }
   python3 -c "import sys; sys.exit(0 if float('${A:-0}') >= 0.999 else 1)" && break
   python3 -c "import sys, time; sys.exit(0 if time.time() - $START < 900 else 1)" \
     || { echo "the tier did not answer every bucket within 900 s (ratio $A)"; break; }

@@ -308,6 +308,7 @@ impl TierGauges {
             Box::new(self.loaded.clone()),
             Box::new(self.stale_seconds.clone()),
             Box::new(self.oldest_copy_seconds.clone()),
+            Box::new(self.answering.clone()),
             Box::new(self.filter_bits_per_entry.clone()),
             Box::new(self.unproven.clone()),
             Box::new(self.fetches.clone()),

@@ -85,6 +85,11 @@ async fn copies_outlive_the_ttl_and_a_lost_invalidation_is_seen_by_the_safety_ne
             k.bucket
         );
     }
+    assert_eq!(
+        metric(&app, "namelist_tier_answering_ratio").await,
+        1.0,
+        "every bucket answers locally"
+    );
     let refetched = fetched() - before;
     assert!(refetched <= 10, "{refetched} buckets read again in 1.5 s");
 
