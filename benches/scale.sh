@@ -39,7 +39,8 @@ redis_cpu() { redis-cli -p "$RPORT" info cpu | tr -d '\r' | awk -F: '/^used_cpu_
 redis_mem() { redis-cli -p "$RPORT" info memory | tr -d '\r' | awk -F: '/^used_memory:/ {print $2}'; }
 metric() { curl -s "http://127.0.0.1:$SPORT/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
 
-echo "scale: $ROWS rows; binary $BIN; redis-server $(redis-server --version | grep -o 'v=[0-9.]*'); $(nproc) cores; default settings"
+KNOBS=$(env | grep '^NAMELIST_' | grep -v -e '^NAMELIST_LOAD_' -e '^NAMELIST_REDIS_URL=' -e '^NAMELIST_FINGERPRINT_KEY_FILE=' | sort | tr '\n' ' ')
+echo "scale: $ROWS rows; binary $BIN; redis-server $(redis-server --version | grep -o 'v=[0-9.]*'); $(nproc) cores; settings: ${KNOBS:-defaults}"
 "$TOOLS" keygen --out "$D/fp.key" >/dev/null
 redis-server --port "$RPORT" --save '' --appendonly no --dir "$D" --daemonize yes --logfile "$D/redis.log"
 for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done

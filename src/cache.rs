@@ -13,7 +13,7 @@
 //!   after a store error) and then answers every lookup locally. Otherwise it is *partial*: it
 //!   keeps a Bloom filter of every bucket's fields (`filter`, 4-10 bits an entry, up to
 //!   `FILTER_SHARE` of the budget; the cache's weigher charges copies for that room), read by
-//!   the worker like a copy (every bucket, again from `ttl / 2` on, not kept as a copy), so a
+//!   the worker like a copy (every bucket, again by the safety net below, not kept as a copy), so a
 //!   lookup of a value on no list is answered locally whatever its bucket (87-99 % of them).
 //!   In the rest of the budget it preloads copies until 90 % full, then fetches a bucket only
 //!   when the sketch (`sketch`) says it is touched far more than the average bucket (at most
@@ -49,11 +49,18 @@
 //!   go unseen: the tier is *untrusted* and every lookup goes to the store, but copies stay
 //!   for fail-open answers. Resubscribing (and a `Bulk` import) starts a new generation:
 //!   copies of older generations are used only for fail-open until read again, which the
-//!   worker does at once. A copy is never used for a normal answer more than `ttl` after the
-//!   read it comes from started (the bound on staleness if a message is lost); the worker
-//!   reads every held bucket again from `ttl / 2` on, never on a caller's path.
+//!   worker does at once. With proofs of delivery (Redis) that is the whole rule: a copy in the
+//!   current generation, while the last proof is under `LIVE_BOUND`, has heard every change
+//!   since its read, whatever its age. Age drives only a safety net against a change whose
+//!   message never reached the feed (on a cluster a write and its message are two steps):
+//!   each held bucket is read again between one and two `refresh_period`s
+//!   (`buckets / refresh_rate`, at least `ttl / 2`), so its cost is `refresh_rate` reads a
+//!   second whatever the keyspace (issue 26: at 50M entries the old rule re-read 4,499 buckets
+//!   a second per instance). Without proofs (an in-process bus) a copy is never used more than
+//!   `ttl` after its read started, and is read again from `ttl / 2` on. Never on a caller's
+//!   path.
 //! * **Filters** follow the same rules: one answers only while trusted, for the current
-//!   generation, within `ttl` of its read and unless a change of unknown value reached its
+//!   generation, by the same age rule as copies, and unless a change of unknown value reached its
 //!   bucket since (then it is read again, for the filter only); every insert or refresh heard
 //!   is added to its bits, and a deletion stays in them (a false positive) until the next read.
 //!   With Redis unreachable, a filter's "absent" answers fail-open lookups too.
