@@ -283,8 +283,11 @@ struct Held {
     /// Bytes of the copies held (`BucketCopy::bytes` in the cache, `indexed_bytes` in the
     /// index).
     bytes: AtomicI64,
-    /// Copies of the current generation held (approximate).
-    current: AtomicI64,
+    /// Copies of the current generation held: the generation's low 32 bits (`Held::tag`),
+    /// then the count, in one word, so that a copy counted as current just as its generation
+    /// ends is wiped with it: `LocalTier::new_generation` resets the word before it publishes
+    /// the new generation, and a copy of the old one no longer matches the tag.
+    current: AtomicU64,
     generation: AtomicU64,
     /// What the weigher charges a copy per byte, in 1/65,536ths: above one while filters
     /// take part of the budget, so the cache (built before the filters are sized) holds
@@ -298,20 +301,45 @@ struct Held {
 }
 
 impl Held {
+    const COUNT: u64 = 0xFFFF_FFFF;
+
+    /// `current`'s word for `generation` with no copy counted.
+    fn tag(generation: u64) -> u64 {
+        (generation & Self::COUNT) << 32
+    }
+
+    /// Copies of the current generation held.
+    fn current(&self) -> u64 {
+        self.current.load(Ordering::Acquire) & Self::COUNT
+    }
+
+    /// Counts `copy` in (`up`) or out of `current` if it is of the generation counted.
+    fn count(&self, copy: &BucketCopy, up: bool) {
+        let tag = Self::tag(copy.generation);
+        let _ = self
+            .current
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let n = w & Self::COUNT;
+                (w & !Self::COUNT == tag).then(|| {
+                    tag | if up {
+                        (n + 1).min(Self::COUNT)
+                    } else {
+                        n.saturating_sub(1)
+                    }
+                })
+            });
+    }
+
     /// A copy weighing `bytes` is now held (in the cache or the index).
     fn holding(&self, copy: &BucketCopy, bytes: usize) {
         self.bytes.fetch_add(bytes as i64, Ordering::Relaxed);
-        if copy.generation == self.generation.load(Ordering::Relaxed) {
-            self.current.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count(copy, true);
     }
 
     /// A copy weighing `bytes` is no longer held.
     fn released(&self, copy: &BucketCopy, bytes: usize) {
         self.bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
-        if copy.generation == self.generation.load(Ordering::Relaxed) {
-            self.current.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.count(copy, false);
     }
 }
 
@@ -545,6 +573,7 @@ impl LocalTier {
     pub fn new(buckets: u32, settings: TierSettings, enabled: bool) -> Arc<Self> {
         let on = enabled && settings.budget_bytes > 0 && settings.max_buckets > 0;
         let held = Arc::new(Held::default());
+        held.current.store(Held::tag(1), Ordering::Relaxed);
         held.generation.store(1, Ordering::Relaxed);
         held.scale.store(SCALE_ONE, Ordering::Relaxed);
         // The index only where complete mode is possible (every copy there weighs at least
@@ -727,8 +756,11 @@ impl LocalTier {
             st.ended.pop_first();
         }
         st.generation += 1;
+        // The count first: a read that sees the new generation installs after this.
+        self.held
+            .current
+            .store(Held::tag(st.generation), Ordering::Release);
         self.held.generation.store(st.generation, Ordering::Release);
-        self.held.current.store(0, Ordering::Relaxed);
     }
 
     /// Whether `copy` may answer a normal (not fail-open) lookup at `now`.
@@ -757,7 +789,7 @@ impl LocalTier {
     /// buckets stay near `refresh_rate` a second, whatever the keyspace.
     fn refresh_period(&self) -> Duration {
         let floor = self.settings.ttl / 2;
-        if !self.proven_feed() || self.settings.refresh_rate == 0 {
+        if !self.paced() {
             return floor;
         }
         floor.max(Duration::from_secs_f64(
@@ -765,12 +797,17 @@ impl LocalTier {
         ))
     }
 
+    /// Whether the safety net is paced by `refresh_rate` (proofs of delivery, a rate set).
+    fn paced(&self) -> bool {
+        self.proven_feed() && self.settings.refresh_rate > 0
+    }
+
     /// When what is held of `bucket` falls due by age: from `ttl / 2` without proofs; with
     /// them, between one and two `refresh_period`s, by a fixed share per bucket, so that a
     /// keyspace loaded at once is not re-read at once.
     fn refresh_after(&self, bucket: u32) -> Duration {
         let period = self.refresh_period();
-        if !self.proven_feed() || self.settings.refresh_rate == 0 {
+        if !self.paced() {
             return period;
         }
         let share = f64::from(bucket.wrapping_mul(0x9E37_79B9)) / f64::from(u32::MAX);
@@ -1692,7 +1729,7 @@ impl LocalTier {
             .bytes
             .set(self.held.bytes.load(Ordering::Relaxed).max(0) + self.filter_bytes() as i64);
         gauges.buckets.set(self.count() as i64);
-        let current = self.held.current.load(Ordering::Relaxed).max(0) as f64;
+        let current = self.held.current() as f64;
         let loaded = (current / f64::from(self.buckets.max(1))).min(1.0);
         gauges.loaded.set(loaded);
         let stale = self
@@ -1826,28 +1863,11 @@ impl LocalTier {
         }
     }
 
-    /// Whether every bucket is held and of the current generation (complete mode, loaded).
-    ///
-    /// Exact: every slot of the index is looked at (once the approximate count says they
-    /// may all be there), since a copy read before a generation change can be counted as
-    /// current (`Held::holding` races `new_generation`). For tests, benches and start-up
-    /// checks, not the check path.
+    /// Whether every bucket is held, current and in sync (complete mode, loaded).
     pub fn is_complete(&self) -> bool {
-        if !(self.is_trusted()
+        self.is_trusted()
             && self.mode() == Mode::Complete
-            && self.held.current.load(Ordering::Relaxed) >= i64::from(self.buckets))
-        {
-            return false;
-        }
-        let Some(index) = self.index.as_ref().filter(|i| i.is_on()) else {
-            return false;
-        };
-        let generation = self.generation();
-        (0..self.buckets).all(|b| {
-            index
-                .get(b)
-                .is_some_and(|slot| slot.as_deref().is_some_and(|c| c.generation == generation))
-        })
+            && self.held.current() >= u64::from(self.buckets)
     }
 
     /// Waits until the tier has settled (tests and benches): off, partial once sized, or
@@ -2868,7 +2888,7 @@ mod tests {
         // Released at once, not at the cache's next maintenance: until then the tier would
         // count itself loaded (`is_complete`) with an empty index.
         assert_eq!(t.held.bytes.load(Ordering::Relaxed), 0);
-        assert_eq!(t.held.current.load(Ordering::Relaxed), 0);
+        assert_eq!(t.held.current(), 0);
         assert_eq!(assert_copies_in_one_place(&t), (0, 0));
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Remote);
         let read = t.begin_read(&[held], HashSet::new());
