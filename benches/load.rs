@@ -511,8 +511,9 @@ impl Service {
 
     /// Waits until the local tier has settled: complete and every bucket loaded, or off, or
     /// partial with every bucket answering locally (its filter, or a copy, in sync:
-    /// `namelist_tier_answering_ratio`; a tier whose filters do not fit never gets there and
-    /// is taken as settled after `settle`). The mode reached.
+    /// `namelist_tier_answering_ratio`), then preloading for `settle` more; a partial tier
+    /// whose filters do not fit never gets there and is taken as settled after `settle`. The
+    /// mode reached.
     async fn wait_tier(&self, http: &reqwest::Client, settle: Duration) -> &'static str {
         let started = Instant::now();
         let mut partial_since = None;
@@ -535,8 +536,11 @@ impl Service {
             }
             if v[1] == 1.0 {
                 let since = *partial_since.get_or_insert_with(Instant::now);
-                if v[4] >= 0.999 || (v[5] == 0.0 && since.elapsed() >= settle) {
+                if v[4] >= 0.999 {
                     tokio::time::sleep(settle).await;
+                    return "partial";
+                }
+                if v[5] == 0.0 && since.elapsed() >= settle {
                     return "partial";
                 }
             }

@@ -25,16 +25,7 @@ BIN=target/release/namelist
 TOOLS=target/release/namelist-tools
 ROWS=${1:-100000000}
 IDLE_SECS=${IDLE_SECS:-60}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-D=$(mktemp -d -p "${TMPDIR:-/tmp}")
-RPORT=$(free_port)
-SVC=
-cleanup() {
-  [ -n "$SVC" ] && kill "$SVC" 2>/dev/null
-  redis-cli -p "$RPORT" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$D"
-}
-trap cleanup EXIT
+. benches/lib.sh
 redis_cpu() { redis-cli -p "$RPORT" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.3f", s}'; }
 redis_mem() { redis-cli -p "$RPORT" info memory | tr -d '\r' | awk -F: '/^used_memory:/ {print $2}'; }
 metric() { curl -s "http://127.0.0.1:$SPORT/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
@@ -42,8 +33,7 @@ metric() { curl -s "http://127.0.0.1:$SPORT/metrics" | awk -v n="$1" '$1 == n {p
 KNOBS=$(env | grep '^NAMELIST_' | grep -v -e '^NAMELIST_LOAD_' -e '^NAMELIST_REDIS_URL=' -e '^NAMELIST_FINGERPRINT_KEY_FILE=' | sort | tr '\n' ' ')
 echo "scale: $ROWS rows; binary $BIN; redis-server $(redis-server --version | grep -o 'v=[0-9.]*'); $(nproc) cores; settings: ${KNOBS:-defaults}"
 "$TOOLS" keygen --out "$D/fp.key" >/dev/null
-redis-server --port "$RPORT" --save '' --appendonly no --dir "$D" --daemonize yes --logfile "$D/redis.log"
-for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis
 export NAMELIST_REDIS_URL=redis://127.0.0.1:$RPORT NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key
 export NAMELIST_EXPECTED_ENTRIES=$ROWS
 

@@ -19,22 +19,11 @@ cd "$(dirname "$0")/.."
 BIN=target/release/namelist
 TOOLS=target/release/namelist-tools
 SIZES=${*:-1000000 10000000}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-D=$(mktemp -d)
-RPORT=$(free_port)
-SVC=
-cleanup() {
-  [ -n "$SVC" ] && kill "$SVC" 2>/dev/null
-  redis-cli -p "$RPORT" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$D"
-}
-trap cleanup EXIT
+. benches/lib.sh
 "$TOOLS" keygen --out "$D/fp.key" >/dev/null
 echo "binary $BIN, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, default settings"
 for ROWS in $SIZES; do
-  redis-cli -p "$RPORT" shutdown nosave >/dev/null 2>&1 || true
-  redis-server --port "$RPORT" --save '' --appendonly no --dir "$D" --daemonize yes --logfile "$D/redis.log"
-  for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  start_redis
   export NAMELIST_REDIS_URL=redis://127.0.0.1:$RPORT NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key
   export NAMELIST_EXPECTED_ENTRIES=$ROWS
   "$TOOLS" gen --rows "$ROWS" --out "$D/lists.csv" --non-members "$D/outsiders.csv" >/dev/null 2>&1
