@@ -85,7 +85,7 @@ mod copy;
 mod filter;
 mod sketch;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -719,15 +719,38 @@ impl LocalTier {
             .expect("stripe lock")
     }
 
-    /// The subscription broke: writes elsewhere may go unseen from now on.
-    pub fn lost_sync(&self) {
+    /// The subscription broke: writes elsewhere may go unseen from now on. Returns until
+    /// when what is held was known in sync, if it was trusted until now (what a catch-up
+    /// from the change log must start before: `resumed`).
+    pub fn lost_sync(&self) -> Option<Instant> {
         let mut st = self.sync.lock().expect("sync lock");
+        let mut broke = None;
         if st.trusted {
             st.trusted = false;
             // In sync only as far as the subscription last proved it.
-            st.broke_at = Some(self.proven_at(Instant::now()));
+            broke = Some(self.proven_at(Instant::now()));
+            st.broke_at = broke;
         }
         self.trusted.store(false, Ordering::Release);
+        broke
+    }
+
+    /// Subscribed again, and the change log told which buckets were written since the
+    /// subscription broke (`invalidation`): those are read again (answered from the store
+    /// until then, their filters too), and everything else held is current again as it is,
+    /// in the same generation: nothing else is read again.
+    pub fn resumed(&self, touched: &BTreeSet<u32>) {
+        let since = {
+            let st = self.sync.lock().expect("sync lock");
+            st.broke_at.unwrap_or_else(Instant::now)
+        };
+        self.dirty(touched.iter().copied().collect(), since);
+        let mut st = self.sync.lock().expect("sync lock");
+        st.broke_at = None;
+        st.trusted = true;
+        self.trusted.store(true, Ordering::Release);
+        drop(st);
+        self.wake.notify_one();
     }
 
     /// Subscribed (again): everything held may have changed unseen, so a new generation

@@ -15,16 +15,31 @@
 //! loss was seen: the store refuses to read a lost keyspace) and messages are not applied;
 //! when it is back (its data restored), a new generation starts as after a resubscription.
 //! `watch_keyspace` checks it every second whatever else happens.
+//!
+//! # Catching up from the change log
+//! A resubscription need not read everything held again: every write leaves records in the
+//! change log (`store::changelog`: the audit trail, each record naming its bucket), so the
+//! buckets written while nobody listened are known. `note_marks` notes where the log stands
+//! every `MARK_EVERY`; when the subscription breaks, the tier says until when it was known in
+//! sync (`LocalTier::lost_sync`, the last proof of delivery), and once subscribed again the
+//! task reads the log from the newest mark noted at least `lag` before that instant (`lag`:
+//! the longest a write's message may follow its records, the write deadline and a second)
+//! and only the buckets it names are read again (`LocalTier::resumed`). Everything is read
+//! again, as before the log, when the log cannot say: no mark old enough (the first
+//! subscription, a break right after a start), a gap (`store::Replay::Gap`: a part trimmed
+//! past the mark, a node restarted or failed over, an import's record), the read failed, or
+//! the tier was not trusted when the subscription broke (the keyspace lost).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
 use crate::cache::{LocalTier, RegistryCache};
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
-use crate::store::{Deadline, Invalidation, InvalidationBus, KeyspaceHealth};
+use crate::store::{Deadline, Invalidation, InvalidationBus, KeyspaceHealth, LogMark, Replay};
 
 /// How often every instance checks that its keyspace is still there (besides every read of a
 /// check or of the tier, which carries the check).
@@ -51,13 +66,116 @@ pub async fn watch_keyspace(bus: Instrumented<dyn InvalidationBus>) {
 /// How long subscribing may take before it is given up and tried again.
 pub const SUBSCRIBE_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Listens for invalidations until the task is aborted.
+/// How often `note_marks` notes where the change log stands.
+pub const MARK_EVERY: Duration = Duration::from_secs(1);
+
+/// Marks kept: enough to find one `lag` old for any write deadline up to ~25 s.
+const MARKS_KEPT: usize = 32;
+
+/// Where the change log stood lately (`note_marks`), oldest first, each with when its
+/// reply arrived (every record in it was written before then).
+#[derive(Default)]
+pub struct Marks {
+    noted: Mutex<VecDeque<(Instant, LogMark)>>,
+}
+
+impl Marks {
+    fn note(&self, at: Instant, mark: LogMark) {
+        let mut noted = self.noted.lock().expect("marks lock");
+        if noted.len() >= MARKS_KEPT {
+            noted.pop_front();
+        }
+        noted.push_back((at, mark));
+    }
+
+    /// The newest mark noted no later than `at`.
+    fn before(&self, at: Instant) -> Option<LogMark> {
+        let noted = self.noted.lock().expect("marks lock");
+        noted
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= at)
+            .map(|(_, m)| m.clone())
+    }
+}
+
+/// Notes where the change log stands every `MARK_EVERY` (when `on`), until the task is
+/// aborted or the bus says it keeps no log. Its cost: one `INFO server` per Redis primary and one
+/// `XINFO STREAM` per audit part (64) a second, the same whatever the keyspace's size.
+pub async fn note_marks(bus: Instrumented<dyn InvalidationBus>, marks: Arc<Marks>, on: bool) {
+    if !on {
+        return;
+    }
+    let mut tick = tokio::time::interval(MARK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let r = bus
+            .call(StoreOp::ChangeLog, Deadline::after(MARK_EVERY), |b| {
+                b.log_mark()
+            })
+            .await;
+        match r {
+            Ok(Some(mark)) => marks.note(Instant::now(), mark),
+            Ok(None) => return,
+            Err(e) => tracing::debug!(error = %e, "change log mark"),
+        }
+    }
+}
+
+/// After a resubscription: the buckets written since the tier was last known in sync
+/// (`broke`), from the change log; `None` when everything held must be read again.
+async fn catch_up(
+    bus: &Instrumented<dyn InvalidationBus>,
+    marks: &Marks,
+    broke: Option<Instant>,
+    lag: Duration,
+) -> Option<BTreeSet<u32>> {
+    let broke = broke?;
+    let Some(mark) = broke.checked_sub(lag).and_then(|t| marks.before(t)) else {
+        tracing::info!("no change log mark old enough: every bucket held is read again");
+        return None;
+    };
+    let r = bus
+        .call(
+            StoreOp::ChangeLog,
+            Deadline::after(SUBSCRIBE_DEADLINE),
+            |b| b.log_since(&mark),
+        )
+        .await;
+    match r {
+        Ok(Replay::Touched { buckets, records }) => {
+            tracing::info!(
+                records,
+                buckets = buckets.len(),
+                "caught up from the change log: only the buckets written meanwhile are read again"
+            );
+            Some(buckets)
+        }
+        Ok(Replay::Gap(why)) => {
+            tracing::warn!(%why, "the change log cannot say what changed: every bucket held is read again");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the change log failed: every bucket held is read again");
+            None
+        }
+    }
+}
+
+/// Listens for invalidations until the task is aborted. `marks` and `lag`: see the module
+/// docs, *Catching up from the change log*.
 pub async fn listen(
     bus: Instrumented<dyn InvalidationBus>,
     tier: Arc<LocalTier>,
     registries: Arc<RegistryCache>,
     metrics: Arc<Metrics>,
+    marks: Arc<Marks>,
+    lag: Duration,
 ) {
+    // Until when what is held was last known in sync, while a broken subscription's
+    // catch-up is pending.
+    let mut broke: Option<Instant> = None;
     const MIN_BACKOFF: Duration = Duration::from_millis(20);
     const MAX_BACKOFF: Duration = Duration::from_secs(1);
     let mut backoff = MIN_BACKOFF;
@@ -92,9 +210,21 @@ pub async fn listen(
                     .await;
                 let mut trusting = false;
                 if checked.is_ok() && !lost(&health) {
-                    // Anything held before now may have changed while nobody listened.
+                    // Anything held before now may have changed while nobody listened: the
+                    // registries are read again (they are small), the buckets the change log
+                    // names (or all of them).
                     registries.invalidate_all();
-                    tier.resynced();
+                    let how = match catch_up(&bus, &marks, broke.take(), lag).await {
+                        Some(touched) => {
+                            tier.resumed(&touched);
+                            "replayed"
+                        }
+                        None => {
+                            tier.resynced();
+                            "full"
+                        }
+                    };
+                    metrics.catch_ups.with_label_values(&[how]).inc();
                     trusting = true;
                 }
                 metrics.keyspace_lost.set(i64::from(lost(&health)));
@@ -136,16 +266,21 @@ pub async fn listen(
                             metrics.keyspace_lost.set(i64::from(now_lost));
                             if now_lost && trusting {
                                 tier.lost_sync();
+                                broke = None;
                                 trusting = false;
                             } else if !now_lost && !trusting {
                                 registries.invalidate_all();
                                 tier.resynced();
+                                broke = None;
+                                metrics.catch_ups.with_label_values(&["full"]).inc();
                                 trusting = true;
                             }
                         }
                     }
                 }
-                tier.lost_sync();
+                if let Some(at) = tier.lost_sync() {
+                    broke = Some(at);
+                }
                 metrics.subscription_up.set(0);
                 tracing::warn!(
                     "cache invalidation subscription broke: bypassing the cache until resubscribed"

@@ -489,14 +489,25 @@ impl NameLists {
         );
         let registries = RegistryCache::new(settings.cache_ttl);
         let (expired, rx) = mpsc::channel(4096);
+        let marks = Arc::new(crate::invalidation::Marks::default());
         let tasks = vec![
             tokio::spawn(cache.clone().run(store.clone(), metrics.tier.clone())),
             tokio::spawn(crate::invalidation::watch_keyspace(bus.clone())),
+            // Marks only serve the tier's catch-up (not noted when it is off).
+            tokio::spawn(crate::invalidation::note_marks(
+                bus.clone(),
+                marks.clone(),
+                cache.mode() != crate::cache::Mode::Off,
+            )),
             tokio::spawn(crate::invalidation::listen(
                 bus,
                 cache.clone(),
                 registries.clone(),
                 metrics.clone(),
+                marks,
+                // The longest a write's message may follow its records (its deadline), and
+                // a second: the same as the conflict window.
+                settings.write_deadline + Duration::from_secs(1),
             )),
             tokio::spawn(reclaim_expired(
                 store.clone(),

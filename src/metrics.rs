@@ -58,11 +58,13 @@ pub enum StoreOp {
     /// The keyspace id read from its meta hash (every second, and before trusting copies
     /// again).
     Keyspace,
+    /// The change log: a mark taken (every second), or read since a mark (on resubscribing).
+    ChangeLog,
 }
 
 impl StoreOp {
     /// Every operation, in the order their series are first exported.
-    pub const ALL: [StoreOp; 19] = [
+    pub const ALL: [StoreOp; 20] = [
         StoreOp::Check,
         StoreOp::Get,
         StoreOp::Write,
@@ -82,6 +84,7 @@ impl StoreOp {
         StoreOp::ListCounts,
         StoreOp::AuditPage,
         StoreOp::Keyspace,
+        StoreOp::ChangeLog,
     ];
 
     /// The `op` label.
@@ -106,6 +109,7 @@ impl StoreOp {
             StoreOp::ListCounts => "list_counts",
             StoreOp::AuditPage => "audit_page",
             StoreOp::Keyspace => "keyspace",
+            StoreOp::ChangeLog => "change_log",
         }
     }
 
@@ -121,6 +125,7 @@ impl StoreOp {
                 | StoreOp::Definitions
                 | StoreOp::AuditSummary
                 | StoreOp::Keyspace
+                | StoreOp::ChangeLog
         )
     }
 }
@@ -161,6 +166,9 @@ pub struct Metrics {
     pub subscription_up: IntGauge,
     /// 1 while the keyspace is lost (its id gone from its meta hash, or another).
     pub keyspace_lost: IntGauge,
+    /// Resubscriptions by how the tier caught up: `replayed` (from the change log, only the
+    /// buckets written meanwhile read again) or `full` (every bucket held read again).
+    pub catch_ups: IntCounterVec,
     /// Events by outcome: `applied` counts metric updates, `duplicate` and `late` events.
     pub events: IntCounterVec,
     /// Feature reads that found a COUNT_DISTINCT entity at its member cap.
@@ -498,6 +506,16 @@ impl Metrics {
                 "1 while the keyspace is lost: its id gone from Redis (restarted empty, flushed) or replaced",
             )
             .expect("valid metric"),
+            catch_ups: IntCounterVec::new(
+                Opts::new(
+                    "namelist_tier_catch_ups_total",
+                    "Invalidation resubscriptions, by how the local tier caught up: replayed \
+                     from the change log (only the buckets written meanwhile read again) or \
+                     full (every bucket held read again)",
+                ),
+                &["how"],
+            )
+            .expect("valid metric"),
             registry,
         };
         m.register_all();
@@ -508,6 +526,9 @@ impl Metrics {
         }
         for outcome in ["applied", "duplicate", "late"] {
             m.events.with_label_values(&[outcome]);
+        }
+        for how in ["replayed", "full"] {
+            m.catch_ups.with_label_values(&[how]);
         }
         for limit in ["engine", "write", "operator", "body_bytes"] {
             m.overloaded.with_label_values(&[limit]);
@@ -578,6 +599,7 @@ impl Metrics {
             Box::new(self.refused_answers.clone()),
             Box::new(self.subscription_up.clone()),
             Box::new(self.keyspace_lost.clone()),
+            Box::new(self.catch_ups.clone()),
             Box::new(self.events.clone()),
             Box::new(self.distinct_capped.clone()),
             Box::new(self.auth_failures.clone()),

@@ -313,3 +313,171 @@ async fn a_writer_sees_its_own_upserts_at_once_and_never_an_older_state() {
         assert_eq!(expiry(&b, &device).await, truth, "B on {device}");
     }
 }
+
+/// An instance whose Redis user can be cut off pub/sub alone: `ACL SETUSER <user>
+/// resetchannels` disconnects its subscriptions and refuses new ones (NOPERM) while its other
+/// commands go on; `allchannels` lets it subscribe again.
+fn acl_user(redis: &RedisServer, user: &str) -> String {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query(&mut redis.conn())
+        .unwrap();
+    format!("redis://{user}:pw@127.0.0.1:{}", redis.port)
+}
+
+fn channels(redis: &RedisServer, user: &str, allowed: bool) {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg(if allowed {
+            "allchannels"
+        } else {
+            "resetchannels"
+        })
+        .query(&mut redis.conn())
+        .unwrap();
+}
+
+async fn wait_trusted(app: &TestApp, trusted: bool) {
+    let started = Instant::now();
+    while app.lists.cache().is_trusted() != trusted {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "trusted={trusted} within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn catch_ups(app: &TestApp, how: &str) -> u64 {
+    counter(
+        app,
+        &format!("namelist_tier_catch_ups_total{{how=\"{how}\"}}"),
+    )
+    .await
+}
+
+/// B loaded (complete), then cut off pub/sub while A writes: the writes' messages never reach
+/// B. Returns (A, B, B's bucket reads when it was cut off).
+async fn cut_off_while_a_writes(
+    redis: &RedisServer,
+    during: impl AsyncFnOnce(&TestApp),
+) -> (TestApp, TestApp, u64) {
+    let mut settings = redis_settings(redis);
+    settings.cache_ttl_ms = 600_000;
+    // Marks must be this much older than the break (the write deadline and a second).
+    settings.write_deadline_ms = 500;
+    let a = spawn_app(settings.clone()).await;
+    settings.redis_url = Some(secrecy::SecretString::from(acl_user(redis, "bee")));
+    let b = spawn_app(settings).await;
+    for i in 0..20 {
+        list(&a, &format!("d-before-{i}")).await;
+    }
+    let started = Instant::now();
+    while !b.lists.cache().is_complete() {
+        assert!(started.elapsed() < Duration::from_secs(20), "B loads");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until(&b, "d-before-3", true, Duration::from_secs(1)).await;
+    assert!(!listed(&b, "d-missed").await);
+    // Marks old enough for the catch-up (1.5 s before the break, noted every second).
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    assert_eq!(catch_ups(&b, "full").await, 1, "the first subscription");
+
+    channels(redis, "bee", false);
+    wait_trusted(&b, false).await;
+    let reads = b.lists.cache().fetched.load(Ordering::Relaxed);
+    list(&a, "d-missed").await;
+    let res = a
+        .delete(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-before-3"}]}),
+        )
+        .await;
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"removed": 1}));
+    // Cut off, B answers from Redis: right, and not from its copies.
+    assert!(listed(&b, "d-missed").await);
+    assert!(!listed(&b, "d-before-3").await);
+    during(&a).await;
+    channels(redis, "bee", true);
+    wait_trusted(&b, true).await;
+    (a, b, reads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resubscription_reads_again_only_what_the_change_log_says_was_written() {
+    let redis = RedisServer::start();
+    let (_a, b, reads) = cut_off_while_a_writes(&redis, async |_| {}).await;
+    assert_eq!(catch_ups(&b, "replayed").await, 1);
+    assert_eq!(
+        catch_ups(&b, "full").await,
+        1,
+        "only the first subscription"
+    );
+    // Trusted again at once: the two buckets written are answered from Redis until read
+    // again, every other one from its copy, which B kept.
+    assert!(listed(&b, "d-missed").await, "the write B never heard of");
+    assert!(
+        !listed(&b, "d-before-3").await,
+        "the delete B never heard of"
+    );
+    let hits = cache_hits(&b).await;
+    assert!(listed(&b, "d-before-7").await);
+    assert!(cache_hits(&b).await > hits, "answered from B's copy");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reread = b.lists.cache().fetched.load(Ordering::Relaxed) - reads;
+    assert!(
+        (1..=4).contains(&reread),
+        "the buckets written since the mark were read again, not all 5,000: {reread}"
+    );
+    // And the copies read again answer locally.
+    let hits = cache_hits(&b).await;
+    assert!(listed(&b, "d-missed").await);
+    assert!(!listed(&b, "d-before-3").await);
+    assert_eq!(cache_hits(&b).await, hits + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_log_trimmed_past_the_mark_reads_everything_again() {
+    let redis = RedisServer::start();
+    let trim = async |_: &TestApp| {
+        let mut conn = redis.conn();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*audit:{*}")
+            .query(&mut conn)
+            .unwrap();
+        assert!(!keys.is_empty(), "the parts written to");
+        for k in keys {
+            let _: i64 = redis::cmd("XTRIM")
+                .arg(&k)
+                .arg("MAXLEN")
+                .arg(0)
+                .query(&mut conn)
+                .unwrap();
+        }
+    };
+    let (_a, b, reads) = cut_off_while_a_writes(&redis, trim).await;
+    assert_eq!(catch_ups(&b, "replayed").await, 0);
+    assert_eq!(catch_ups(&b, "full").await, 2);
+    assert!(listed(&b, "d-missed").await, "the write B never heard of");
+    assert!(
+        !listed(&b, "d-before-3").await,
+        "the delete B never heard of"
+    );
+    assert!(listed(&b, "d-before-7").await);
+    let started = Instant::now();
+    while !b.lists.cache().is_complete() {
+        assert!(started.elapsed() < Duration::from_secs(20), "B loads again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reread = b.lists.cache().fetched.load(Ordering::Relaxed) - reads;
+    assert!(reread >= 5_000, "every bucket read again: {reread}");
+    assert!(listed(&b, "d-missed").await);
+    assert!(!listed(&b, "d-before-3").await);
+}

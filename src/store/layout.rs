@@ -1156,6 +1156,8 @@ impl AuditRecord {
                 expires_at_ms.map_or_else(|| "never".to_owned(), |t| t.to_string()),
             ),
             ("fingerprint".to_owned(), key.fingerprint()),
+            // What makes the trail the change log: the bucket the entry lives in.
+            ("bucket".to_owned(), key.bucket.to_string()),
             ("vfp".to_owned(), format!("{value_fingerprint:016x}")),
             ("value".to_owned(), value_masked),
         ];

@@ -11,6 +11,7 @@
 //! for every backend.
 
 pub mod bulk;
+pub mod changelog;
 pub mod conn;
 pub mod dump;
 pub mod expiry;
@@ -522,6 +523,40 @@ pub struct StoredDefinition {
 /// since have changed unseen.
 pub type InvalidationStream = BoxStream<'static, Invalidation>;
 
+/// Where the change log stood when an instance looked (`InvalidationBus::log_mark`): per audit
+/// part (the trail is the change log, `layout`, *The change log*), how many records were ever
+/// added to it and the id of the newest. Both come from one `XINFO STREAM`, so they agree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogMark {
+    pub parts: Vec<PartMark>,
+    /// The `run_id` of every Redis node holding parts (sorted): a node restarted or failed
+    /// over since may have lost writes whose messages were heard, which no part's count
+    /// shows, so the log alone cannot say what changed.
+    pub nodes: Vec<String>,
+}
+
+/// One audit part's place in a [`LogMark`]: `added` is the stream's `entries-added` (never
+/// goes down while the stream lives), `last` its last generated id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartMark {
+    pub added: u64,
+    pub last: (u64, u64),
+}
+
+/// What the change log says happened since a [`LogMark`] (`InvalidationBus::log_since`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Every record added since the mark was read, and these are the buckets they wrote.
+    Touched {
+        buckets: std::collections::BTreeSet<u32>,
+        records: u64,
+    },
+    /// What happened since the mark cannot be known from the log: why (a part trimmed past
+    /// the mark, a part gone or behind it, a record that names no bucket such as an import's,
+    /// more records than a replay reads, or a bus without a log).
+    Gap(String),
+}
+
 /// How a subscription proves that it still delivers: the bus pings it, and each answered ping
 /// proves that every message published (to the node it listens on) before the ping was sent
 /// has been delivered to the stream. The ping's send time is left here for the listener,
@@ -707,6 +742,18 @@ pub trait InvalidationBus: StoreBase {
 
     /// Publishes an invalidation.
     async fn publish(&self, message: &Invalidation) -> StoreResult<()>;
+
+    /// Where the change log stands now; `None` when the bus keeps no log (an in-process bus
+    /// never misses a message).
+    async fn log_mark(&self) -> StoreResult<Option<LogMark>> {
+        Ok(None)
+    }
+
+    /// What was written since `mark`, read from the log (a subscriber that lost messages
+    /// after `mark` catches up from it instead of reading everything it holds again).
+    async fn log_since(&self, _mark: &LogMark) -> StoreResult<Replay> {
+        Ok(Replay::Gap("this bus keeps no change log".into()))
+    }
 }
 
 /// Velocity counts: per metric entity, the sub-window aggregates of one `MetricFamily`

@@ -48,6 +48,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
+use super::changelog;
 use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
 use super::dump;
 use super::scripts::{
@@ -67,9 +68,9 @@ use super::{
     AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
     CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
     EntryStore, Invalidation, InvalidationBus, InvalidationStream, KeyspaceHealth, Layout,
-    ListCount, Liveness, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore,
-    PrefixLen, Refusal, Removed, Scope, StoreBase, StoreError, StoreResult, StoredDefinition,
-    WriteBatch,
+    ListCount, Liveness, LogMark, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore,
+    PrefixLen, Refusal, Removed, Replay, Scope, StoreBase, StoreError, StoreResult,
+    StoredDefinition, WriteBatch,
 };
 use crate::domain::{ListName, Sandbox, now_ms};
 
@@ -349,7 +350,7 @@ fn first(results: Vec<RedisResult<redis::Value>>) -> StoreResult<RedisResult<red
 }
 
 /// A stream entry id, `<ms>-<seq>`, as numbers (ordered as Redis orders them).
-fn stream_id(id: &str) -> Option<(u64, u64)> {
+pub(super) fn stream_id(id: &str) -> Option<(u64, u64)> {
     let (ms, seq) = id.split_once('-')?;
     Some((ms.parse().ok()?, seq.parse().ok()?))
 }
@@ -1941,6 +1942,70 @@ impl InvalidationBus for RedisStore {
             .await
             .map(drop)
             .map_err(unavailable)
+    }
+
+    async fn log_mark(&self) -> StoreResult<Option<LogMark>> {
+        // The nodes first: a restart after this shows in the next mark's ids.
+        let mut nodes = Vec::new();
+        for target in self.conn.scan_targets().await.map_err(unavailable)? {
+            let info: String = self
+                .conn
+                .on_target(&target, redis::cmd("INFO").arg("server"))
+                .await
+                .map_err(unavailable)?;
+            nodes.push(changelog::run_id(&info)?);
+        }
+        nodes.sort();
+        let cmds = (0..AUDIT_PARTS)
+            .map(|i| {
+                Self::keyed(self.layout.audit_part_key(i), |c, key| {
+                    c.arg("XINFO").arg("STREAM").arg(key);
+                })
+            })
+            .collect();
+        let parts = self
+            .conn
+            .run(cmds)
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .map(changelog::part_mark_of)
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(Some(LogMark { parts, nodes }))
+    }
+
+    async fn log_since(&self, mark: &LogMark) -> StoreResult<Replay> {
+        let Some(now) = self.log_mark().await? else {
+            return Ok(Replay::Gap("no change log".into()));
+        };
+        let reads = match changelog::replay_reads(mark, &now) {
+            Ok(r) => r,
+            Err(why) => return Ok(Replay::Gap(why)),
+        };
+        let cmds = reads
+            .iter()
+            .map(|read| {
+                let (from, to) = read.bounds();
+                let count = read.count;
+                Self::keyed(self.layout.audit_part_key(read.part), |c, key| {
+                    c.arg("XRANGE")
+                        .arg(key)
+                        .arg(&from)
+                        .arg(&to)
+                        .arg("COUNT")
+                        .arg(count);
+                })
+            })
+            .collect();
+        let records = self
+            .conn
+            .run_all(cmds)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(parse_stream)
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(changelog::replay(&reads, &records, self.layout.buckets()))
     }
 }
 

@@ -12,7 +12,8 @@
 //!   from Redis `kill -9` + restart on its AOF (`appendfsync always`), SIGSTOP/SIGCONT for
 //!   1–3 s, a last restart with no data, an instance restarted while writes go on (its tier
 //!   loading), `CLIENT KILL TYPE pubsub`, and on a 6-node cluster a primary killed and its
-//!   replica promoted.
+//!   replica promoted. `row5` kills the subscriptions while clients write, so that the
+//!   instances catch up from the change log, and once with the log trimmed first (a gap).
 //! * Settings: the defaults, but for the store, the fingerprint key, text logs and, on the
 //!   cluster, `NAMELIST_WRITE_REPLICAS=1`. `NAMELIST_EXPECTED_ENTRIES` stays unset on purpose:
 //!   the keyspace is sized for 1,000,000 entries (5,000 buckets), so a new instance's tier
@@ -66,6 +67,22 @@ async fn row3_redis_restarted_empty() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row4_first_write_after_redis_restarted_empty() {
     scenario::run(schedule::row4()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row5_pubsub_killed_with_and_without_the_change_log() {
+    let caught_up = scenario::run(schedule::row5()).await;
+    // Three instances: one full catch-up each at start, three replayed each, and one full
+    // each after the log was trimmed (an instance whose resubscription raced a kill counts
+    // one more of either).
+    assert!(
+        caught_up.replayed >= 6,
+        "breaks caught up from the change log: {caught_up:?}"
+    );
+    assert!(
+        caught_up.full >= 6,
+        "the trimmed log read everything again: {caught_up:?}"
+    );
 }
 
 // The fixed seeds cover every kind of fault: node 2 (instance restarts, kill -9, SIGSTOP, a

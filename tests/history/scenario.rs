@@ -448,12 +448,18 @@ impl Run {
             }
             (Fault::RestartInstance(slot), _) => self.restart_instance(*slot).await,
             (Fault::StartInstance, _) => self.start_instance().await,
-            (Fault::KillPubsub, store) => {
+            (Fault::KillPubsub | Fault::TrimLog, store) => {
                 let urls = match store {
                     Store::Node(r) => vec![r.url()],
                     Store::Cluster(c) => c.urls(),
                 };
+                let trim = matches!(fault, Fault::TrimLog);
                 tokio::task::block_in_place(|| {
+                    if trim {
+                        for url in &urls {
+                            trim_log(url);
+                        }
+                    }
                     for url in urls {
                         // A killed node refuses the connection: nothing to kill there.
                         let conn = redis::Client::open(url).and_then(|c| {
@@ -515,8 +521,69 @@ impl Run {
     }
 }
 
+/// Trims every audit part (the change log) on the node at `url` to nothing; a replica (or a
+/// node down) refuses, and is left alone.
+fn trim_log(url: &str) {
+    let conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)));
+    let Ok(mut conn) = conn else { return };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*audit:{*}")
+        .query(&mut conn)
+        .unwrap_or_default();
+    for k in keys {
+        let _: redis::RedisResult<i64> = redis::cmd("XTRIM")
+            .arg(&k)
+            .arg("MAXLEN")
+            .arg(0)
+            .query(&mut conn);
+    }
+}
+
+/// How the instances up at the end caught up after resubscribing, summed:
+/// `namelist_tier_catch_ups_total` by `how` (`replayed`, `full`).
+#[derive(Debug, Default)]
+pub struct CatchUps {
+    pub replayed: u64,
+    pub full: u64,
+}
+
+async fn catch_ups(net: &Net) -> CatchUps {
+    let ports: Vec<u16> = net
+        .endpoints
+        .read()
+        .unwrap()
+        .iter()
+        .filter(|e| e.up)
+        .map(|e| e.port)
+        .collect();
+    let mut out = CatchUps::default();
+    for port in ports {
+        let Ok(res) = net
+            .http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let text = res.text().await.unwrap_or_default();
+        let count = |how: &str| -> u64 {
+            let series = format!("namelist_tier_catch_ups_total{{how=\"{how}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&series))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        };
+        out.replayed += count("replayed");
+        out.full += count("full");
+    }
+    out
+}
+
 /// Runs `schedule` and checks its history; panics, after printing the report, on a violation.
-pub async fn run(schedule: Schedule) {
+/// Returns how the instances caught up after their subscriptions broke.
+pub async fn run(schedule: Schedule) -> CatchUps {
     let began = Instant::now();
     eprint!("{schedule}");
     let mut run = Run::start(schedule).await;
@@ -559,9 +626,13 @@ pub async fn run(schedule: Schedule) {
             eprintln!("  fault  {s} .. {e}  {}", f.what);
         }
     }
-    eprintln!("{}", summary(&history, began.elapsed()));
+    let caught_up = catch_ups(&run.net).await;
+    eprintln!(
+        "{}; catch-ups: {caught_up:?}",
+        summary(&history, began.elapsed())
+    );
     if violations.is_empty() {
-        return;
+        return caught_up;
     }
     eprintln!(
         "\n{}",

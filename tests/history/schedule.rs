@@ -68,6 +68,9 @@ pub enum Fault {
     StartInstance,
     /// `CLIENT KILL TYPE pubsub` on every node: the instances' invalidation subscriptions.
     KillPubsub,
+    /// Every audit part (the change log) trimmed to nothing (`XTRIM MAXLEN 0`), then
+    /// `KillPubsub`: the records a catch-up would read are gone.
+    TrimLog,
     /// Cluster: SIGKILL the primary of `shard`, and wait until its replica is promoted.
     KillPrimary { shard: usize },
     /// Cluster: start the killed node again (it rejoins as a replica of its successor).
@@ -86,6 +89,7 @@ impl fmt::Display for Fault {
             Fault::RestartInstance(i) => write!(f, "instance {i} killed and started again"),
             Fault::StartInstance => write!(f, "a new instance starts"),
             Fault::KillPubsub => write!(f, "CLIENT KILL TYPE pubsub"),
+            Fault::TrimLog => write!(f, "change log trimmed to nothing, then pub/sub killed"),
             Fault::KillPrimary { shard } => {
                 write!(f, "primary of shard {shard} kill -9, replica promoted")
             }
@@ -335,6 +339,35 @@ pub fn row3() -> Schedule {
 /// `w0`, then a check of it through the same instance; then checks of it through both
 /// instances 0.2 s and 1 s later. The acknowledgement itself breaks the contract (a write
 /// into a lost keyspace); the checks show whether it can be read back.
+/// The change log (issue 26): clients write while the instances' subscriptions are killed
+/// three times (each catches up from the log: only the buckets written meanwhile are read
+/// again), then once with the log trimmed to nothing first (a gap: everything is read
+/// again). The first break comes after the marks are old enough (the write deadline and a
+/// second, 3 s by default).
+pub fn row5() -> Schedule {
+    let wait = |m| Step::Wait(ms(m));
+    Schedule {
+        name: "row5_pubsub_killed_with_and_without_the_change_log".into(),
+        seed: Some(5),
+        topology: Topology::Node,
+        instances: 3,
+        aof: true,
+        background: 10_000,
+        clients: 4,
+        steps: vec![
+            wait(4_500),
+            Step::Fault(Fault::KillPubsub),
+            wait(1_500),
+            Step::Fault(Fault::KillPubsub),
+            wait(4_000),
+            Step::Fault(Fault::KillPubsub),
+            wait(1_000),
+            Step::Fault(Fault::TrimLog),
+            wait(2_000),
+        ],
+    }
+}
+
 pub fn row4() -> Schedule {
     let w0 = late_value("w0");
     let check = |slot: usize| Step::Check {
