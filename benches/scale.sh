@@ -12,6 +12,9 @@
 #   3. idle: Redis CPU (`used_cpu_user + used_cpu_sys`) over IDLE_SECS (60) with the service
 #      loaded and no traffic, against Redis alone over the same time before the service
 #      started, and the tier's background reads meanwhile (`namelist_tier_fetches_total`);
+#  3c. a broken subscription (`CLIENT KILL TYPE pubsub`, 20 upserts meanwhile): seconds until
+#      every bucket answers locally again and buckets read again, caught up from the change
+#      log, then with the log trimmed first (every bucket read again, as before the log);
 #   4. the hit and never-seen mixes (max, p99 at 5,000/s, Redis CPU per 1,000 checks) with
 #      writes going on: `cargo bench --bench load` at ROWS entries, mixes hit,new, with
 #      NAMELIST_LOAD_WRITE_RATE upserts/s (default here 50, 10 entries each) -- it makes its
@@ -89,6 +92,39 @@ print("3. idle Redis CPU over %d s: %.2f %% of a core with one loaded instance, 
       "%.2f %% per instance; the tier's background reads %.1f buckets/s"
       % (secs, total, alone, total - alone, (f1 - f0) / secs))
 PY
+
+# 3c. a broken subscription, twice: caught up from the change log, then with the log trimmed
+# first (a gap: every bucket read again). 20 upserts during each break, through the service
+# (whose own writes do not need the subscription).
+catch_up() {
+  local trim=$1 f0 c0 t0 n0 ratio
+  n0=$(curl -s "http://127.0.0.1:$SPORT/metrics" | awk '/^namelist_tier_catch_ups_total\{/ {s += $2} END {print s}')
+  f0=$(metric namelist_tier_fetches_total); c0=$(redis_cpu); t0=$(date +%s.%N)
+  if [ "$trim" = 1 ]; then
+    redis-cli -p "$RPORT" --scan --pattern '*audit:{*}' | while read -r k; do redis-cli -p "$RPORT" xtrim "$k" maxlen 0 >/dev/null; done
+  fi
+  redis-cli -p "$RPORT" client kill type pubsub >/dev/null
+  for i in $(seq 1 20); do
+    curl -s -o /dev/null -X POST -H 'content-type: application/json' "http://127.0.0.1:$SPORT/v1/lists/black/entries" \
+      -d "{\"entries\": [{\"dimension\": \"device\", \"value\": \"scale-break-$trim-$i\"}]}"
+  done
+  while [ "$(curl -s "http://127.0.0.1:$SPORT/metrics" | awk '/^namelist_tier_catch_ups_total\{/ {s += $2} END {print s}')" = "$n0" ]; do sleep 0.05; done
+  while :; do
+    ratio=$(metric namelist_tier_answering_ratio)
+    python3 -c "import sys; sys.exit(0 if float('${ratio:-0}') >= 0.999 else 1)" && break
+    sleep 0.2
+  done
+  python3 - "$t0" "$f0" "$(metric namelist_tier_fetches_total)" "$c0" "$(redis_cpu)" \
+    "$(curl -s "http://127.0.0.1:$SPORT/metrics" | awk '/^namelist_tier_catch_ups_total\{/ {printf "%s=%s ", $1, $2}')" "$trim" <<'PY'
+import sys, time
+t0, f0, f1, c0, c1 = map(float, sys.argv[1:6])
+print("3c. pub/sub killed%s: every bucket answering locally again after %.1f s; %d buckets read again; Redis CPU %.2f s; %s"
+      % (" with the change log trimmed first" if sys.argv[7] == "1" else "", time.time() - t0, f1 - f0, c1 - c0, sys.argv[6]))
+PY
+}
+sleep 5; catch_up 0
+sleep 5; catch_up 1
+
 kill "$SVC"; wait "$SVC" 2>/dev/null || true; SVC=
 redis-cli -p "$RPORT" shutdown nosave >/dev/null 2>&1 || true
 

@@ -47,7 +47,10 @@
 //!   writer back behind its own acknowledged write.
 //! * **Trust and generations.** While the invalidation subscription is down, writes elsewhere
 //!   go unseen: the tier is *untrusted* and every lookup goes to the store, but copies stay
-//!   for fail-open answers. Resubscribing (and a `Bulk` import) starts a new generation:
+//!   for fail-open answers. Resubscribing catches up from the change log where it can
+//!   (`resumed`, `invalidation`): only the buckets written meanwhile are marked dirty and
+//!   read again, the rest answer again at once. Where it cannot (a gap in the log, no log),
+//!   resubscribing, like a `Bulk` import, starts a new generation:
 //!   copies of older generations are used only for fail-open until read again, which the
 //!   worker does at once. With proofs of delivery (Redis) that is the whole rule: a copy in the
 //!   current generation, while the last proof is under `LIVE_BOUND`, has heard every change

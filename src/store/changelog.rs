@@ -16,8 +16,27 @@
 //!   build), or more records than [`REPLAY_MAX_RECORDS`]: a [`Replay::Gap`], and the caller
 //!   reads everything again.
 //!
-//! Why the trail and not a stream of its own, or `CLIENT TRACKING`: see `cache`'s module docs
-//! (*Coherence*), with the figures.
+//! # Why the audit trail, and not a stream of its own or `CLIENT TRACKING`
+//! * A stream of its own per part would hold the same records again: one more `XADD` per
+//!   entry written (~3 µs of Redis and ~20 B a record) for nothing the trail lacks. The
+//!   trail's records are written before a write is acknowledged (`layout`), spread over the
+//!   primaries like the buckets, and capped (`audit_max_len`, 100,000 by default): the cap is
+//!   the catch-up's horizon (at 500 entries written a second, ~200 s of missed messages);
+//!   past it, the gap is seen and everything is read again, paced, as before the log.
+//! * `CLIENT TRACKING` (RESP3) keeps no position: invalidations lost with a connection are
+//!   lost, and the client is told only to flush everything, exactly the full re-read this
+//!   module avoids. Its default mode keeps a server-side table of every key each client read
+//!   (at 100M entries, 500k buckets per instance, beyond the default
+//!   `tracking-table-max-keys` of 1M with two instances, past which Redis invalidates keys
+//!   just to shrink the table: re-reads for nothing); its broadcast mode is our pub/sub
+//!   again. And it names keys, not fields and codes, so every write would cost every
+//!   instance a bucket read (~9 `HGET`s of Redis CPU) where a message applied in place costs
+//!   nothing. Not measured: the reasons above rule it out before its cost matters.
+//!
+//! What this does not do: read the log continuously. In the steady state pub/sub (with its
+//! proofs of delivery) stays the source of changes, and the log is read only after a break;
+//! a write whose message never went out (its writer died between its records and its
+//! `PUBLISH`, on a cluster) is still caught only by the tier's age-driven safety net.
 
 use std::collections::BTreeSet;
 

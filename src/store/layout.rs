@@ -129,8 +129,9 @@
 //! # Audit trail and invalidation
 //! Every upsert and delete appends one record per entry to the audit trail: when, who, op,
 //! list, dimension, sandbox, expiry, reason, the fingerprint (the field, as 16 hex digits:
-//! keyed in format 2), the value fingerprint `vfp` and the masked value; never the raw value,
-//! nor anything else derived from it. `vfp` is the format's `audit-value` function
+//! keyed in format 2), the `bucket` number (keyed in format 2 too; what makes the trail the
+//! change log an instance catches up from, `changelog`), the value fingerprint `vfp` and the
+//! masked value; never the raw value, nor anything else derived from it. `vfp` is the format's `audit-value` function
 //! (`fingerprint`: SipHash-2-4 under its own subkey in format 2, xxh3-64 in format 1) of
 //!
 //! ```text

@@ -647,8 +647,10 @@ async fn audit_trail_masks_values(h: &Harness) {
         );
         let mut names: Vec<&str> = rec.fields.iter().map(|(n, _)| n.as_str()).collect();
         names.sort_unstable();
+        assert_eq!(rec.get("bucket"), Some(key.bucket.to_string().as_str()));
         let mut expected = vec![
             "at",
+            "bucket",
             "dimension",
             "expires_at",
             "fingerprint",
