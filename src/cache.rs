@@ -102,7 +102,7 @@ pub use copy::BucketCopy;
 use crate::domain::now_ms;
 use crate::instrumented::Instrumented;
 use crate::metrics::{StoreOp, TierGauges};
-use crate::store::{Deadline, EntryKey, EntryStore, PrefixLen, Scope, StoreError};
+use crate::store::{Deadline, EntryKey, EntryStore, LoggedChange, PrefixLen, Scope, StoreError};
 
 /// Buckets read per round trip.
 const BATCH: usize = 64;
@@ -204,6 +204,8 @@ struct SyncState {
     broke_at: Option<Instant>,
     /// When recent generations stopped being in sync.
     ended: BTreeMap<u64, Instant>,
+    /// When the current generation began (every copy in it was read after).
+    began: Instant,
 }
 
 /// Changes heard lately, for conflict detection, and this instance's own upserts applied
@@ -629,6 +631,7 @@ impl LocalTier {
                 generation: 1,
                 broke_at: None,
                 ended: BTreeMap::new(),
+                began: Instant::now(),
             }),
             held,
             stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
@@ -768,6 +771,54 @@ impl LocalTier {
         self.wake.notify_one();
     }
 
+    /// Whether the current generation began at or after `at` (every copy in it read since).
+    pub fn generation_began_since(&self, at: Instant) -> bool {
+        self.sync.lock().expect("sync lock").began >= at
+    }
+
+    /// Changes read from the change log, old enough that their messages have arrived if
+    /// they were ever published (`invalidation::follow_log`): a copy of the current
+    /// generation that holds another code for a field, or a filter that says an upserted
+    /// field is absent, missed a message (or saw a later change: reading again settles
+    /// both). Those buckets are read again, their copies known in sync only until `since`.
+    /// Returns how many.
+    pub fn verify(&self, changes: &[LoggedChange], since: Instant) -> usize {
+        if self.copies.is_none() {
+            return 0;
+        }
+        let filters = self.filters.load();
+        let generation = self.generation();
+        let mut missed = HashSet::new();
+        for c in changes {
+            if missed.contains(&c.bucket) {
+                continue;
+            }
+            let disagrees = match self.get(c.bucket) {
+                Some(copy) => {
+                    copy.generation == generation
+                        && copy.dirty_since.is_none()
+                        && copy.get(c.field) != c.code
+                }
+                None => {
+                    c.code.is_some()
+                        && filters.as_ref().is_some_and(|f| {
+                            f.stamp(c.bucket, generation)
+                                .is_some_and(|(g, _)| g == generation)
+                                && !f.may_hold(c.bucket, c.field)
+                        })
+                }
+            };
+            if disagrees {
+                missed.insert(c.bucket);
+            }
+        }
+        let n = missed.len();
+        if n > 0 {
+            self.dirty(missed, since);
+        }
+        n
+    }
+
     /// Entries were written in bulk (import): anything held may be out of date.
     pub fn invalidate_all(&self) {
         let mut st = self.sync.lock().expect("sync lock");
@@ -782,6 +833,7 @@ impl LocalTier {
             st.ended.pop_first();
         }
         st.generation += 1;
+        st.began = Instant::now();
         // The count first: a read that sees the new generation installs after this.
         self.held
             .current

@@ -29,6 +29,10 @@
 //! subscription, a break right after a start), a gap (`store::Replay::Gap`: a part trimmed
 //! past the mark, a node restarted or failed over, an import's record), the read failed, or
 //! the tier was not trusted when the subscription broke (the keyspace lost).
+//!
+//! The same task that notes the marks follows the log `lag` behind (`follow_log`): every
+//! record is checked against what the tier holds, so a message that never went out is made
+//! up for within seconds.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -88,26 +92,39 @@ impl Marks {
         noted.push_back((at, mark));
     }
 
-    /// The newest mark noted no later than `at`.
-    fn before(&self, at: Instant) -> Option<LogMark> {
+    /// The newest mark noted no later than `at`, and when.
+    fn before(&self, at: Instant) -> Option<(Instant, LogMark)> {
         let noted = self.noted.lock().expect("marks lock");
-        noted
-            .iter()
-            .rev()
-            .find(|(t, _)| *t <= at)
-            .map(|(_, m)| m.clone())
+        noted.iter().rev().find(|(t, _)| *t <= at).cloned()
     }
 }
 
-/// Notes where the change log stands every `MARK_EVERY` (when `on`), until the task is
-/// aborted or the bus says it keeps no log. Its cost: one `INFO server` per Redis primary and one
-/// `XINFO STREAM` per audit part (64) a second, the same whatever the keyspace's size.
-pub async fn note_marks(bus: Instrumented<dyn InvalidationBus>, marks: Arc<Marks>, on: bool) {
-    if !on {
+/// Notes where the change log stands every `MARK_EVERY`, and follows it, until the task is
+/// aborted or the bus says it keeps no log (nothing when the tier is off). Following: the
+/// records between the last mark followed and the newest mark at least `lag` old (their
+/// messages have arrived by then, if they were ever published) are checked against what
+/// the tier holds (`LocalTier::verify`): a bucket whose copy or filter disagrees missed a
+/// message (on a cluster, a writer that died between its records and its `PUBLISH`) and is
+/// read again, within `lag` and two marks of the write. A gap there (the log trimmed faster
+/// than it is followed, a node restarted) starts a new generation, unless one began since
+/// the gap's start (a resubscription already reads everything again).
+///
+/// Its cost, per instance: one `INFO server` per Redis primary and one `XINFO STREAM` per
+/// audit part (64) a second, whatever the keyspace's size, and every record once
+/// (`XRANGE`).
+pub async fn follow_log(
+    bus: Instrumented<dyn InvalidationBus>,
+    marks: Arc<Marks>,
+    tier: Arc<LocalTier>,
+    metrics: Arc<Metrics>,
+    lag: Duration,
+) {
+    if tier.mode() == crate::cache::Mode::Off {
         return;
     }
     let mut tick = tokio::time::interval(MARK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut followed: Option<(Instant, LogMark)> = None;
     loop {
         tick.tick().await;
         let r = bus
@@ -120,6 +137,54 @@ pub async fn note_marks(bus: Instrumented<dyn InvalidationBus>, marks: Arc<Marks
             Ok(None) => return,
             Err(e) => tracing::debug!(error = %e, "change log mark"),
         }
+        let Some(target) = Instant::now()
+            .checked_sub(lag)
+            .and_then(|at| marks.before(at))
+        else {
+            continue;
+        };
+        let Some((from_at, from)) = &followed else {
+            followed = Some(target);
+            continue;
+        };
+        if target.1 == *from {
+            followed = Some(target);
+            continue;
+        }
+        let r = bus
+            .call(StoreOp::ChangeLog, Deadline::after(MARK_EVERY), |b| {
+                b.log_read(from, Some(&target.1))
+            })
+            .await;
+        // What a copy found behind was last known in sync before the records read (written
+        // after `from` was noted, less its round trip).
+        let since = from_at.checked_sub(MARK_EVERY).unwrap_or(*from_at);
+        match r {
+            Ok(Replay::Changes(changes)) => {
+                metrics.log_followed.inc_by(changes.len() as u64);
+                let missed = tier.verify(&changes, since);
+                if missed > 0 {
+                    metrics.log_missed.inc_by(missed as u64);
+                    tracing::warn!(
+                        buckets = missed,
+                        "the change log shows writes whose invalidations never arrived: their buckets are read again"
+                    );
+                }
+            }
+            Ok(Replay::Gap(why)) => {
+                if !tier.generation_began_since(*from_at) {
+                    tracing::warn!(%why, "the change log cannot be followed: every bucket held is read again");
+                    tier.invalidate_all();
+                    metrics.catch_ups.with_label_values(&["full"]).inc();
+                }
+            }
+            Err(e) => {
+                // Tried again from the same mark at the next tick.
+                tracing::debug!(error = %e, "following the change log");
+                continue;
+            }
+        }
+        followed = Some(target);
     }
 }
 
@@ -132,7 +197,7 @@ async fn catch_up(
     lag: Duration,
 ) -> Option<BTreeSet<u32>> {
     let broke = broke?;
-    let Some(mark) = broke.checked_sub(lag).and_then(|t| marks.before(t)) else {
+    let Some((_, mark)) = broke.checked_sub(lag).and_then(|t| marks.before(t)) else {
         tracing::info!("no change log mark old enough: every bucket held is read again");
         return None;
     };
@@ -140,13 +205,14 @@ async fn catch_up(
         .call(
             StoreOp::ChangeLog,
             Deadline::after(SUBSCRIBE_DEADLINE),
-            |b| b.log_since(&mark),
+            |b| b.log_read(&mark, None),
         )
         .await;
     match r {
-        Ok(Replay::Touched { buckets, records }) => {
+        Ok(Replay::Changes(changes)) => {
+            let buckets: BTreeSet<u32> = changes.iter().map(|c| c.bucket).collect();
             tracing::info!(
-                records,
+                records = changes.len(),
                 buckets = buckets.len(),
                 "caught up from the change log: only the buckets written meanwhile are read again"
             );

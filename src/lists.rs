@@ -493,11 +493,12 @@ impl NameLists {
         let tasks = vec![
             tokio::spawn(cache.clone().run(store.clone(), metrics.tier.clone())),
             tokio::spawn(crate::invalidation::watch_keyspace(bus.clone())),
-            // Marks only serve the tier's catch-up (not noted when it is off).
-            tokio::spawn(crate::invalidation::note_marks(
+            tokio::spawn(crate::invalidation::follow_log(
                 bus.clone(),
                 marks.clone(),
-                cache.mode() != crate::cache::Mode::Off,
+                cache.clone(),
+                metrics.clone(),
+                settings.write_deadline + Duration::from_secs(1),
             )),
             tokio::spawn(crate::invalidation::listen(
                 bus,

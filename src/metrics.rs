@@ -169,6 +169,11 @@ pub struct Metrics {
     /// Resubscriptions by how the tier caught up: `replayed` (from the change log, only the
     /// buckets written meanwhile read again) or `full` (every bucket held read again).
     pub catch_ups: IntCounterVec,
+    /// Change-log records checked against the local tier (`invalidation::follow_log`).
+    pub log_followed: IntCounter,
+    /// Buckets whose copy or filter disagreed with the change log (a message that never
+    /// arrived), read again.
+    pub log_missed: IntCounter,
     /// Events by outcome: `applied` counts metric updates, `duplicate` and `late` events.
     pub events: IntCounterVec,
     /// Feature reads that found a COUNT_DISTINCT entity at its member cap.
@@ -506,6 +511,16 @@ impl Metrics {
                 "1 while the keyspace is lost: its id gone from Redis (restarted empty, flushed) or replaced",
             )
             .expect("valid metric"),
+            log_followed: counter(
+                "namelist_tier_log_records_total",
+                "Change-log records checked against the local tier (every write's, a few \
+                 seconds after it)",
+            ),
+            log_missed: counter(
+                "namelist_tier_log_missed_total",
+                "Buckets whose copy or filter disagreed with the change log: an invalidation \
+                 that never arrived (or a later change); read again",
+            ),
             catch_ups: IntCounterVec::new(
                 Opts::new(
                     "namelist_tier_catch_ups_total",
@@ -600,6 +615,8 @@ impl Metrics {
             Box::new(self.subscription_up.clone()),
             Box::new(self.keyspace_lost.clone()),
             Box::new(self.catch_ups.clone()),
+            Box::new(self.log_followed.clone()),
+            Box::new(self.log_missed.clone()),
             Box::new(self.events.clone()),
             Box::new(self.distinct_capped.clone()),
             Box::new(self.auth_failures.clone()),

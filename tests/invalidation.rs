@@ -481,3 +481,49 @@ async fn a_change_log_trimmed_past_the_mark_reads_everything_again() {
     assert!(listed(&b, "d-missed").await);
     assert!(!listed(&b, "d-before-3").await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_message_never_went_out_is_found_in_the_change_log() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    // No age-driven re-read within the test: only the change log can show the write.
+    settings.cache_ttl_ms = 600_000;
+    settings.write_deadline_ms = 500;
+    let b = spawn_app(settings.clone()).await;
+    settings.redis_url = Some(secrecy::SecretString::from(acl_user(&redis, "ay")));
+    let a = spawn_app(settings).await;
+    let started = Instant::now();
+    while !b.lists.cache().is_complete() {
+        assert!(started.elapsed() < Duration::from_secs(20), "B loads");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!listed(&b, "d-unannounced").await);
+    // A may no longer publish: its write lands (entries and records, one MULTI) but its
+    // message fails, like a writer that died before its `PUBLISH`.
+    channels(&redis, "ay", false);
+    let res = a
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "device", "value": "d-unannounced"}]}),
+        )
+        .await;
+    eprintln!("A's write answered {}", res.status());
+    let stored: Option<String> = {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*audit:{*}")
+            .query(&mut redis.conn())
+            .unwrap();
+        keys.into_iter().find(|k| !k.contains(":ix"))
+    };
+    assert!(stored.is_some(), "the write's record is in the log");
+    // B never heard of it: its copy still says not listed...
+    assert!(
+        !listed(&b, "d-unannounced").await,
+        "B's copy missed the write (else this test shows nothing)"
+    );
+    // ...until it follows the log past the write (the lag, 1.5 s, and a mark or two).
+    let seen = until(&b, "d-unannounced", true, Duration::from_secs(8)).await;
+    eprintln!("the unannounced write seen on B after {seen:?}");
+    assert!(counter(&b, "namelist_tier_log_missed_total").await >= 1);
+    assert!(counter(&b, "namelist_tier_log_records_total").await >= 1);
+}

@@ -33,17 +33,18 @@
 //!   instance a bucket read (~9 `HGET`s of Redis CPU) where a message applied in place costs
 //!   nothing. Not measured: the reasons above rule it out before its cost matters.
 //!
-//! What this does not do: read the log continuously. In the steady state pub/sub (with its
-//! proofs of delivery) stays the source of changes, and the log is read only after a break;
-//! a write whose message never went out (its writer died between its records and its
-//! `PUBLISH`, on a cluster) is still caught only by the tier's age-driven safety net.
-
-use std::collections::BTreeSet;
+//! Pub/sub (with its proofs of delivery) stays the fast path: a message is applied in place
+//! within a millisecond or two. The log is read after a break (the catch-up), and followed
+//! a few seconds behind (`invalidation::follow_log`), so that a write whose message never
+//! went out (its writer died between its records and its `PUBLISH`, on a cluster) is found
+//! within seconds rather than by the tier's age-driven safety net. Following costs every
+//! instance every record once; the catch-up, only what it missed.
 
 use redis::Value;
 
+use super::expiry::ExpiryCode;
 use super::redis::stream_id;
-use super::{AuditRecord, LogMark, PartMark, Replay, StoreError, StoreResult};
+use super::{AuditRecord, LogMark, LoggedChange, PartMark, Replay, StoreError, StoreResult};
 
 /// Records one replay reads at most, over every part: past this, reading every bucket again
 /// (paced) is the cheaper way back.
@@ -174,6 +175,46 @@ pub fn replay_reads(mark: &LogMark, now: &LogMark) -> Result<Vec<PartRead>, Stri
     Ok(reads)
 }
 
+/// The change one record tells, in a keyspace of `buckets` buckets; why not, when it tells
+/// none that can be known (an import's record, an older writer's without `bucket`).
+pub fn change(record: &AuditRecord, buckets: u32) -> Result<LoggedChange, String> {
+    let op = record.get("op").unwrap_or("?");
+    let Some(bucket) = record.get("bucket") else {
+        return Err(format!(
+            "a record names no bucket (op {op:?}: an import, or an older writer)"
+        ));
+    };
+    let bucket = bucket
+        .parse::<u32>()
+        .ok()
+        .filter(|b| *b < buckets)
+        .ok_or_else(|| format!("a record names bucket {bucket:?} of {buckets}"))?;
+    let field = record
+        .get("fingerprint")
+        .filter(|f| f.len() == 16)
+        .and_then(|f| u64::from_str_radix(f, 16).ok())
+        .ok_or_else(|| "a record without a 16-digit fingerprint".to_owned())?
+        as i64;
+    let code = match op {
+        "delete" => None,
+        "upsert" => Some(match record.get("expires_at") {
+            Some("never") => ExpiryCode::NEVER,
+            Some(ms) => ms
+                .parse::<i64>()
+                .ok()
+                .and_then(ExpiryCode::encode)
+                .ok_or_else(|| format!("a record expiring at {ms:?}"))?,
+            None => return Err("an upsert's record without expires_at".into()),
+        }),
+        other => return Err(format!("a record of op {other:?} names a bucket")),
+    };
+    Ok(LoggedChange {
+        bucket,
+        field,
+        code: code.map(ExpiryCode::get),
+    })
+}
+
 /// The replay from what the reads of `replay_reads` returned (`records[k]` for `reads[k]`),
 /// for a keyspace of `buckets` buckets.
 pub fn replay(
@@ -181,8 +222,7 @@ pub fn replay(
     records: &[Vec<((u64, u64), AuditRecord)>],
     buckets: u32,
 ) -> Replay {
-    let mut touched = BTreeSet::new();
-    let mut count = 0u64;
+    let mut changes = Vec::new();
     for (read, got) in reads.iter().zip(records) {
         let (part, expected) = (read.part, read.count);
         if (got.len() as u64) < expected {
@@ -192,25 +232,13 @@ pub fn replay(
             ));
         }
         for (_, record) in got {
-            match record.get("bucket").and_then(|b| b.parse::<u32>().ok()) {
-                Some(b) if b < buckets => {
-                    touched.insert(b);
-                }
-                Some(b) => return Replay::Gap(format!("a record names bucket {b} of {buckets}")),
-                None => {
-                    return Replay::Gap(format!(
-                        "a record names no bucket (op {:?}: an import, or an older writer)",
-                        record.get("op").unwrap_or("?")
-                    ));
-                }
+            match change(record, buckets) {
+                Ok(c) => changes.push(c),
+                Err(why) => return Replay::Gap(why),
             }
-            count += 1;
         }
     }
-    Replay::Touched {
-        buckets: touched,
-        records: count,
-    }
+    Replay::Changes(changes)
 }
 
 #[cfg(test)]
@@ -228,11 +256,45 @@ mod tests {
     }
 
     fn rec(bucket: Option<&str>) -> ((u64, u64), AuditRecord) {
-        let mut fields = vec![("op".to_owned(), "upsert".to_owned())];
+        let mut fields = vec![
+            ("op".to_owned(), "upsert".to_owned()),
+            ("expires_at".to_owned(), "never".to_owned()),
+            ("fingerprint".to_owned(), "ffffffffffffffff".to_owned()),
+        ];
         if let Some(b) = bucket {
             fields.push(("bucket".to_owned(), b.to_owned()));
         }
         ((1, 0), AuditRecord { fields })
+    }
+
+    fn with(mut r: ((u64, u64), AuditRecord), name: &str, value: &str) -> AuditRecord {
+        r.1.fields.retain(|(n, _)| n != name);
+        r.1.fields.push((name.to_owned(), value.to_owned()));
+        r.1
+    }
+
+    #[test]
+    fn a_record_tells_its_change() {
+        let c = |r: AuditRecord| change(&r, 10);
+        assert_eq!(
+            c(rec(Some("4")).1),
+            Ok(LoggedChange {
+                bucket: 4,
+                field: -1,
+                code: Some(0)
+            })
+        );
+        let expiring = with(rec(Some("4")), "expires_at", "1577836800500");
+        assert_eq!(
+            c(expiring).unwrap().code,
+            Some(1),
+            "rounded up like a write"
+        );
+        assert_eq!(c(with(rec(Some("4")), "op", "delete")).unwrap().code, None);
+        assert!(c(with(rec(Some("4")), "op", "import")).is_err());
+        assert!(c(with(rec(Some("4")), "fingerprint", "abc")).is_err());
+        assert!(c(with(rec(Some("4")), "expires_at", "soon")).is_err());
+        assert!(c(rec(None).1).is_err());
     }
 
     #[test]
@@ -325,10 +387,15 @@ mod tests {
                 &[vec![rec(Some("4")), rec(Some("7"))], vec![rec(Some("4"))]],
                 10
             ),
-            Replay::Touched {
-                buckets: [4, 7].into(),
-                records: 3
-            }
+            Replay::Changes(
+                [4, 7, 4]
+                    .map(|bucket| LoggedChange {
+                        bucket,
+                        field: -1,
+                        code: Some(0)
+                    })
+                    .to_vec()
+            )
         );
         // Trimmed: fewer records than were added since the mark.
         assert!(matches!(
@@ -360,12 +427,6 @@ mod tests {
             ),
             Replay::Gap(_)
         ));
-        assert_eq!(
-            replay(&[], &[], 10),
-            Replay::Touched {
-                buckets: BTreeSet::new(),
-                records: 0
-            }
-        );
+        assert_eq!(replay(&[], &[], 10), Replay::Changes(Vec::new()));
     }
 }

@@ -543,17 +543,24 @@ pub struct PartMark {
     pub last: (u64, u64),
 }
 
-/// What the change log says happened since a [`LogMark`] (`InvalidationBus::log_since`).
+/// One change a record of the change log tells: an entry's field in its bucket, and its new
+/// code (`None`: deleted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoggedChange {
+    pub bucket: u32,
+    pub field: i64,
+    pub code: Option<u32>,
+}
+
+/// What the change log says happened between two [`LogMark`]s (`InvalidationBus::log_read`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Replay {
-    /// Every record added since the mark was read, and these are the buckets they wrote.
-    Touched {
-        buckets: std::collections::BTreeSet<u32>,
-        records: u64,
-    },
-    /// What happened since the mark cannot be known from the log: why (a part trimmed past
-    /// the mark, a part gone or behind it, a record that names no bucket such as an import's,
-    /// more records than a replay reads, or a bus without a log).
+    /// Every record added between the marks, as the changes they tell (in order within each
+    /// part).
+    Changes(Vec<LoggedChange>),
+    /// What happened cannot be known from the log: why (a part trimmed past the mark, a
+    /// part gone or behind it, a node restarted, a record that names no bucket such as an
+    /// import's, more records than a replay reads, or a bus without a log).
     Gap(String),
 }
 
@@ -749,9 +756,11 @@ pub trait InvalidationBus: StoreBase {
         Ok(None)
     }
 
-    /// What was written since `mark`, read from the log (a subscriber that lost messages
-    /// after `mark` catches up from it instead of reading everything it holds again).
-    async fn log_since(&self, _mark: &LogMark) -> StoreResult<Replay> {
+    /// What was written after `from` up to `to` (now, when `None`), read from the log: a
+    /// subscriber that lost messages after `from` catches up from it instead of reading
+    /// everything it holds again, and every instance follows it to find messages that never
+    /// arrived (`invalidation`).
+    async fn log_read(&self, _from: &LogMark, _to: Option<&LogMark>) -> StoreResult<Replay> {
         Ok(Replay::Gap("this bus keeps no change log".into()))
     }
 }

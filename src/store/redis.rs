@@ -1947,9 +1947,9 @@ impl InvalidationBus for RedisStore {
     async fn log_mark(&self) -> StoreResult<Option<LogMark>> {
         // The nodes first: a restart after this shows in the next mark's ids.
         let mut nodes = Vec::new();
-        for target in self.conn.scan_targets().await.map_err(unavailable)? {
-            let info: String = self
-                .conn
+        let conn = self.operator_reads();
+        for target in conn.scan_targets().await.map_err(unavailable)? {
+            let info: String = conn
                 .on_target(&target, redis::cmd("INFO").arg("server"))
                 .await
                 .map_err(unavailable)?;
@@ -1963,8 +1963,7 @@ impl InvalidationBus for RedisStore {
                 })
             })
             .collect();
-        let parts = self
-            .conn
+        let parts = conn
             .run(cmds)
             .await
             .map_err(unavailable)?
@@ -1974,11 +1973,15 @@ impl InvalidationBus for RedisStore {
         Ok(Some(LogMark { parts, nodes }))
     }
 
-    async fn log_since(&self, mark: &LogMark) -> StoreResult<Replay> {
-        let Some(now) = self.log_mark().await? else {
-            return Ok(Replay::Gap("no change log".into()));
+    async fn log_read(&self, from: &LogMark, to: Option<&LogMark>) -> StoreResult<Replay> {
+        let now = match to {
+            Some(to) => to.clone(),
+            None => match self.log_mark().await? {
+                Some(now) => now,
+                None => return Ok(Replay::Gap("no change log".into())),
+            },
         };
-        let reads = match changelog::replay_reads(mark, &now) {
+        let reads = match changelog::replay_reads(from, &now) {
             Ok(r) => r,
             Err(why) => return Ok(Replay::Gap(why)),
         };
@@ -1997,8 +2000,10 @@ impl InvalidationBus for RedisStore {
                 })
             })
             .collect();
+        // On the operator's connection, like the audit reads: a long reply never queues
+        // ahead of a check's.
         let records = self
-            .conn
+            .operator_reads()
             .run_all(cmds)
             .await
             .map_err(unavailable)?
