@@ -125,6 +125,7 @@ pub async fn follow_log(
     let mut tick = tokio::time::interval(MARK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut followed: Option<(Instant, LogMark)> = None;
+    let mut retry: Option<(Instant, LogMark)> = None;
     loop {
         tick.tick().await;
         let r = bus
@@ -137,10 +138,12 @@ pub async fn follow_log(
             Ok(None) => return,
             Err(e) => tracing::debug!(error = %e, "change log mark"),
         }
-        let Some(target) = Instant::now()
-            .checked_sub(lag)
-            .and_then(|at| marks.before(at))
-        else {
+        // A window that failed is tried again as it was (not grown by what came since).
+        let Some(target) = retry.take().or_else(|| {
+            Instant::now()
+                .checked_sub(lag)
+                .and_then(|at| marks.before(at))
+        }) else {
             continue;
         };
         let Some((from_at, from)) = &followed else {
@@ -152,9 +155,11 @@ pub async fn follow_log(
             continue;
         }
         let r = bus
-            .call(StoreOp::ChangeLog, Deadline::after(MARK_EVERY), |b| {
-                b.log_read(from, Some(&target.1))
-            })
+            .call(
+                StoreOp::ChangeLog,
+                Deadline::after(SUBSCRIBE_DEADLINE),
+                |b| b.log_read(from, Some(&target.1)),
+            )
             .await;
         // What a copy found behind was last known in sync before the records read (written
         // after `from` was noted, less its round trip).
@@ -165,9 +170,11 @@ pub async fn follow_log(
                 let missed = tier.verify(&changes, since);
                 if missed > 0 {
                     metrics.log_missed.inc_by(missed as u64);
-                    tracing::warn!(
+                    // Not a WARN: a field written again since its record (a hot entry) shows
+                    // the same way as a lost message, and reading again settles both.
+                    tracing::debug!(
                         buckets = missed,
-                        "the change log shows writes whose invalidations never arrived: their buckets are read again"
+                        "buckets disagree with the change log: read again"
                     );
                 }
             }
@@ -179,8 +186,8 @@ pub async fn follow_log(
                 }
             }
             Err(e) => {
-                // Tried again from the same mark at the next tick.
                 tracing::debug!(error = %e, "following the change log");
+                retry = Some(target);
                 continue;
             }
         }
@@ -275,23 +282,18 @@ pub async fn listen(
                     )
                     .await;
                 let mut trusting = false;
-                if checked.is_ok() && !lost(&health) {
-                    // Anything held before now may have changed while nobody listened: the
-                    // registries are read again (they are small), the buckets the change log
-                    // names (or all of them).
+                // Anything held before now may have changed while nobody listened: the
+                // registries are read again (they are small), the buckets the change log
+                // names (or all of them). The log is read while messages and proofs keep
+                // flowing (a subscription left unread for seconds is found dead), and the
+                // messages are applied meanwhile: whatever the log then says is read again.
+                let pending = broke.take();
+                let mut catching = (checked.is_ok() && !lost(&health)).then(|| {
                     registries.invalidate_all();
-                    let how = match catch_up(&bus, &marks, broke.take(), lag).await {
-                        Some(touched) => {
-                            tier.resumed(&touched);
-                            "replayed"
-                        }
-                        None => {
-                            tier.resynced();
-                            "full"
-                        }
-                    };
-                    metrics.catch_ups.with_label_values(&[how]).inc();
-                    trusting = true;
+                    Box::pin(catch_up(&bus, &marks, pending, lag))
+                });
+                if catching.is_none() {
+                    broke = pending;
                 }
                 metrics.keyspace_lost.set(i64::from(lost(&health)));
                 loop {
@@ -307,12 +309,13 @@ pub async fn listen(
                             None => std::future::pending().await,
                         }
                     };
+                    let applying = trusting || catching.is_some();
                     tokio::select! {
                         // Messages first: a proof is passed on only after every message
                         // already delivered before it was applied.
                         biased;
                         message = stream.next() => match message {
-                            Some(m) if trusting => apply(&tier, &registries, m).await,
+                            Some(m) if applying => apply(&tier, &registries, m).await,
                             // While the keyspace is lost (or not yet known good), what is
                             // held stays as it was seen last.
                             Some(_) => {}
@@ -323,6 +326,23 @@ pub async fn listen(
                                 tier.proven(at);
                             }
                         }
+                        touched = async { catching.as_mut().expect("catching").await },
+                            if catching.is_some() =>
+                        {
+                            catching = None;
+                            let how = match touched {
+                                Some(touched) => {
+                                    tier.resumed(&touched);
+                                    "replayed"
+                                }
+                                None => {
+                                    tier.resynced();
+                                    "full"
+                                }
+                            };
+                            metrics.catch_ups.with_label_values(&[how]).inc();
+                            trusting = true;
+                        }
                         alive = changed => {
                             if !alive {
                                 health = None;
@@ -330,7 +350,13 @@ pub async fn listen(
                             }
                             let now_lost = lost(&health);
                             metrics.keyspace_lost.set(i64::from(now_lost));
-                            if now_lost && trusting {
+                            if catching.is_some() {
+                                // Lost while catching up: nothing held is caught up from the
+                                // log (everything is read again once it is back).
+                                if now_lost {
+                                    catching = None;
+                                }
+                            } else if now_lost && trusting {
                                 tier.lost_sync();
                                 broke = None;
                                 trusting = false;
@@ -343,6 +369,11 @@ pub async fn listen(
                             }
                         }
                     }
+                }
+                if catching.take().is_some() {
+                    // Broke again before the catch-up ended: the next one starts where this
+                    // one did.
+                    broke = pending;
                 }
                 if let Some(at) = tier.lost_sync() {
                     broke = Some(at);

@@ -518,8 +518,8 @@ impl Metrics {
             ),
             log_missed: counter(
                 "namelist_tier_log_missed_total",
-                "Buckets whose copy or filter disagreed with the change log: an invalidation \
-                 that never arrived (or a later change); read again",
+                "Buckets whose copy or filter disagreed with the change log, read again: an \
+                 invalidation that never arrived, or a field written again since its record",
             ),
             catch_ups: IntCounterVec::new(
                 Opts::new(

@@ -131,6 +131,12 @@ async fn a_write_on_a_is_seen_through_b_s_filters_within_100ms() {
     settings.local_memory_mb = 0.05; // 500 copies would take ~320 KB
     let b = spawn_app(settings).await;
     assert_eq!(b.lists.cache().mode(), namelist::cache::Mode::Partial);
+    // The worker makes the filters once the tier is partial: on a busy machine, a moment
+    // after.
+    let started = Instant::now();
+    while b.lists.cache().filter_bytes() == 0 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(b.lists.cache().filter_bytes() > 0, "B keeps filters");
 
     // B's filters are read in the background; then a value on no list stays local.

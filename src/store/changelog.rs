@@ -50,6 +50,9 @@ use super::{AuditRecord, LogMark, LoggedChange, PartMark, Replay, StoreError, St
 /// (paced) is the cheaper way back.
 pub const REPLAY_MAX_RECORDS: u64 = 200_000;
 
+/// Records one round trip of a read asks for at most, over every part.
+pub const LOG_CHUNK: u64 = 2_000;
+
 /// A node's `run_id` from its `INFO server`.
 pub fn run_id(info: &str) -> StoreResult<String> {
     info.lines()

@@ -155,6 +155,10 @@ pub struct RedisStore {
     /// stopped waiting for is still answered: on a connection of its own, that late reply
     /// sits in front of no check's.
     operator: RedisConn,
+    /// The change log's reads (`changelog`): every instance reads every record, a few
+    /// seconds behind, and all of a break's records at once after it. On a connection of its
+    /// own: a long reply (or one whose caller gave up) queues in front of nobody else's.
+    log: RedisConn,
     /// Writes and their `WAIT`s.
     writes: WritePool,
     monitor: ReplicaMonitor,
@@ -469,6 +473,9 @@ impl RedisStore {
         let (operator, _) = RedisConn::connect(&connect, "operator")
             .await
             .map_err(unavailable)?;
+        let (log, _) = RedisConn::connect(&connect, "change log")
+            .await
+            .map_err(unavailable)?;
 
         let wanted = Layout::buckets_for(
             opts.expected_entries
@@ -596,6 +603,7 @@ impl RedisStore {
             per_worker,
             bulk,
             operator,
+            log,
             writes,
             monitor,
             layout,
@@ -1947,7 +1955,7 @@ impl InvalidationBus for RedisStore {
     async fn log_mark(&self) -> StoreResult<Option<LogMark>> {
         // The nodes first: a restart after this shows in the next mark's ids.
         let mut nodes = Vec::new();
-        let conn = self.operator_reads();
+        let conn = &self.log;
         for target in conn.scan_targets().await.map_err(unavailable)? {
             let info: String = conn
                 .on_target(&target, redis::cmd("INFO").arg("server"))
@@ -1985,31 +1993,53 @@ impl InvalidationBus for RedisStore {
             Ok(r) => r,
             Err(why) => return Ok(Replay::Gap(why)),
         };
-        let cmds = reads
-            .iter()
-            .map(|read| {
-                let (from, to) = read.bounds();
-                let count = read.count;
-                Self::keyed(self.layout.audit_part_key(read.part), |c, key| {
-                    c.arg("XRANGE")
-                        .arg(key)
-                        .arg(&from)
-                        .arg(&to)
-                        .arg("COUNT")
-                        .arg(count);
+        // In rounds of at most `LOG_CHUNK` records over every part: no one reply is large
+        // (a burst of writes, a long break), however many records there are.
+        let mut records: Vec<Vec<((u64, u64), AuditRecord)>> = vec![Vec::new(); reads.len()];
+        let mut next: Vec<Option<changelog::PartRead>> = reads.iter().copied().map(Some).collect();
+        loop {
+            let active: Vec<usize> = (0..next.len()).filter(|&i| next[i].is_some()).collect();
+            if active.is_empty() {
+                break;
+            }
+            let share = (changelog::LOG_CHUNK / active.len() as u64).max(16);
+            let asked: Vec<(usize, u64)> = active
+                .iter()
+                .map(|&i| (i, next[i].map_or(0, |r| r.count.min(share))))
+                .collect();
+            let cmds = asked
+                .iter()
+                .map(|&(i, count)| {
+                    let read = next[i].expect("active");
+                    let (from, to) = read.bounds();
+                    Self::keyed(self.layout.audit_part_key(read.part), |c, key| {
+                        c.arg("XRANGE")
+                            .arg(key)
+                            .arg(&from)
+                            .arg(&to)
+                            .arg("COUNT")
+                            .arg(count);
+                    })
                 })
-            })
-            .collect();
-        // On the operator's connection, like the audit reads: a long reply never queues
-        // ahead of a check's.
-        let records = self
-            .operator_reads()
-            .run_all(cmds)
-            .await
-            .map_err(unavailable)?
-            .iter()
-            .map(parse_stream)
-            .collect::<StoreResult<Vec<_>>>()?;
+                .collect();
+            let replies = self.log.run_all(cmds).await.map_err(unavailable)?;
+            for (&(i, count), reply) in asked.iter().zip(&replies) {
+                let got = parse_stream(reply)?;
+                let read = next[i].as_mut().expect("active");
+                let n = got.len() as u64;
+                // A short page: the part holds no more up to the mark (trimmed, if fewer than
+                // were added: `replay` sees it).
+                let done = n < count || n >= read.count;
+                if let Some(((ms, seq), _)) = got.last() {
+                    read.from = (*ms, *seq);
+                }
+                read.count = read.count.saturating_sub(n);
+                records[i].extend(got);
+                if done {
+                    next[i] = None;
+                }
+            }
+        }
         Ok(changelog::replay(&reads, &records, self.layout.buckets()))
     }
 }

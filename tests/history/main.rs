@@ -29,7 +29,8 @@
 //! seeds (printed), alternating one node and cluster, and stops at the first that fails;
 //! `HISTORY_REPLAY=node:SEED` (or `cluster:SEED`) runs one again (the same schedule and the
 //! same clients' choices; the timing, and so the history, differ). `HISTORY_VERBOSE=1` prints
-//! every operation, `HISTORY_ALL=1` every violation rather than the smallest of each rule.
+//! every operation, `HISTORY_ALL=1` every violation rather than the smallest of each rule,
+//! `HISTORY_KEEP_LOGS=1` keeps the instances' logs of a run that passed too.
 
 mod checker;
 #[path = "../common/mod.rs"]

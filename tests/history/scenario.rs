@@ -632,6 +632,11 @@ pub async fn run(schedule: Schedule) -> CatchUps {
         summary(&history, began.elapsed())
     );
     if violations.is_empty() {
+        if std::env::var_os("HISTORY_KEEP_LOGS").is_some() {
+            let Run { logs, services, .. } = run;
+            drop(services); // the logs are complete
+            eprintln!("the instances' logs are kept in {}", logs.keep().display());
+        }
         return caught_up;
     }
     eprintln!(
