@@ -361,6 +361,15 @@ async fn wait_trusted(app: &TestApp, trusted: bool) {
     }
 }
 
+/// Waits (20 s at most) until `app`'s tier holds every bucket, current.
+async fn wait_complete(app: &TestApp, what: &str) {
+    let started = Instant::now();
+    while !app.lists.cache().is_complete() {
+        assert!(started.elapsed() < Duration::from_secs(20), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn catch_ups(app: &TestApp, how: &str) -> u64 {
     counter(
         app,
@@ -385,11 +394,7 @@ async fn cut_off_while_a_writes(
     for i in 0..20 {
         list(&a, &format!("d-before-{i}")).await;
     }
-    let started = Instant::now();
-    while !b.lists.cache().is_complete() {
-        assert!(started.elapsed() < Duration::from_secs(20), "B loads");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_complete(&b, "B loads").await;
     until(&b, "d-before-3", true, Duration::from_secs(1)).await;
     assert!(!listed(&b, "d-missed").await);
     // Marks old enough for the catch-up (1.5 s before the break, noted every second).
@@ -477,11 +482,7 @@ async fn a_change_log_trimmed_past_the_mark_reads_everything_again() {
         "the delete B never heard of"
     );
     assert!(listed(&b, "d-before-7").await);
-    let started = Instant::now();
-    while !b.lists.cache().is_complete() {
-        assert!(started.elapsed() < Duration::from_secs(20), "B loads again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_complete(&b, "B loads again").await;
     let reread = b.lists.cache().fetched.load(Ordering::Relaxed) - reads;
     assert!(reread >= 5_000, "every bucket read again: {reread}");
     assert!(listed(&b, "d-missed").await);
@@ -498,11 +499,7 @@ async fn a_write_whose_message_never_went_out_is_found_in_the_change_log() {
     let b = spawn_app(settings.clone()).await;
     settings.redis_url = Some(secrecy::SecretString::from(acl_user(&redis, "ay")));
     let a = spawn_app(settings).await;
-    let started = Instant::now();
-    while !b.lists.cache().is_complete() {
-        assert!(started.elapsed() < Duration::from_secs(20), "B loads");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_complete(&b, "B loads").await;
     assert!(!listed(&b, "d-unannounced").await);
     // A may no longer publish: its write lands (entries and records, one MULTI) but its
     // message fails, like a writer that died before its `PUBLISH`.
