@@ -656,6 +656,7 @@ async fn run(redis: &RedisServer) -> Res<Value> {
             write_deadline: Duration::from_millis(settings.write_deadline_ms),
             fail_mode: FailMode::Closed,
             distinct_cap: settings.distinct_cap,
+            dedupe_window: std::time::Duration::from_secs(86_400),
         },
         Arc::new(Metrics::new()),
     )

@@ -91,6 +91,14 @@ pub struct Settings {
     /// Most members a COUNT_DISTINCT entity keeps (the oldest go first); reads at the cap are
     /// reported.
     pub distinct_cap: u32,
+    /// How long an event id is remembered, in seconds, so that a replay of the event is not
+    /// counted again: at most this, and no longer than the event can still count in one of
+    /// its metrics (`ts` + the longest window). A replay older than this is counted again.
+    pub dedupe_window_secs: u64,
+    /// Event ids remembered at once (`dedupe_window_secs` × events with ids per second) the
+    /// buckets of ids are sized for (`ceil(n / 200)`), fixed when a keyspace first records
+    /// them (Redis; the embedded store needs no sizing).
+    pub dedupe_expected_ids: u64,
     /// Writes are acknowledged only once this many replicas have them (`WAIT`), so an
     /// acknowledged write survives a failover. 0: once the primary has them.
     pub write_replicas: u32,
@@ -156,6 +164,8 @@ impl Default for Settings {
             workers: None,
             log_format: LogFormat::Json,
             distinct_cap: 10_000,
+            dedupe_window_secs: 86_400,
+            dedupe_expected_ids: crate::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
             write_replicas: 0,
             tokens_file: None,
             max_in_flight_requests: 4096,
@@ -228,6 +238,8 @@ const KEYS: &[&str] = &[
     "workers",
     "log_format",
     "distinct_cap",
+    "dedupe_window_secs",
+    "dedupe_expected_ids",
     "write_replicas",
     "tokens_file",
     "max_in_flight_requests",
@@ -309,6 +321,9 @@ impl Settings {
         if self.audit_refresh_secs == 0 {
             return bad("audit_refresh_secs must be at least 1".into());
         }
+        if self.dedupe_window_secs == 0 || self.dedupe_expected_ids == 0 {
+            return bad("dedupe_window_secs and dedupe_expected_ids must be at least 1".into());
+        }
         if self.redis_url.is_some() && !self.redis_cluster_nodes.is_empty() {
             return bad("set redis_url or redis_cluster_nodes, not both".into());
         }
@@ -340,6 +355,7 @@ impl Settings {
             write_deadline: Duration::from_millis(self.write_deadline_ms),
             fail_mode: self.fail_mode,
             distinct_cap: self.distinct_cap.max(1),
+            dedupe_window: Duration::from_secs(self.dedupe_window_secs),
         }
     }
 
@@ -381,6 +397,7 @@ impl RedisOptions {
             write_replicas: settings.write_replicas,
             fingerprint_key: settings.fingerprint_key()?,
             allow_unkeyed: settings.allow_unkeyed,
+            dedupe_expected_ids: settings.dedupe_expected_ids,
         })
     }
 }

@@ -182,10 +182,12 @@ fn traces(layout: &Layout, dimension: &str, value: &str) -> Vec<String> {
     match dimension {
         "phone" => {
             let entity = layout.metric_key(METRIC, 1, &[value]);
+            // The entity's hash tag: what the key says of the value.
             let hash = entity
                 .split_once('{')
-                .and_then(|(_, h)| h.strip_suffix('}'))
+                .and_then(|(_, h)| h.split_once('}'))
                 .unwrap()
+                .0
                 .to_owned();
             out.push(hash);
         }

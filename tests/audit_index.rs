@@ -36,6 +36,7 @@ async fn open(server: &RedisServer, prefix: &str) -> (Arc<RedisStore>, OpenRepor
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     })
     .await
     .unwrap();

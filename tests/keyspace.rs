@@ -24,6 +24,7 @@ fn options(redis: &RedisServer, prefix: &str, expected: Option<u64>) -> RedisOpt
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     }
 }
 

@@ -243,6 +243,7 @@ fn options(url: String, prefix: &str) -> RedisOptions {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     }
 }
 

@@ -18,9 +18,10 @@ use common::{RedisCluster, RedisServer, unique_prefix};
 use namelist::domain::{EventType, MetricId, RuleId, now_ms};
 use namelist::lists::FailMode;
 use namelist::metrics::Metrics;
+use namelist::store::layout::key_slot;
 use namelist::store::memory::MemoryStore;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Layout, Store};
+use namelist::store::{Layout, Store, StoreBase};
 use namelist::velocity::{
     EventInput, FieldValue, Fields, Velocity, VelocityError, VelocitySettings,
 };
@@ -34,6 +35,7 @@ fn settings() -> VelocitySettings {
         write_deadline: Duration::from_secs(2),
         fail_mode: FailMode::Open,
         distinct_cap: 10_000,
+        dedupe_window: std::time::Duration::from_secs(86_400),
     }
 }
 
@@ -43,11 +45,12 @@ async fn memory_store() -> Arc<dyn Store> {
     )
 }
 
-async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
+/// A Redis store on `url` (or the cluster `nodes`) at `prefix`.
+async fn redis_at(url: String, nodes: Vec<String>, prefix: &str, ids: u64) -> Arc<RedisStore> {
     let (store, _) = RedisStore::open(RedisOptions {
-        url: redis.url(),
-        cluster_nodes: Vec::new(),
-        prefix: unique_prefix(),
+        url,
+        cluster_nodes: nodes,
+        prefix: prefix.to_owned(),
         expected_entries: Some(4000),
         default_expected_entries: 4000,
         connect_timeout: Duration::from_secs(1),
@@ -56,29 +59,21 @@ async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: ids,
     })
     .await
     .unwrap();
     Arc::new(store)
 }
 
+async fn redis_store(redis: &RedisServer) -> Arc<dyn Store> {
+    let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
+    redis_at(redis.url(), Vec::new(), &unique_prefix(), ids).await
+}
+
 async fn cluster_store(cluster: &RedisCluster) -> Arc<dyn Store> {
-    let (store, _) = RedisStore::open(RedisOptions {
-        url: String::new(),
-        cluster_nodes: cluster.urls(),
-        prefix: unique_prefix(),
-        expected_entries: Some(4000),
-        default_expected_entries: 4000,
-        connect_timeout: Duration::from_secs(1),
-        response_timeout: Duration::from_secs(5),
-        audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-    })
-    .await
-    .unwrap();
-    Arc::new(store)
+    let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
+    redis_at(String::new(), cluster.urls(), &unique_prefix(), ids).await
 }
 
 async fn velocity(store: Arc<dyn Store>) -> Arc<Velocity> {
@@ -247,15 +242,18 @@ fn events_strategy() -> impl Strategy<Value = Vec<Ev>> {
 
 async fn run_case(
     store: Arc<dyn Store>,
+    per_slot: bool,
     mut evs: Vec<Ev>,
     batch: usize,
     probes: Vec<i64>,
 ) -> Result<(), TestCaseError> {
-    let v = velocity(store).await;
+    let v = velocity(store.clone()).await;
     let mut windows = HashMap::new();
+    let mut versions = HashMap::new();
     for (id, expr, res) in METRICS {
         let d = v.put_metric(mid(id), expr, Some(res)).await.unwrap();
         windows.insert(*id, (d.spec.window_ms, d.spec.resolution_ms));
+        versions.insert(*id, d.version);
     }
     let now = now_ms();
     for e in &mut evs {
@@ -290,33 +288,45 @@ async fn run_case(
             )
         })
         .collect();
-    // Idempotency is per (event id, metric entity): a reused id applies to an entity of a
-    // metric only the first time it reaches it (late updates never reach it).
-    let entity = |id: &str, e: &Ev| -> (u8, u8) {
-        match id {
-            "c1h" | "mn1h" | "d1h" | "x1h" => (e.device, 0),
-            "s10m" | "a1d" => (0, e.user),
-            _ => (e.device, e.user),
-        }
+    // Idempotency is per event id: a reused id applies only the first time it reaches the
+    // store with an update that is not late; later events with the id are replays, whatever
+    // they hold. On a cluster it is per (id, slot): the store remembers the event in each
+    // slot its updates' keys live in (`layout`, *Event ids*).
+    let layout = store.layout().clone();
+    let place = |id: &str, e: &Ev| -> Option<u16> {
+        let (d, u) = (format!("d{}", e.device), format!("u{}", e.user));
+        let values: Vec<&str> = match id {
+            "c1h" | "mn1h" | "d1h" | "x1h" => vec![&d],
+            "s10m" | "a1d" => vec![&u],
+            _ => vec![&d, &u],
+        };
+        per_slot.then(|| key_slot(layout.metric_key(id, versions[id], &values).as_bytes()))
     };
     let mut applied: HashMap<&str, Vec<Ev>> = HashMap::new();
-    let mut seen: HashSet<(&str, u8, (u8, u8))> = HashSet::new();
+    let mut seen: HashSet<(u8, Option<u16>)> = HashSet::new();
     let mut expected_dups = 0;
     for e in &evs {
         let (mut updates, mut replays) = (0, 0);
+        let mut first_here = Vec::new();
         for (id, _, _) in METRICS {
             let (w, r) = windows[id];
             if e.ts < late_boundary(w, r, now) {
                 continue;
             }
             updates += 1;
-            let first = e.id.is_none_or(|i| seen.insert((id, i, entity(id, e))));
-            if first {
-                applied.entry(id).or_default().push(e.clone());
-            } else {
-                replays += 1;
+            let at = place(id, e);
+            match e.id {
+                Some(i) if seen.contains(&(i, at)) => replays += 1,
+                _ => {
+                    applied.entry(id).or_default().push(e.clone());
+                    if let Some(i) = e.id {
+                        first_here.push((i, at));
+                    }
+                }
             }
         }
+        // Every update of the event in one place shares one decision.
+        seen.extend(first_here);
         if updates > 0 && replays == updates {
             expected_dups += 1;
         }
@@ -388,7 +398,7 @@ proptest! {
     #[test]
     fn oracle_on_the_embedded_store(evs in events_strategy(), batch in 1usize..50, probes in prop::collection::vec(0i64..i64::MAX, 6)) {
         let rt = runtime();
-        rt.block_on(async { run_case(memory_store().await, evs, batch, probes).await })?;
+        rt.block_on(async { run_case(memory_store().await, false, evs, batch, probes).await })?;
     }
 }
 
@@ -399,7 +409,7 @@ proptest! {
     fn oracle_on_redis(evs in events_strategy(), batch in 1usize..50, probes in prop::collection::vec(0i64..i64::MAX, 6)) {
         let rt = runtime();
         let redis = RedisServer::start();
-        rt.block_on(async { run_case(redis_store(&redis).await, evs, batch, probes).await })?;
+        rt.block_on(async { run_case(redis_store(&redis).await, false, evs, batch, probes).await })?;
     }
 }
 
@@ -876,7 +886,7 @@ macro_rules! on_both_stores {
             let strategy = (events_strategy(), 1usize..50, prop::collection::vec(0i64..i64::MAX, 6));
             for _ in 0..8 {
                 let (evs, batch, probes) = strategy.new_tree(&mut runner).unwrap().current();
-                run_case(cluster_store(&cluster).await, evs, batch, probes).await.unwrap();
+                run_case(cluster_store(&cluster).await, true, evs, batch, probes).await.unwrap();
             }
         }
     };
@@ -992,4 +1002,199 @@ async fn a_flushed_script_cache_is_reloaded() {
         .unwrap();
     assert_eq!(f.values[&mid("n")], json!(6));
     assert_eq!(f.values[&mid("users")], json!(3));
+}
+
+/// Two instances (two stores on one keyspace, connections of their own) ingest the same
+/// events at once, as a risk engine's retry racing its original does: every event counts
+/// once, and on one node exactly one of the two is told it was a replay.
+async fn a_replay_racing_the_original_on_another_instance(
+    a: Arc<dyn Store>,
+    b: Arc<dyn Store>,
+    per_slot: bool,
+) {
+    let (va, vb) = (velocity(a).await, velocity(b).await);
+    for (id, expr) in [
+        ("n", "COUNT(1d, tx) BY user"),
+        ("amt", "SUM(1d, tx, amount) BY user"),
+        ("dev", "COUNT(1d, tx) BY device"),
+    ] {
+        va.put_metric(mid(id), expr, None).await.unwrap();
+    }
+    vb.reload().await;
+    let now = now_ms();
+    let events: Vec<EventInput> = (0..300)
+        .map(|i| {
+            event(
+                Some(&format!("race-{i}")),
+                "tx",
+                now - i,
+                &[
+                    ("user", &format!("u{}", i % 3)),
+                    ("device", "d"),
+                    ("amount", "1"),
+                ],
+            )
+        })
+        .collect();
+    let (mut applied, mut dups) = (0, 0);
+    for chunk in events.chunks(20) {
+        let (x, y) = tokio::join!(va.ingest(chunk), vb.ingest(chunk));
+        for o in [x.unwrap(), y.unwrap()] {
+            applied += o.applied;
+            dups += o.duplicates;
+        }
+    }
+    assert_eq!(
+        applied,
+        300 * 3,
+        "every update exactly once over both instances"
+    );
+    if !per_slot {
+        assert_eq!(dups, 300, "one of the two saw each event as a replay");
+    }
+    for user in 0..3 {
+        let f = va
+            .features(
+                &[mid("n"), mid("amt"), mid("dev")],
+                &fields(&[("user", &format!("u{user}")), ("device", "d")]),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(f.values[&mid("n")], json!(100), "u{user}");
+        assert_eq!(f.values[&mid("amt")], json!(100));
+        assert_eq!(f.values[&mid("dev")], json!(300));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_racing_on_two_instances() {
+    let store = memory_store().await;
+    a_replay_racing_the_original_on_another_instance(store.clone(), store, false).await;
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
+    let a = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    let b = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    a_replay_racing_the_original_on_another_instance(a, b, false).await;
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let prefix = unique_prefix();
+    let a = redis_at(String::new(), cluster.urls(), &prefix, ids).await;
+    let b = redis_at(String::new(), cluster.urls(), &prefix, ids).await;
+    a_replay_racing_the_original_on_another_instance(a, b, true).await;
+}
+
+/// Event ids cost under 24 B each in Redis, for the whole event whatever its metrics; they
+/// are forgotten after the dedupe window (a replay then counts again), and a bucket drops
+/// its expired ids as it fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_ids_are_compact_and_forgotten() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    // 200 ids: one bucket, at the fill the buckets are sized for.
+    let store = redis_at(redis.url(), Vec::new(), &prefix, 200).await;
+    assert_eq!(store.layout().event_buckets(), 1);
+    let v = Velocity::new(
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        VelocitySettings {
+            dedupe_window: Duration::from_secs(2),
+            ..settings()
+        },
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .unwrap();
+    for (id, expr) in [
+        ("a", "COUNT(1h, tx) BY user"),
+        ("b", "SUM(1d, tx, amount) BY user"),
+        ("c", "COUNT_DISTINCT(30d, tx, user) BY device"),
+        ("d", "MAX(1d, tx, amount) BY device"),
+        ("e", "APPROX_COUNT_DISTINCT(1d, tx, device) BY ip"),
+    ] {
+        v.put_metric(mid(id), expr, None).await.unwrap();
+    }
+    let batch = |from: usize, to: usize| -> Vec<EventInput> {
+        (from..to)
+            .map(|i| {
+                event(
+                    Some(&format!("id-{i}")),
+                    "tx",
+                    now_ms(),
+                    &[
+                        ("user", "u"),
+                        ("device", "d"),
+                        ("ip", "10.0.0.1"),
+                        ("amount", "2"),
+                    ],
+                )
+            })
+            .collect()
+    };
+    let first = v.ingest(&batch(0, 200)).await.unwrap();
+    assert_eq!((first.applied, first.duplicates), (1000, 0));
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = store.layout().event_bucket_key(0, None);
+    let (len, bytes, encoding): (u64, u64, String) = redis::pipe()
+        .cmd("HLEN")
+        .arg(&key)
+        .cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&key)
+        .arg("SAMPLES")
+        .arg(0)
+        .cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (len, encoding.as_str()),
+        (200, "listpack"),
+        "one id per event, not per metric"
+    );
+    assert!(bytes <= 24 * 200, "{bytes} B for 200 ids");
+    // Nothing else was kept per id: no key holds anything per event.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.len() < 20, "{keys:?}");
+
+    let again = v.ingest(&batch(0, 200)).await.unwrap();
+    assert_eq!(
+        (again.applied, again.duplicates),
+        (0, 200),
+        "replays inside the window"
+    );
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let late = v.ingest(&batch(0, 1)).await.unwrap();
+    assert_eq!(
+        (late.applied, late.duplicates),
+        (5, 0),
+        "a replay after the dedupe window counts again"
+    );
+    // Filling past 256 purges the expired ids (every 32 new ones).
+    v.ingest(&batch(200, 320)).await.unwrap();
+    let len: u64 = redis::cmd("HLEN")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        len <= 121 + 32,
+        "expired ids purged as the bucket filled: {len} left"
+    );
+    let f = v
+        .features(&[mid("a")], &fields(&[("user", "u")]), None)
+        .await
+        .unwrap();
+    assert_eq!(f.values[&mid("a")], json!(321));
 }

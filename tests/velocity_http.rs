@@ -1733,6 +1733,7 @@ async fn an_update_answered_after_the_deadline_is_not_applied_twice() {
             write_deadline: Duration::from_millis(100),
             fail_mode: FailMode::Open,
             distinct_cap: 10_000,
+            dedupe_window: std::time::Duration::from_secs(86_400),
         },
         Arc::new(Metrics::new()),
     )

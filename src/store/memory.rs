@@ -65,6 +65,8 @@ struct State {
     /// else: kept with `audit` on every append and every trim.
     audit_index: HashMap<AuditTerm, BTreeSet<u64>>,
     metrics: HashMap<String, MetricState>,
+    /// Events applied (their hash → Unix ms until which they are remembered).
+    events: HashMap<i64, i64>,
     /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
     definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
     ops_since_purge: u64,
@@ -91,9 +93,6 @@ struct MetricState {
     /// Unix ms; the APPROX family keeps one per sub-window instead.
     expire_at: i64,
     data: MetricData,
-    /// Events already applied (hash → sub-window), and when that set expires.
-    seen: HashMap<i64, i64>,
-    seen_expire_at: i64,
 }
 
 enum MetricData {
@@ -110,8 +109,6 @@ impl MetricState {
     fn new(op: &MetricOp) -> Self {
         Self {
             expire_at: i64::MAX,
-            seen: HashMap::new(),
-            seen_expire_at: i64::MAX,
             data: match op.family {
                 MetricFamily::Distinct => MetricData::Zset(HashMap::new()),
                 MetricFamily::Approx => MetricData::Subs(BTreeMap::new()),
@@ -121,40 +118,20 @@ impl MetricState {
     }
 
     fn is_empty(&self) -> bool {
-        self.seen.is_empty()
-            && match &self.data {
-                MetricData::Hash(h) => h.is_empty(),
-                MetricData::Zset(z) => z.is_empty(),
-                MetricData::Subs(s) => s.is_empty(),
-            }
+        match &self.data {
+            MetricData::Hash(h) => h.is_empty(),
+            MetricData::Zset(z) => z.is_empty(),
+            MetricData::Subs(s) => s.is_empty(),
+        }
     }
 
-    /// Applies one op with the semantics of the Lua scripts in `store::redis`.
-    fn apply(&mut self, op: &MetricOp, now: i64) -> MetricAnswer {
+    /// Applies one op with the semantics of the Lua script in `store::scripts`;
+    /// `duplicate`: its event was already applied, so only its read runs.
+    fn apply(&mut self, op: &MetricOp, now: i64, duplicate: bool) -> MetricAnswer {
         let n = op.slots;
         let floor = op.trim_hi - n + 1;
         let (lo, hi) = (op.read_hi - n + 1, op.read_hi);
-        let mut update = op.update;
-        let mut duplicate = false;
-        if let (Some((sub, _)), Some(event)) = (op.update, op.event) {
-            if self.seen_expire_at <= now {
-                self.seen.clear();
-                self.seen_expire_at = i64::MAX;
-            }
-            if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.entry(event) {
-                let at = op.expire_at().unwrap_or(i64::MAX);
-                slot.insert(sub);
-                self.seen.retain(|_, s| *s >= floor);
-                self.seen_expire_at = if self.seen_expire_at == i64::MAX {
-                    at
-                } else {
-                    self.seen_expire_at.max(at)
-                };
-            } else {
-                duplicate = true;
-                update = None;
-            }
-        }
+        let update = if duplicate { None } else { op.update };
         if let Some((sub, value)) = update {
             let at = op.expire_at().unwrap_or(i64::MAX);
             match &mut self.data {
@@ -180,11 +157,15 @@ impl MetricState {
                     }
                 }
                 MetricData::Zset(z) => {
-                    let score = z.entry(value).or_insert(sub);
-                    *score = (*score).max(sub);
-                    z.retain(|_, s| *s >= floor);
+                    // `ZADD GT CH`: trimmed and capped only when a member was added or moved
+                    // to a later sub-window, as the script does.
+                    let changed = z.get(&value).is_none_or(|s| sub > *s);
+                    if changed {
+                        z.insert(value, sub);
+                        z.retain(|_, s| *s >= floor);
+                    }
                     let cap = op.cap as usize;
-                    if z.len() > cap {
+                    if changed && z.len() > cap {
                         // ZPOPMIN: lowest score first, then the smallest member as a string.
                         let mut order: Vec<(i64, String, i64)> =
                             z.iter().map(|(m, s)| (*s, m.to_string(), *m)).collect();
@@ -850,10 +831,27 @@ impl MetricStore for MemoryStore {
         if st.ops_since_purge > 4096 {
             st.ops_since_purge = 0;
             st.metrics.retain(|_, m| m.expire_at > now && !m.is_empty());
+            st.events.retain(|_, until| *until > now);
         }
+        // Whether each event (of this call) is a replay, decided at its first op.
+        let mut replay: HashMap<(u32, i64), bool> = HashMap::new();
+        let st = &mut *st;
         Ok(ops
             .iter()
             .map(|op| {
+                let duplicate =
+                    match (op.update, op.event) {
+                        (Some(_), Some(e)) => *replay.entry((e.seq, e.hash)).or_insert_with(|| {
+                            match st.events.get(&e.hash) {
+                                Some(until) if *until > now => true,
+                                _ => {
+                                    st.events.insert(e.hash, e.keep_until_ms);
+                                    false
+                                }
+                            }
+                        }),
+                        _ => false,
+                    };
                 let state = st
                     .metrics
                     .entry(op.key.clone())
@@ -861,7 +859,7 @@ impl MetricStore for MemoryStore {
                 if state.expire_at <= now {
                     *state = MetricState::new(op);
                 }
-                let r = state.apply(op, now);
+                let r = state.apply(op, now, duplicate);
                 if state.is_empty() {
                     st.metrics.remove(&op.key);
                 }

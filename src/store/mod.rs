@@ -460,11 +460,24 @@ pub struct MetricOp {
     pub trim_hi: i64,
     /// COUNT_DISTINCT: most members kept (the oldest go first).
     pub cap: u32,
-    /// The hash of the event an update comes from, if it has an id: an event already applied
-    /// to this entity is not applied again (checked in the same atomic call).
-    pub event: Option<i64>,
+    /// The event an update comes from, if it has an id: an event already applied is not
+    /// applied again (checked in the same atomic call as its updates).
+    pub event: Option<EventMark>,
     /// Whether to read the value back.
     pub read: bool,
+}
+
+/// The event of a metric update with an id: what is remembered, until when, and which
+/// event of the request it is (ops of one event share it; the same id twice in a request is
+/// two events, the second a replay of the first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventMark {
+    /// The keyed hash of (type, id): `Layout::event_hash`.
+    pub hash: i64,
+    /// Unix ms until which it is remembered (`layout`, *Event ids*).
+    pub keep_until_ms: i64,
+    /// Its position in the request.
+    pub seq: u32,
 }
 
 impl MetricOp {
@@ -768,8 +781,10 @@ pub trait InvalidationBus: StoreBase {
 /// Velocity counts: per metric entity, the sub-window aggregates of one `MetricFamily`
 /// (`layout` says how each is kept). What the velocity service (`velocity`) updates and reads.
 ///
-/// Invariants: an update carrying an event hash is applied at most once per entity (the
-/// check and the update are one atomic step), and a read aggregates exactly the sub-windows
+/// Invariants: the updates carrying an event are applied at most once per event (the check
+/// and the updates are one atomic step; on a Redis Cluster, one per slot the event's keys
+/// live in), an event being remembered until its `keep_until_ms`; and a read aggregates
+/// exactly the sub-windows
 /// `[read_hi - slots + 1, read_hi]`; an entity's data expires by itself once no window can
 /// read it.
 #[async_trait]

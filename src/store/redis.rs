@@ -39,9 +39,9 @@
 //! deadline of their own beyond the connection's response timeout: the service wraps every
 //! call in the deadline that fits it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -53,23 +53,24 @@ use super::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool
 use super::dump;
 use super::scripts::{
     self, AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION,
-    GUARDED_PUBLISH, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS, is_noscript,
+    GUARDED_PUBLISH, METRIC_OP_ARGS, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS,
+    is_noscript,
 };
 use super::worker_conn::PerWorker;
 
 use super::expiry::ExpiryCode;
 use super::fingerprint::{self, FingerprintKey, RecordedHashing};
 use super::layout::{
-    AUDIT_INDEX_ID_LEN, AUDIT_PARTS, COUNT_CHUNK, MAX_MEAN_FILL, audit_index_id, audit_index_term,
-    key_slot, parse_audit_index_id,
+    AUDIT_INDEX_ID_LEN, AUDIT_PARTS, COUNT_CHUNK, DEFAULT_EXPECTED_EVENT_IDS, MAX_MEAN_FILL,
+    audit_index_id, audit_index_term, key_slot, parse_audit_index_id,
 };
 use super::replicas::{ReplicaMonitor, Topology, Watched};
 use super::{
     AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
     CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
-    EntryStore, Invalidation, InvalidationBus, InvalidationStream, KeyspaceHealth, Layout,
-    ListCount, Liveness, LogMark, MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore,
-    PrefixLen, Refusal, Removed, Replay, Scope, StoreBase, StoreError, StoreResult,
+    EntryStore, EventMark, Invalidation, InvalidationBus, InvalidationStream, KeyspaceHealth,
+    Layout, ListCount, Liveness, LogMark, MetricAnswer, MetricFamily, MetricOp, MetricReading,
+    MetricStore, PrefixLen, Refusal, Removed, Replay, Scope, StoreBase, StoreError, StoreResult,
     StoredDefinition, WriteBatch,
 };
 use crate::domain::{ListName, Sandbox, now_ms};
@@ -98,6 +99,8 @@ pub struct RedisOptions {
     pub fingerprint_key: Option<FingerprintKey>,
     /// Without a key, create an unkeyed (format 1) keyspace instead of refusing.
     pub allow_unkeyed: bool,
+    /// Sizes the buckets of remembered event ids when first recorded (`layout`, *Event ids*).
+    pub dedupe_expected_ids: u64,
 }
 
 /// What opening the keyspace found, for the start-up log.
@@ -290,18 +293,85 @@ fn ints(v: &redis::Value) -> StoreResult<Vec<i64>> {
         .map_err(|e| StoreError::corrupt(format!("metric reply: {e}")))
 }
 
-/// Interprets a metric script's reply: `{dup, ...}`.
-fn answer(op: &MetricOp, v: &redis::Value) -> StoreResult<MetricAnswer> {
+/// Most ops in one metric script call without an event (id-less updates, reads): each call
+/// holds Redis for a bounded time. An event's ops on one slot are one call, however many.
+const METRIC_OPS_PER_CALL: usize = 64;
+
+/// A bucket of event ids holding more than this many is warned about: past 512 Redis
+/// converts it to a hashtable, several times the memory (`dedupe_expected_ids` too small).
+const EVENT_BUCKET_WARN: i64 = 400;
+
+/// One metric script call: which ops (in order), the event they share, if any.
+struct MetricCall {
+    ops: Vec<usize>,
+    event: Option<EventMark>,
+}
+
+/// Groups ops into script calls: one per event and slot (one per event on a single node,
+/// where a script may touch keys of any slot), and id-less ones per slot in chunks of
+/// `METRIC_OPS_PER_CALL`.
+fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Vec<MetricCall> {
+    let mut calls: Vec<MetricCall> = Vec::new();
+    // (the event's (seq, hash), the slot on a cluster) → its open call.
+    type Group = (Option<(u32, i64)>, Option<u16>);
+    let mut open: HashMap<Group, usize> = HashMap::new();
+    for &i in idx {
+        let op = &ops[i];
+        let slot = cluster.then(|| key_slot(op.key.as_bytes()));
+        let group = (op.event.map(|e| (e.seq, e.hash)), slot);
+        match open.get(&group) {
+            Some(&c) if op.event.is_some() || calls[c].ops.len() < METRIC_OPS_PER_CALL => {
+                calls[c].ops.push(i);
+            }
+            _ => {
+                open.insert(group, calls.len());
+                calls.push(MetricCall {
+                    ops: vec![i],
+                    event: op.event,
+                });
+            }
+        }
+    }
+    calls
+}
+
+/// The metric script's family code (`scripts::METRIC_BODY`).
+fn family_code(f: MetricFamily) -> &'static str {
+    match f {
+        MetricFamily::Sum => "s",
+        MetricFamily::Avg => "a",
+        MetricFamily::Min => "n",
+        MetricFamily::Max => "x",
+        MetricFamily::Distinct => "d",
+        MetricFamily::Approx => "p",
+    }
+}
+
+/// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op,
+/// and the event bucket's length.
+fn answers(ops: &[&MetricOp], v: &redis::Value) -> StoreResult<(Vec<MetricAnswer>, i64)> {
     let all = ints(v)?;
-    let (dup, rest) = all
-        .split_first()
-        .ok_or_else(|| StoreError::corrupt("empty metric reply".into()))?;
-    let duplicate = *dup == 1;
+    let short = || StoreError::corrupt("short metric reply".into());
+    let (&dup, rest) = all.split_first().ok_or_else(short)?;
+    let (&fill, mut rest) = rest.split_first().ok_or_else(short)?;
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (&n, tail) = rest.split_first().ok_or_else(short)?;
+        let n = usize::try_from(n).map_err(|_| short())?;
+        let values = tail.get(..n).ok_or_else(short)?;
+        rest = &tail[n..];
+        out.push(answer(op, dup == 1, values));
+    }
+    Ok((out, fill))
+}
+
+/// One op's answer from the values it read.
+fn answer(op: &MetricOp, duplicate: bool, rest: &[i64]) -> MetricAnswer {
     if !op.read {
-        return Ok(MetricAnswer {
+        return MetricAnswer {
             duplicate,
             reading: None,
-        });
+        };
     }
     let reading = match op.family {
         MetricFamily::Sum => {
@@ -331,10 +401,10 @@ fn answer(op: &MetricOp, v: &redis::Value) -> StoreResult<MetricAnswer> {
             capped: rest.get(1) == Some(&1),
         },
     };
-    Ok(MetricAnswer {
+    MetricAnswer {
         duplicate,
         reading: Some(reading),
-    })
+    }
 }
 
 /// Every command's result, or the first failure.
@@ -495,12 +565,16 @@ impl RedisStore {
             Err(_) => (String::new(), String::new()),
         };
         let new_id = format!("{:032x}", rand::random::<u128>());
-        let (format, buckets, created, key_id, keyspace_id): (
+        let wanted_event_buckets = Layout::event_buckets_for(opts.dedupe_expected_ids);
+        #[allow(clippy::type_complexity)]
+        let (format, buckets, created, key_id, keyspace_id, velocity, event_buckets): (
             Option<String>,
             Option<String>,
             i64,
             Option<String>,
             Option<String>,
+            Option<u32>,
+            Option<u32>,
         ) = Script::new(OPEN_KEYSPACE)
             .key(&meta)
             .key(&marker)
@@ -510,6 +584,7 @@ impl RedisStore {
             .arg(create_key_id)
             .arg(&new_id)
             .arg(if create == Create::Anew { "1" } else { "0" })
+            .arg(wanted_event_buckets)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -559,9 +634,25 @@ impl RedisStore {
         }
         let format = hashing.format();
         let key_id = hashing.key_id().map(str::to_owned);
-        let layout = Layout::new(opts.prefix, buckets, hashing);
-
+        let (Some(velocity @ 1..=2), Some(event_buckets @ 1..)) = (velocity, event_buckets) else {
+            return Err(StoreError::Keyspace(format!(
+                "{meta} has no readable velocity or event_buckets field (velocity layout 1 or 2, \
+                 event_buckets at least 1)"
+            )));
+        };
         let mut warnings = Vec::new();
+        if event_buckets != wanted_event_buckets
+            && opts.dedupe_expected_ids != DEFAULT_EXPECTED_EVENT_IDS
+        {
+            warnings.push(format!(
+                "{meta} records {event_buckets} buckets of event ids, fixed when first recorded; \
+                 dedupe_expected_ids = {} would give {wanted_event_buckets}: the recorded count is kept",
+                opts.dedupe_expected_ids
+            ));
+        }
+        let layout =
+            Layout::new(opts.prefix, buckets, hashing).with_velocity(velocity, event_buckets);
+
         let mean = opts
             .expected_entries
             .map_or(MAX_MEAN_FILL as f64, |e| e as f64 / f64::from(buckets));
@@ -926,8 +1017,8 @@ impl RedisStore {
         (key, cmd)
     }
 
-    /// The metric ops at `idx` that update: refused early or written on the write path, then
-    /// waited for. (index, answer) each.
+    /// The metric ops at `idx` that update, in calls of `metric_calls`: refused early or
+    /// written on the write path, then waited for. (index, answer) each.
     async fn metric_updates(
         &self,
         ops: &[MetricOp],
@@ -938,23 +1029,33 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let topology = self.monitor.topology();
-        // Every key of an op shares the entity's hash tag: its slot is the op's key's.
-        let keys = idx.iter().map(|&i| ops[i].key.as_bytes());
+        let calls = metric_calls(ops, &idx, self.conn.is_cluster());
+        let now = now_ms();
+        let script = &self.metric_scripts.write;
+        let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now);
+        // The keys of a call share its slot (on a cluster), so its routing key stands for it.
+        let routes: Vec<Vec<u8>> = (0..calls.len()).map(|c| cmd(c).0).collect();
         let mut session = self
-            .session(&topology, keys, self.write_replicas, deadline)
+            .session(
+                &topology,
+                routes.iter().map(Vec::as_slice),
+                self.write_replicas,
+                deadline,
+            )
             .await?;
         let r = async {
             let mut out = Vec::with_capacity(idx.len());
-            let mut pending = idx;
+            let mut pending: Vec<usize> = (0..calls.len()).collect();
             for attempt in 0..2 {
-                let cmds = pending.iter().map(|&i| self.metric_cmd(&ops[i])).collect();
-                let replies = session.commit(cmds, false).await?;
+                let replies = session
+                    .commit(pending.iter().map(|&c| cmd(c)).collect(), false)
+                    .await?;
                 let mut again = Vec::new();
-                for (&i, reply) in pending.iter().zip(replies) {
+                for (&c, reply) in pending.iter().zip(replies) {
                     match reply {
-                        Ok(v) => out.push((i, answer(&ops[i], &v)?)),
-                        // Only ops that did not run are retried (and each records its event).
-                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
+                        Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
+                        // Only calls that did not run are sent again (each records its event).
+                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(c),
                         Err(e) => return Err(unavailable(e)),
                     }
                 }
@@ -970,25 +1071,41 @@ impl RedisStore {
         self.noted(r)
     }
 
-    /// The metric ops at `idx` that only read, on the read path. (index, answer) each.
+    /// The metric ops at `idx` that only read, in calls of `metric_calls`, on the read path
+    /// (with the read-only script unless the call counts a HyperLogLog). (index, answer) each.
     async fn metric_reads(
         &self,
         ops: &[MetricOp],
         idx: Vec<usize>,
     ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        let calls = metric_calls(ops, &idx, self.conn.is_cluster());
+        let now = now_ms();
         let mut out = Vec::with_capacity(idx.len());
-        let mut pending = idx;
+        let mut pending: Vec<usize> = (0..calls.len()).collect();
         for attempt in 0..2 {
             if pending.is_empty() {
                 break;
             }
-            let cmds = pending.iter().map(|&i| self.metric_cmd(&ops[i])).collect();
+            let cmds = pending
+                .iter()
+                .map(|&c| {
+                    // `PFCOUNT` is a write command (it caches the count in the HyperLogLog):
+                    // no `no-writes` script may call it.
+                    let approx = calls[c]
+                        .ops
+                        .iter()
+                        .any(|&i| ops[i].family == MetricFamily::Approx);
+                    let s = &self.metric_scripts;
+                    let script = if approx { &s.write } else { &s.read };
+                    self.metric_call_cmd(script, ops, &calls[c], now)
+                })
+                .collect();
             let replies = self.conn.run(cmds).await.map_err(unavailable)?;
             let mut again = Vec::new();
-            for (&i, reply) in pending.iter().zip(replies) {
+            for (&c, reply) in pending.iter().zip(replies) {
                 match reply {
-                    Ok(v) => out.push((i, answer(&ops[i], &v)?)),
-                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(i),
+                    Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
+                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(c),
                     Err(e) => return Err(unavailable(e)),
                 }
             }
@@ -998,6 +1115,37 @@ impl RedisStore {
             pending = again;
         }
         Ok(out)
+    }
+
+    /// The answers of one call's reply, by op index; warns (at most once a minute) when the
+    /// event's bucket is filling past what keeps it a listpack.
+    fn call_answers(
+        &self,
+        ops: &[MetricOp],
+        call: &MetricCall,
+        v: &redis::Value,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        let of: Vec<&MetricOp> = call.ops.iter().map(|&i| &ops[i]).collect();
+        let (answers, fill) = answers(&of, v)?;
+        if fill > EVENT_BUCKET_WARN {
+            static LAST: AtomicI64 = AtomicI64::new(0);
+            let now = now_ms();
+            let last = LAST.load(Ordering::Relaxed);
+            if now - last > 60_000
+                && LAST
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                tracing::warn!(
+                    fill,
+                    buckets = self.layout.event_buckets(),
+                    "a bucket of event ids holds more than {EVENT_BUCKET_WARN} live ids: past \
+                     512 Redis keeps it as a hashtable, several times the memory. The keyspace \
+                     was sized (dedupe_expected_ids) for fewer ids than it remembers"
+                );
+            }
+        }
+        Ok(call.ops.iter().copied().zip(answers).collect())
     }
 
     /// Runs a definition script (sent whole: rare, and immune to a flushed script cache) on
@@ -1028,59 +1176,73 @@ impl RedisStore {
         self.noted(r)
     }
 
-    /// One metric op's `EVALSHA` (see `METRIC_PREAMBLE` for the arguments).
-    fn metric_cmd(&self, op: &MetricOp) -> Keyed {
-        let scripts = &self.metric_scripts;
-        let script = match op.family {
-            MetricFamily::Sum => &scripts.sum,
-            MetricFamily::Avg => &scripts.avg,
-            MetricFamily::Min | MetricFamily::Max => &scripts.extreme,
-            MetricFamily::Distinct => &scripts.distinct,
-            MetricFamily::Approx => &scripts.approx,
+    /// One metric call's `EVALSHA` of `script` (see `scripts::METRIC_BODY` for the
+    /// arguments), and the key it is routed by: the event's bucket, in the slot of the
+    /// call's keys on a cluster.
+    fn metric_call_cmd(
+        &self,
+        script: &Script,
+        ops: &[MetricOp],
+        call: &MetricCall,
+        now_ms: i64,
+    ) -> Keyed {
+        let first = &ops[call.ops[0]].key;
+        let cluster = self.conn.is_cluster();
+        let route = match call.event {
+            Some(e) => self
+                .layout
+                .event_bucket_key(e.hash, cluster.then(|| key_slot(first.as_bytes()))),
+            None => first.clone(),
         };
-        let mut keys = Vec::with_capacity(3);
-        if op.family == MetricFamily::Approx {
-            let sub = op.update.map_or(op.read_hi, |(s, _)| s);
-            keys.push(Layout::metric_sub_key(&op.key, sub));
-            keys.push(Layout::metric_seen_key(&op.key));
-            if op.read {
-                let lo = op.read_hi - op.slots + 1;
-                keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+        let mut keys: Vec<String> = vec![route];
+        let mut args: Vec<String> = Vec::with_capacity(4 + call.ops.len() * METRIC_OP_ARGS);
+        match call.event {
+            Some(e) => {
+                let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
+                args.push(e.hash.to_string());
+                args.push(until.to_string());
             }
-        } else {
-            keys.push(op.key.clone());
-            keys.push(Layout::metric_seen_key(&op.key));
+            None => args.extend([String::new(), String::new()]),
         }
-        let (sub, value) = match op.update {
-            Some((sub, v)) => (sub.to_string(), v),
-            None => (String::new(), 0),
-        };
+        args.push(ExpiryCode::script_now(now_ms).to_string());
+        args.push(call.ops.len().to_string());
+        for &i in &call.ops {
+            let op = &ops[i];
+            let at = keys.len() + 1;
+            if op.family == MetricFamily::Approx {
+                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
+                keys.push(Layout::metric_sub_key(&op.key, sub));
+                if op.read {
+                    let lo = op.read_hi - op.slots + 1;
+                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+                }
+            } else {
+                keys.push(op.key.clone());
+            }
+            let (sub, value) = match op.update {
+                Some((sub, v)) => (sub.to_string(), v),
+                None => (String::new(), 0),
+            };
+            args.extend([
+                family_code(op.family).to_owned(),
+                at.to_string(),
+                (keys.len() + 1 - at).to_string(),
+                sub,
+                value.to_string(),
+                op.read_hi.to_string(),
+                op.slots.to_string(),
+                op.trim_hi.to_string(),
+                op.expire_at().unwrap_or(0).to_string(),
+                if op.read { "1" } else { "" }.to_owned(),
+                op.cap.to_string(),
+            ]);
+        }
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
-        for k in &keys {
-            cmd.arg(k);
-        }
-        cmd.arg(sub)
-            .arg(value)
-            .arg(op.read_hi)
-            .arg(op.slots)
-            .arg(op.trim_hi)
-            .arg(op.expire_at().unwrap_or(0))
-            .arg(if op.read { "1" } else { "" })
-            .arg(op.event.map_or(String::new(), |e| e.to_string()));
-        match op.family {
-            MetricFamily::Min => {
-                cmd.arg("min");
-            }
-            MetricFamily::Max => {
-                cmd.arg("max");
-            }
-            MetricFamily::Distinct => {
-                cmd.arg(op.cap);
-            }
-            _ => {}
-        }
-        (op.key.clone().into_bytes(), cmd)
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(&args);
+        (keys.swap_remove(0).into_bytes(), cmd)
     }
 
     /// One `EVALSHA REMOVE` per bucket of `keys`; (bucket, the keys' positions in order).

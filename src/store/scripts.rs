@@ -33,27 +33,33 @@ end
 
 /// Opens the keyspace. KEYS: the meta hash, the lost marker (one slot). Creates the meta hash
 /// if it is missing and ARGV[1] (the format to create) is not empty, with ARGV[4] the key id
-/// ('' in format 1) and ARGV[5] a new random keyspace id; but not where the lost marker
-/// stands (a running instance saw this keyspace vanish) unless ARGV[6] is '1' (the explicit
-/// `namelist-tools keyspace create`), which also removes the marker. A keyspace found without
-/// an id (made before ids) is given ARGV[5]. Returns (format, buckets, created, key id,
-/// keyspace id), created being 1 (created now), 0 (found), -1 (missing, and nothing to create
-/// it with) or -2 (missing where the lost marker stands; the keyspace id is the lost one's).
+/// ('' in format 1), ARGV[5] a new random keyspace id and ARGV[7] the number of event-id
+/// buckets, in velocity layout 2; but not where the lost marker stands (a running instance
+/// saw this keyspace vanish) unless ARGV[6] is '1' (the explicit `namelist-tools keyspace
+/// create`), which also removes the marker. A keyspace found without an id (made before ids)
+/// is given ARGV[5]; one found without a velocity layout (made before layout 2) is given
+/// layout 1, and one without event-id buckets ARGV[7]. Returns (format, buckets, created, key
+/// id, keyspace id, velocity layout, event-id buckets), created being 1 (created now), 0
+/// (found), -1 (missing, and nothing to create it with) or -2 (missing where the lost marker
+/// stands; the keyspace id is the lost one's).
 pub(super) const OPEN_KEYSPACE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == '' then return {false, false, -1, false, false} end
+  if ARGV[1] == '' then return {false, false, -1, false, false, false, false} end
   if ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
-    return {false, false, -2, false, redis.call('GET', KEYS[2])}
+    return {false, false, -2, false, redis.call('GET', KEYS[2]), false, false}
   end
   redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3],
-    'keyspace_id', ARGV[5])
+    'keyspace_id', ARGV[5], 'velocity', '2', 'event_buckets', ARGV[7])
   if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
   redis.call('DEL', KEYS[2])
-  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5]}
+  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5], '2', ARGV[7]}
 end
 redis.call('HSETNX', KEYS[1], 'keyspace_id', ARGV[5])
-local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id', 'keyspace_id')
-return {m[1], m[2], 0, m[3], m[4]}
+redis.call('HSETNX', KEYS[1], 'velocity', '1')
+redis.call('HSETNX', KEYS[1], 'event_buckets', ARGV[7])
+local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id', 'keyspace_id', 'velocity',
+  'event_buckets')
+return {m[1], m[2], 0, m[3], m[4], m[5], m[6]}
 ";
 
 /// A write's `PUBLISH`, only while the keyspace is the one the writer opened: KEYS[1] the
@@ -84,133 +90,155 @@ end
 return out
 ";
 
-/// The start of every metric script. ARGV: 1 update sub-window (or ''), 2 value, 3 read_hi,
-/// 4 slots, 5 trim_hi, 6 expire_at, 7 '1' to read the value back, 8 the event's hash (or ''),
-/// 9 family-specific. KEYS[1] is the entity's key, KEYS[2] its set of applied events. An
-/// event already applied to this entity is not applied again (`dup` = 1): checked and recorded
-/// in the same atomic call as the update, so a retry after any failure or timeout applies each
-/// update exactly once.
-const METRIC_PREAMBLE: &str = r"
-local function extend(k, at)
-  local cur = redis.call('PEXPIRETIME', k)
-  if cur < 0 or cur < at then redis.call('PEXPIREAT', k, at) end
-end
-local n = tonumber(ARGV[4])
-local floor = tonumber(ARGV[5]) - n + 1
-local at = tonumber(ARGV[6])
-local hi = tonumber(ARGV[3])
-local lo = hi - n + 1
-local read = ARGV[7] == '1'
-local update = ARGV[1] ~= ''
-local dup = 0
-if update and ARGV[8] ~= '' then
-  if redis.call('ZSCORE', KEYS[2], ARGV[8]) then
+/// The metric script: every update and read one event makes on the keys of one hash slot
+/// (or, without an event, a chunk of id-less updates or of reads), in one call. Written as a
+/// body shared by the writing script (`METRIC_WRITE`) and the read-only one (`METRIC_READ`,
+/// `no-writes`: it may run on a replica), after `ENTRY_PREAMBLE` (`live_code`).
+///
+/// KEYS[1] is the event's deduplication bucket (any key of the slot when there is no event),
+/// then the ops' keys. ARGV: 1 the event's field (its 64-bit keyed hash; '' without an
+/// event), 2 the expiry code until which the event is remembered, 3 now
+/// (`ExpiryCode::script_now`), 4 the number of ops, then `OP_ARGS` arguments per op:
+/// family (`s` COUNT/SUM, `a` AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p`
+/// APPROX_COUNT_DISTINCT), first key index, key count, update sub-window ('' for a read),
+/// value, read_hi, slots, trim_hi, expire_at, '1' to read back, the distinct cap.
+///
+/// Deduplication: an event already remembered live in its bucket is not applied again
+/// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
+/// after any failure or timeout applies each update exactly once. A remembered event whose
+/// code has passed counts as absent and is overwritten (the lazy rule); a bucket that grew
+/// past `PURGE_FROM` fields drops its expired ones every `PURGE_EVERY` new fields (bounded
+/// work, amortised to a fraction of a field read per event); the sweep reclaims the rest.
+///
+/// Expiry and trimming cost nothing on the common path: a key's expiry and the sub-window
+/// that left the window are touched only when an update opened a new sub-window (a new
+/// field, member or HyperLogLog), since only then can the newest data, and so the key's
+/// expiry `(i + W/r)·r`, move. Then the one sub-window that just left the window
+/// (`min(i, trim_hi) - slots`) is deleted by arithmetic, with no read; a hash of an entity
+/// updated only every few sub-windows can still hold older ones, so one holding more
+/// fields than the window needs is trimmed by reading its field names (at most
+/// `2 · slots + 1` small integers).
+///
+/// Returns {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
+/// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the
+/// distinct families {count, capped}. n is 0 for an op that reads nothing.
+const METRIC_BODY: &str = r"
+local PURGE_FROM, PURGE_EVERY, OP_ARGS = 256, 32, 11
+local now = tonumber(ARGV[3])
+local dup, fill = 0, 0
+if ARGV[1] ~= '' then
+  local cur = redis.call('HGET', KEYS[1], ARGV[1])
+  if cur and live_code(tonumber(cur), now) then
     dup = 1
-    update = false
   else
-    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[8])
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. floor)
-    extend(KEYS[2], at)
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    fill = redis.call('HLEN', KEYS[1])
+    if not cur and fill >= PURGE_FROM and fill % PURGE_EVERY == 0 then
+      local all, gone = redis.call('HGETALL', KEYS[1]), {}
+      for i = 1, #all, 2 do
+        if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
+      end
+      for i = 1, #gone, 1000 do
+        redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
+      end
+      fill = fill - #gone
+    end
   end
 end
--- Field f of a hash holds sub-window floor(f / width). Once the hash holds more fields than
--- the window needs, drops those of sub-windows that left it.
-local function trim(k, width)
+local function extend(k, at)
+  local cur = redis.call('PEXPIRETIME', k)
+  if cur < at then redis.call('PEXPIREAT', k, at) end
+end
+-- A new sub-window s was opened in hash k (fields s·width .. s·width + width - 1).
+local function opened(k, s, width, n, trim_hi, at)
+  extend(k, at)
+  local gone = math.min(s, trim_hi) - n
+  if width == 1 then
+    redis.call('HDEL', k, gone)
+  else
+    redis.call('HDEL', k, gone * 2, gone * 2 + 1)
+  end
   if redis.call('HLEN', k) > width * n then
+    local floor = trim_hi - n + 1
     for _, f in ipairs(redis.call('HKEYS', k)) do
       if math.floor(tonumber(f) / width) < floor then redis.call('HDEL', k, f) end
     end
   end
 end
--- Appends to out the values (and, with fields, each value's field first) of the read window.
-local function read_window(k, width, out, fields)
-  local all = redis.call('HGETALL', k)
+local function read_window(k, width, lo, hi, out, fields)
+  local all, n, at = redis.call('HGETALL', k), 0, #out + 1
+  out[at] = 0
   for i = 1, #all, 2 do
     local s = math.floor(tonumber(all[i]) / width)
     if s >= lo and s <= hi then
-      if fields then out[#out + 1] = all[i] end
+      if fields then out[#out + 1] = all[i]; n = n + 1 end
       out[#out + 1] = all[i + 1]
+      n = n + 1
+    end
+  end
+  out[at] = n
+end
+local out = {dup, fill}
+for i = 0, tonumber(ARGV[4]) - 1 do
+  local a = 5 + i * OP_ARGS
+  local fam, ki, nk = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local k, sub, v = KEYS[ki], ARGV[a + 3], ARGV[a + 4]
+  local hi, n, trim_hi = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  local at, read = tonumber(ARGV[a + 8]), ARGV[a + 9] == '1'
+  local lo = hi - n + 1
+  if sub ~= '' and dup == 0 then
+    local s = tonumber(sub)
+    if fam == 's' then
+      if redis.call('HINCRBY', k, sub, v) == tonumber(v) then opened(k, s, 1, n, trim_hi, at) end
+    elseif fam == 'a' then
+      redis.call('HINCRBY', k, s * 2, v)
+      if redis.call('HINCRBY', k, s * 2 + 1, 1) == 1 then opened(k, s, 2, n, trim_hi, at) end
+    elseif fam == 'n' or fam == 'x' then
+      local cur = redis.call('HGET', k, sub)
+      local x = tonumber(v)
+      if not cur then
+        redis.call('HSET', k, sub, v)
+        opened(k, s, 1, n, trim_hi, at)
+      elseif (fam == 'n' and x < tonumber(cur)) or (fam == 'x' and x > tonumber(cur)) then
+        redis.call('HSET', k, sub, v)
+      end
+    elseif fam == 'd' then
+      if redis.call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
+        extend(k, at)
+        redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - n + 1))
+        local card, cap = redis.call('ZCARD', k), tonumber(ARGV[a + 10])
+        if card > cap then redis.call('ZPOPMIN', k, card - cap) end
+      end
+    else
+      if redis.call('PFADD', k, v) == 1 then extend(k, at) end
+    end
+  end
+  if not read then
+    out[#out + 1] = 0
+  elseif fam == 's' or fam == 'n' or fam == 'x' then
+    read_window(k, 1, lo, hi, out, false)
+  elseif fam == 'a' then
+    read_window(k, 2, lo, hi, out, true)
+  elseif fam == 'd' then
+    local capped = 0
+    if redis.call('ZCARD', k) >= tonumber(ARGV[a + 10]) then capped = 1 end
+    out[#out + 1] = 2
+    out[#out + 1] = redis.call('ZCOUNT', k, lo, hi)
+    out[#out + 1] = capped
+  else
+    out[#out + 1] = 1
+    if nk > 1 then
+      out[#out + 1] = redis.call('PFCOUNT', unpack(KEYS, ki + 1, ki + nk - 1))
+    else
+      out[#out + 1] = 0
     end
   end
 end
-";
-
-/// COUNT and SUM: a hash of sub-window → total. Returns {dup, totals read...} (exact i64
-/// strings, summed by the caller).
-const METRIC_SUM: &str = r"
-local k = KEYS[1]
-if update then
-  redis.call('HINCRBY', k, ARGV[1], ARGV[2])
-  trim(k, 1)
-  extend(k, at)
-end
-local out = {dup}
-if read then read_window(k, 1, out, false) end
 return out
 ";
 
-/// AVG: fields 2i (sum) and 2i+1 (count). Returns {dup, field, value, ...} of the window.
-const METRIC_AVG: &str = r"
-local k = KEYS[1]
-if update then
-  local f = tonumber(ARGV[1]) * 2
-  redis.call('HINCRBY', k, f, ARGV[2])
-  redis.call('HINCRBY', k, f + 1, 1)
-  trim(k, 2)
-  extend(k, at)
-end
-local out = {dup}
-if read then read_window(k, 2, out, true) end
-return out
-";
-
-/// MIN and MAX (ARGV[9] 'min' or 'max'): a hash of sub-window → extreme. Returns {dup,
-/// per-sub-window extremes read...}.
-const METRIC_EXTREME: &str = r"
-local k = KEYS[1]
-if update then
-  local cur = redis.call('HGET', k, ARGV[1])
-  local v = tonumber(ARGV[2])
-  if not cur or (ARGV[9] == 'min' and v < tonumber(cur)) or (ARGV[9] == 'max' and v > tonumber(cur)) then
-    redis.call('HSET', k, ARGV[1], ARGV[2])
-  end
-  trim(k, 1)
-  extend(k, at)
-end
-local out = {dup}
-if read then read_window(k, 1, out, false) end
-return out
-";
-
-/// COUNT_DISTINCT: a sorted set of member (ARGV[2]) → last sub-window seen, capped at
-/// ARGV[9]. Returns {dup, count, capped}.
-const METRIC_DISTINCT: &str = r"
-local k = KEYS[1]
-local cap = tonumber(ARGV[9])
-if update then
-  redis.call('ZADD', k, 'GT', ARGV[1], ARGV[2])
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. floor)
-  local card = redis.call('ZCARD', k)
-  if card > cap then redis.call('ZPOPMIN', k, card - cap) end
-  extend(k, at)
-end
-if not read then return {dup} end
-local capped = 0
-if redis.call('ZCARD', k) >= cap then capped = 1 end
-return {dup, redis.call('ZCOUNT', k, lo, hi), capped}
-";
-
-/// APPROX_COUNT_DISTINCT: one HyperLogLog per sub-window. KEYS[1] the updated sub-window's,
-/// KEYS[2] the applied events, then those of every sub-window read, counted with one
-/// multi-key PFCOUNT (no temporary key). Returns {dup, count}.
-const METRIC_APPROX: &str = r"
-if update then
-  redis.call('PFADD', KEYS[1], ARGV[2])
-  extend(KEYS[1], at)
-end
-if not read or #KEYS < 3 then return {dup, 0} end
-return {dup, redis.call('PFCOUNT', unpack(KEYS, 3))}
-";
+/// Arguments per op of `METRIC_BODY`.
+pub const METRIC_OP_ARGS: usize = 11;
 
 /// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
 /// message. Values are `<version>\n<fingerprint>\n<body>`. Returns the version.
@@ -429,35 +457,24 @@ pub static AUDIT_APPEND_LUA: LazyLock<String> =
 pub static AUDIT_CATCH_UP_LUA: LazyLock<String> =
     LazyLock::new(|| format!("{AUDIT_PREAMBLE}{AUDIT_CATCH_UP}"));
 
-/// The metric scripts, one per family (MIN and MAX share one).
+/// The metric scripts (see `METRIC_BODY`): the one that writes, and the read-only one.
 pub(super) struct MetricScripts {
-    pub sum: Script,
-    pub avg: Script,
-    pub extreme: Script,
-    pub distinct: Script,
-    pub approx: Script,
+    pub write: Script,
+    pub read: Script,
 }
 
 impl MetricScripts {
     pub fn new() -> Self {
-        let with_extend = |body: &str| Script::new(&format!("{METRIC_PREAMBLE}{body}"));
         Self {
-            sum: with_extend(METRIC_SUM),
-            avg: with_extend(METRIC_AVG),
-            extreme: with_extend(METRIC_EXTREME),
-            distinct: with_extend(METRIC_DISTINCT),
-            approx: with_extend(METRIC_APPROX),
+            write: Script::new(&format!("{ENTRY_PREAMBLE}{METRIC_BODY}")),
+            read: Script::new(&format!(
+                "#!lua flags=no-writes\n{ENTRY_PREAMBLE}{METRIC_BODY}"
+            )),
         }
     }
 
-    pub fn all(&self) -> [&Script; 5] {
-        [
-            &self.sum,
-            &self.avg,
-            &self.extreme,
-            &self.distinct,
-            &self.approx,
-        ]
+    pub fn all(&self) -> [&Script; 2] {
+        [&self.write, &self.read]
     }
 }
 

@@ -3,11 +3,14 @@
 //!
 //! Ingestion of a batch: validate everything first (a bad event changes nothing), drop the
 //! updates that are too old for their metric (an event late for every metric of its type is
-//! counted `late`), then every metric update in one pipelined round trip, one Lua call per
-//! key. An event with an id is remembered by each entity it updates, in the same atomic call
-//! as the update: a replay within the window is not applied again (counted in `duplicates`
-//! when all its updates were replays), and a retry after a failure or a timeout applies
-//! exactly the updates that did not land. Exactly once per (event, metric entity).
+//! counted `late`), then every metric update in one pipelined round trip: one script call
+//! per event (per event and hash slot on a Redis Cluster), id-less updates in chunks. An
+//! event with an id is remembered once, in the same atomic call as its updates, for
+//! `dedupe_window` at most and no longer than a replay could still count (`EventMark`): a
+//! replay within that time is not applied again (counted in `duplicates`), and a retry after
+//! a failure or a timeout applies exactly the calls that did not land. Exactly once per
+//! event (per event and slot on a cluster). A replay after the event was forgotten is
+//! counted again where it is not late.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -26,8 +29,8 @@ use crate::invalidation::SUBSCRIBE_DEADLINE;
 use crate::lists::FailMode;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
-    Deadline, DefinitionKind, DefinitionStore, Invalidation, InvalidationBus, MetricAnswer,
-    MetricFamily, MetricOp, MetricReading, MetricStore, StoreError,
+    Deadline, DefinitionKind, DefinitionStore, EventMark, Invalidation, InvalidationBus,
+    MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, StoreError,
 };
 
 /// Events further in the future than this are refused.
@@ -56,6 +59,8 @@ pub struct VelocitySettings {
     pub fail_mode: FailMode,
     /// Most members a COUNT_DISTINCT entity keeps.
     pub distinct_cap: u32,
+    /// Longest an event id is remembered (see `EventMark::keep_until_ms`).
+    pub dedupe_window: Duration,
 }
 
 /// Why a velocity operation failed.
@@ -133,8 +138,8 @@ struct Planned {
     key: String,
     sub: i64,
     value: i64,
-    /// The event's hash, when it has an id (idempotency).
-    event_hash: Option<i64>,
+    /// The event, when it has an id (idempotency).
+    mark: Option<EventMark>,
 }
 
 /// Where an event sits in a request, for error messages: `events[3].` or `event.`.
@@ -508,6 +513,7 @@ impl Velocity {
             }
             let mut applicable = 0;
             let mut fresh = 0;
+            let first = planned.len();
             for m in defs.by_event.get(&e.event_type).into_iter().flatten() {
                 let Some(values) = group_values(&m.spec.group_by, &e.fields) else {
                     continue;
@@ -542,10 +548,30 @@ impl Velocity {
                     sub: m.sub(ts),
                     value,
                     metric: m.clone(),
-                    event_hash: hash,
+                    mark: None,
                 });
             }
             late[i] = applicable > 0 && fresh == 0;
+            // Remembered while a replay could still count (the longest window of the metrics
+            // it updates, and a sub-window), and never past the dedupe window.
+            if let Some(hash) = hash {
+                let ops = &mut planned[first..];
+                let longest = ops
+                    .iter()
+                    .map(|p| (p.metric.slots() + 1) * p.metric.spec.resolution_ms)
+                    .max()
+                    .unwrap_or(0);
+                let window =
+                    i64::try_from(self.settings.dedupe_window.as_millis()).unwrap_or(i64::MAX);
+                let mark = EventMark {
+                    hash,
+                    keep_until_ms: now.saturating_add(window).min(ts.saturating_add(longest)),
+                    seq: u32::try_from(i).unwrap_or(u32::MAX),
+                };
+                for p in ops {
+                    p.mark = Some(mark);
+                }
+            }
         }
         Ok((planned, late))
     }
@@ -569,7 +595,7 @@ impl Velocity {
     fn update_op(&self, p: &Planned, now: i64, read: bool) -> MetricOp {
         MetricOp {
             update: Some((p.sub, p.value)),
-            event: p.event_hash,
+            event: p.mark,
             read,
             ..self.op(&p.metric, p.key.clone(), now, now)
         }

@@ -223,6 +223,7 @@ async fn on_cluster(cluster: &RedisCluster) -> Harness {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     };
     let (store, _) = RedisStore::open(opts.clone()).await.unwrap();
     let store = Arc::new(store);
@@ -262,6 +263,7 @@ async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
         audit_max_len: REDIS_AUDIT_MAX_LEN,
         write_replicas: 0,
         allow_unkeyed: key.is_none(),
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
         fingerprint_key: key,
     };
     let (store, report) = RedisStore::open(opts.clone()).await.unwrap();

@@ -1,11 +1,11 @@
 //! `MetricStore`, directly: what a backend must do with `MetricOp`s. Each family aggregates
-//! exactly the sub-windows `[read_hi - slots + 1, read_hi]`; an update carrying an event is
-//! applied once per entity, within a batch too; COUNT_DISTINCT keeps its newest members up to
+//! exactly the sub-windows `[read_hi - slots + 1, read_hi]`; the updates carrying an event
+//! are applied once, within a request too, while it is remembered; COUNT_DISTINCT keeps its newest members up to
 //! the cap and says when it is at it. (The velocity service over these, against an oracle of
 //! random event streams, is `tests/velocity.rs`.)
 
 use namelist::domain::now_ms;
-use namelist::store::{MetricAnswer, MetricFamily, MetricOp, MetricReading};
+use namelist::store::{EventMark, MetricAnswer, MetricFamily, MetricOp, MetricReading};
 
 use crate::{Harness, deadline};
 
@@ -176,34 +176,56 @@ async fn each_family_aggregates_its_window(h: &Harness) {
     }
 }
 
-async fn an_event_is_applied_once_per_entity(h: &Harness) {
+async fn an_event_is_applied_once(h: &Harness) {
     let layout = h.store.layout();
     let now = present();
+    // Two metrics of one entity (one slot, on a cluster too), and one without events.
     let (a, b, plain) = (
-        layout.metric_key("events", 1, &["a"]),
-        layout.metric_key("events", 1, &["b"]),
-        layout.metric_key("events", 1, &["plain"]),
+        layout.metric_key("count", 1, &["e"]),
+        layout.metric_key("sum", 1, &["e"]),
+        layout.metric_key("count", 1, &["plain"]),
     );
-    let e1 = layout.event_hash("tx", "e1");
-    let e2 = layout.event_hash("tx", "e2");
-    let with = |key: &str, event: i64| MetricOp {
-        event: Some(event),
+    let mark = |id: &str, seq: u32, keep_ms: i64| EventMark {
+        hash: layout.event_hash("tx", id),
+        keep_until_ms: now_ms() + keep_ms,
+        seq,
+    };
+    let with = |key: &str, mark: EventMark| MetricOp {
+        event: Some(mark),
         ..update(MetricFamily::Sum, key, now, 1)
     };
     let dup = |answers: Vec<MetricAnswer>| -> Vec<bool> {
         answers.into_iter().map(|a| a.duplicate).collect()
     };
-    assert_eq!(dup(run(h, &[with(&a, e1)]).await), [false]);
-    assert_eq!(dup(run(h, &[with(&a, e1)]).await), [true], "a replay");
+    let e1 = mark("e1", 0, 60_000);
     assert_eq!(
-        dup(run(h, &[with(&b, e1)]).await),
-        [false],
-        "the same event, another entity"
+        dup(run(h, &[with(&a, e1), with(&b, e1)]).await),
+        [false, false]
     );
     assert_eq!(
-        dup(run(h, &[with(&a, e2), with(&a, e2)]).await),
-        [false, true],
-        "twice in one batch: the second is the replay"
+        dup(run(h, &[with(&a, e1), with(&b, e1)]).await),
+        [true, true],
+        "a replay"
+    );
+    assert_eq!(
+        dup(run(h, &[with(&b, mark("e1", 3, 60_000))]).await),
+        [true],
+        "a replay at another place in its request, updating fewer metrics"
+    );
+    let (first, again) = (mark("e2", 0, 60_000), mark("e2", 1, 60_000));
+    assert_eq!(
+        dup(run(
+            h,
+            &[
+                with(&a, first),
+                with(&b, first),
+                with(&a, again),
+                with(&b, again)
+            ]
+        )
+        .await),
+        [false, false, true, true],
+        "twice in one request: the second is the replay"
     );
     let twice = update(MetricFamily::Sum, &plain, now, 1);
     assert_eq!(
@@ -211,7 +233,12 @@ async fn an_event_is_applied_once_per_entity(h: &Harness) {
         [false, false],
         "no event, no memory of it"
     );
-    for (key, count) in [(&a, 2), (&b, 1), (&plain, 2)] {
+    // Remembered until a time already past: never remembered.
+    let gone = mark("e3", 0, -1_000);
+    for _ in 0..2 {
+        assert_eq!(dup(run(h, &[with(&a, gone)]).await), [false], "forgotten");
+    }
+    for (key, count) in [(&a, 4), (&b, 2), (&plain, 2)] {
         assert_eq!(
             reading(h, read(MetricFamily::Sum, key, now)).await,
             MetricReading::Sum(count),
@@ -227,7 +254,7 @@ async fn an_event_is_applied_once_per_entity(h: &Harness) {
         answer,
         MetricAnswer {
             duplicate: true,
-            reading: Some(MetricReading::Sum(2))
+            reading: Some(MetricReading::Sum(4))
         },
         "a replayed update still reads"
     );
@@ -280,6 +307,6 @@ async fn the_distinct_cap_keeps_the_newest(h: &Harness) {
 
 conformance!(
     each_family_aggregates_its_window,
-    an_event_is_applied_once_per_entity,
+    an_event_is_applied_once,
     the_distinct_cap_keeps_the_newest,
 );

@@ -162,6 +162,7 @@ fn main() -> Res<()> {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     }));
     let (store, report) = store?;
     for w in &report.warnings {

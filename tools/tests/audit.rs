@@ -36,6 +36,7 @@ async fn open(server: &RedisServer, prefix: &str) -> RedisStore {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     })
     .await
     .expect("store opens");
@@ -458,6 +459,7 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     })
     .await
     .expect("store opens on the cluster");
