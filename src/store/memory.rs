@@ -157,14 +157,16 @@ impl MetricState {
                     }
                 }
                 MetricData::Zset(z) => {
-                    // `ZADD GT CH`: trimmed and capped only when a member was added or moved
-                    // to a later sub-window, as the script does.
+                    // `ZADD GT CH`: at the cap, members that left the window go first, then
+                    // the oldest; only when a member was added or moved, as the script does.
                     let changed = z.get(&value).is_none_or(|s| sub > *s);
                     if changed {
                         z.insert(value, sub);
-                        z.retain(|_, s| *s >= floor);
                     }
                     let cap = op.cap as usize;
+                    if changed && z.len() >= cap {
+                        z.retain(|_, s| *s >= floor);
+                    }
                     if changed && z.len() > cap {
                         // ZPOPMIN: lowest score first, then the smallest member as a string.
                         let mut order: Vec<(i64, String, i64)> =

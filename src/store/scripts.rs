@@ -106,18 +106,20 @@ return out
 /// Deduplication: an event already remembered live in its bucket is not applied again
 /// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
 /// after any failure or timeout applies each update exactly once. A remembered event whose
-/// code has passed counts as absent and is overwritten (the lazy rule); a bucket that grew
-/// past `PURGE_FROM` fields drops its expired ones every `PURGE_EVERY` new fields (bounded
-/// work, amortised to a fraction of a field read per event); the sweep reclaims the rest.
+/// code has passed counts as absent and is overwritten (the lazy rule); one new id in
+/// `PURGE_EVERY` (by its hash) reads the bucket's length, and a bucket past `PURGE_FROM`
+/// fields then drops its expired ones (bounded work, amortised to a fraction of a field read
+/// per event); the sweep reclaims the rest. The common path is one `HSETNX`.
 ///
 /// Expiry and trimming cost nothing on the common path: a key's expiry and the sub-window
 /// that left the window are touched only when an update opened a new sub-window (a new
 /// field, member or HyperLogLog), since only then can the newest data, and so the key's
-/// expiry `(i + W/r)·r`, move. Then the one sub-window that just left the window
-/// (`min(i, trim_hi) - slots`) is deleted by arithmetic, with no read; a hash of an entity
-/// updated only every few sub-windows can still hold older ones, so one holding more
-/// fields than the window needs is trimmed by reading its field names (at most
-/// `2 · slots + 1` small integers).
+/// expiry `(i + W/r)·r`, move: one `PEXPIREAT … GT` (plain on a new key, which `GT` would
+/// treat as never expiring). A hash then holding more fields than the window needs loses
+/// the sub-window that just left it (`min(i, trim_hi) - slots`, by arithmetic, no read); one
+/// still over (an entity updated only every few sub-windows) is trimmed by reading its field
+/// names (at most `2 · slots + 1` small integers). A COUNT_DISTINCT set drops the members
+/// that left the window when it reaches its cap, before evicting any of the window's.
 ///
 /// Returns {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
 /// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the
@@ -126,39 +128,47 @@ const METRIC_BODY: &str = r"
 local PURGE_FROM, PURGE_EVERY, OP_ARGS = 256, 32, 11
 local now = tonumber(ARGV[3])
 local dup, fill = 0, 0
-if ARGV[1] ~= '' then
-  local cur = redis.call('HGET', KEYS[1], ARGV[1])
-  if cur and live_code(tonumber(cur), now) then
+if ARGV[1] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  if live_code(tonumber(redis.call('HGET', KEYS[1], ARGV[1])), now) then
     dup = 1
   else
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-    fill = redis.call('HLEN', KEYS[1])
-    if not cur and fill >= PURGE_FROM and fill % PURGE_EVERY == 0 then
-      local all, gone = redis.call('HGETALL', KEYS[1]), {}
-      for i = 1, #all, 2 do
-        if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
-      end
-      for i = 1, #gone, 1000 do
-        redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
-      end
-      fill = fill - #gone
+  end
+elseif ARGV[1] ~= '' and tonumber(string.sub(ARGV[1], -2)) % PURGE_EVERY == 0 then
+  -- One new id in PURGE_EVERY (by its hash's last digits) looks at the bucket's length.
+  fill = redis.call('HLEN', KEYS[1])
+  if fill >= PURGE_FROM then
+    local all, gone = redis.call('HGETALL', KEYS[1]), {}
+    for i = 1, #all, 2 do
+      if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
     end
+    for i = 1, #gone, 1000 do
+      redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
+    end
+    fill = fill - #gone
   end
 end
-local function extend(k, at)
-  local cur = redis.call('PEXPIRETIME', k)
-  if cur < at then redis.call('PEXPIREAT', k, at) end
+-- The key's expiry may have to move to `at`: set on a new key (`fresh`), else only later.
+local function expire(k, at, fresh)
+  if fresh then
+    redis.call('PEXPIREAT', k, at)
+  else
+    redis.call('PEXPIREAT', k, at, 'GT')
+  end
 end
 -- A new sub-window s was opened in hash k (fields s·width .. s·width + width - 1).
 local function opened(k, s, width, n, trim_hi, at)
-  extend(k, at)
-  local gone = math.min(s, trim_hi) - n
-  if width == 1 then
-    redis.call('HDEL', k, gone)
-  else
-    redis.call('HDEL', k, gone * 2, gone * 2 + 1)
+  local len = redis.call('HLEN', k)
+  expire(k, at, len == width)
+  if len > width * n then
+    local gone = math.min(s, trim_hi) - n
+    if width == 1 then
+      len = len - redis.call('HDEL', k, gone)
+    else
+      len = len - redis.call('HDEL', k, gone * 2, gone * 2 + 1)
+    end
   end
-  if redis.call('HLEN', k) > width * n then
+  if len > width * n then
     local floor = trim_hi - n + 1
     for _, f in ipairs(redis.call('HKEYS', k)) do
       if math.floor(tonumber(f) / width) < floor then redis.call('HDEL', k, f) end
@@ -204,13 +214,19 @@ for i = 0, tonumber(ARGV[4]) - 1 do
       end
     elseif fam == 'd' then
       if redis.call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
-        extend(k, at)
-        redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - n + 1))
         local card, cap = redis.call('ZCARD', k), tonumber(ARGV[a + 10])
-        if card > cap then redis.call('ZPOPMIN', k, card - cap) end
+        expire(k, at, card == 1)
+        -- Members that left the window go when the set reaches its cap, before any
+        -- member of the window would.
+        if card >= cap then
+          redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - n + 1))
+          card = redis.call('ZCARD', k)
+          if card > cap then redis.call('ZPOPMIN', k, card - cap) end
+        end
       end
-    else
-      if redis.call('PFADD', k, v) == 1 then extend(k, at) end
+    elseif redis.call('PFADD', k, v) == 1 then
+      -- One HyperLogLog per sub-window: its expiry is that sub-window's.
+      redis.call('PEXPIREAT', k, at)
     end
   end
   if not read then

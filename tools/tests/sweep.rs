@@ -42,6 +42,7 @@ async fn open(redis: &RedisServer, prefix: &str, expected: u64) -> RedisStore {
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     })
     .await
     .expect("opening the keyspace");
@@ -736,6 +737,7 @@ async fn open_cluster(cluster: &RedisCluster, prefix: &str, expected: u64) -> Re
         write_replicas: 0,
         fingerprint_key: Some(common::test_key()),
         allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
     })
     .await
     .expect("opening the keyspace on the cluster");

@@ -1,0 +1,180 @@
+#!/bin/bash
+# Velocity at the risk engine's rate and size (issue 27), measured from outside against the
+# release binary on its own redis-server, default settings, in one run:
+#
+#   cargo build --release --bins && benches/velocity_engine.sh
+#
+# 1. Five metrics on `transaction` (COUNT 1h by device, SUM and AVG 1d by user,
+#    COUNT_DISTINCT 30d of users by device, APPROX_COUNT_DISTINCT 1d of devices by IP);
+#    bodies drawn from ENTITIES (200,000) devices, users and IPs, one event a request, each
+#    with an id (LINES bodies, 600,000: oha picks a random line per request, so some
+#    requests repeat an id; the replays are counted from the service's own counter and left
+#    out of the per-event Redis CPU).
+#    * `POST /v1/check` max (7 never-seen subjects, lists black and grey): the reference;
+#    * `POST /v1/events` max (oha -c 64) and at 2,000/s (p99);
+#    * `POST /v1/evaluate` (the event, 2 lists, the 5 metrics read back) max and at 2,000/s;
+#    * Redis CPU per event applied: `used_cpu_user + used_cpu_sys` around the events' max run.
+# 2. The same events with 50 metrics (45 more, the same five kinds with other windows).
+# 3. Memory at 1,000 events per entity: a fresh keyspace whose event-id buckets are sized
+#    for the ids this step sends (NAMELIST_DEDUPE_EXPECTED_IDS = 20,000, printed: at the
+#    default 10,000,000 a 20,000-id bench would see buckets of 0.4 ids and measure the
+#    empty buckets' keys, not the ids), 20 devices, users and IPs with 1,000 events each
+#    into the five metrics: `MEMORY USAGE` of every metric key per (metric, entity) and of
+#    every event-id bucket per id.
+#
+# The load generator shares the 2 cores with the service and Redis. Needs redis-server,
+# python3 and oha ($OHA, PATH, or target/oha/bin, which `cargo bench --bench load` installs).
+set -eu
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+BIN=${BIN:-target/release/namelist}
+TOOLS=target/release/namelist-tools
+OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
+SECS=${SECS:-10}
+ENTITIES=${ENTITIES:-200000}
+LINES=${LINES:-600000}
+start_redis
+"$TOOLS" keygen --out "$D/fp.key" >/dev/null
+R="redis-cli -p $RPORT"
+
+start_service() { # prefix [VAR=value...]
+  local prefix=$1
+  shift
+  [ -n "$SVC" ] && kill "$SVC" && wait "$SVC" 2>/dev/null || true
+  SPORT=$(free_port)
+  env "$@" NAMELIST_LISTEN=127.0.0.1:$SPORT NAMELIST_REDIS_URL=redis://127.0.0.1:$RPORT \
+    NAMELIST_FINGERPRINT_KEY_FILE="$D/fp.key" NAMELIST_KEY_PREFIX="$prefix" RUST_LOG=warn \
+    "$BIN" >>"$D/service.log" 2>&1 &
+  SVC=$!
+  for _ in $(seq 100); do curl -sf "localhost:$SPORT/readyz" >/dev/null && break; sleep 0.1; done
+}
+define() { # id expr
+  curl -sf -X PUT -H 'content-type: application/json' "localhost:$SPORT/v1/metrics/$1" \
+    -d "{\"expr\": \"$2\"}" >/dev/null
+}
+redis_cpu() { $R info cpu | awk -F: '/used_cpu_(sys|user):/ {s += $2} END {printf "%.3f", s}'; }
+events_metric() { # outcome
+  curl -sf "localhost:$SPORT/metrics" | awk -v o="$1" '$1 ~ "^namelist_events_total\\{outcome=\"" o "\"" {print $2}' | head -1
+}
+# name path lines-file oha-args...: prints one line, leaves the oha JSON in $D/name.json
+run() {
+  local name=$1 path=$2 lines=$3
+  shift 3
+  "$OHA" --no-tui --output-format json -z "${SECS}s" -m POST -H 'content-type: application/json' \
+    -Z "$lines" "$@" "http://127.0.0.1:$SPORT$path" >"$D/$name.json"
+  python3 - "$name" "$D/$name.json" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[2]))
+s, p = o["summary"], o["latencyPercentiles"]
+ms = lambda v: "%.2f" % (v * 1e3) if v is not None else "-"
+print("%-22s %8.0f/s  p50 %s ms  p99 %s ms  max %s ms  %s" % (sys.argv[1], s["requestsPerSec"],
+      ms(p["p50"]), ms(p["p99"]), ms(s["slowest"]), o["statusCodeDistribution"]))
+PY
+}
+rps() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requestsPerSec"])' "$D/$1.json"; }
+reqs() { python3 -c 'import json,sys; print(sum(json.load(open(sys.argv[1]))["statusCodeDistribution"].values()))' "$D/$1.json"; }
+
+python3 - "$D" "$ENTITIES" "$LINES" <<'PY'
+import json, random, sys
+d, n, lines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rnd = random.Random(27)
+def tx(i):
+    ip = rnd.randrange(n)
+    return {"id": "ev-%08d" % i, "type": "transaction", "fields": {
+        "device_id": "d%06d" % rnd.randrange(n), "userid": "u%06d" % rnd.randrange(n),
+        "ip": "10.%d.%d.%d" % (ip >> 16 & 255, ip >> 8 & 255, ip & 255),
+        "amount": rnd.randrange(100000) / 100}}
+def subjects():
+    return {"uid": "nu%09d" % rnd.randrange(10**9), "phone": "+86139%08d" % rnd.randrange(10**8),
+            "device": "nd%09d" % rnd.randrange(10**9), "imei": "35%013d" % rnd.randrange(10**13),
+            "ip": "172.%d.%d.%d" % (rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)),
+            "wifi_mac": "02-00-%02X-%02X-%02X-%02X" % tuple(rnd.randrange(256) for _ in range(4)),
+            "id_card": "nid%012d" % rnd.randrange(10**12)}
+with open(d + "/events.txt", "w") as f:
+    for i in range(lines):
+        f.write(json.dumps(tx(i)) + "\n")
+with open(d + "/checks.txt", "w") as f:
+    for i in range(100000):
+        f.write(json.dumps({"sandbox": "loan", "lists": ["black", "grey"], "subjects": subjects()}) + "\n")
+five = ["tx_dev_1h", "amt_user_1d", "avg_user_1d", "users_dev_30d", "devs_ip_1d"]
+with open(d + "/evaluate.txt", "w") as f:
+    for i in range(lines):
+        e = tx(lines + i)
+        f.write(json.dumps({"sandbox": "loan", "lists": ["black", "grey"],
+            "subjects": {"device": e["fields"]["device_id"], "ip": e["fields"]["ip"]},
+            "event": e, "metrics": five}) + "\n")
+PY
+
+echo "binary $BIN, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), default settings, $(nproc) cores; $SECS s a run; $ENTITIES entities; $LINES bodies"
+start_service bench5:
+define tx_dev_1h "COUNT(1h, transaction) BY device_id"
+define amt_user_1d "SUM(1d, transaction, amount) BY userid"
+define avg_user_1d "AVG(1d, transaction, amount) BY userid"
+define users_dev_30d "COUNT_DISTINCT(30d, transaction, userid) BY device_id"
+define devs_ip_1d "APPROX_COUNT_DISTINCT(1d, transaction, device_id) BY ip"
+curl -sf -X POST -H 'content-type: application/json' "localhost:$SPORT/v1/lists/black/entries" \
+  -d '{"entries": [{"dimension": "device", "value": "d000001", "sandbox": "loan"}]}' >/dev/null
+sleep 2
+
+events_run() { # label
+  local dup0 cpu0 cpu1 dup1 n
+  dup0=$(events_metric duplicate); cpu0=$(redis_cpu)
+  run "events-max-$1" /v1/events "$D/events.txt" -c 64
+  cpu1=$(redis_cpu); dup1=$(events_metric duplicate)
+  n=$(reqs "events-max-$1")
+  python3 -c "
+n, d = $n, ${dup1:-0} - ${dup0:-0}
+cpu = $cpu1 - $cpu0
+print('  %s: %d events, %d of them replays (%.1f %%); Redis CPU %.2f s = %.1f us per event applied' % ('$1', n, d, 100 * d / max(n, 1), cpu, cpu / max(n - d, 1) * 1e6))"
+}
+run check-max /v1/check "$D/checks.txt" -c 64
+events_run 5-metrics
+run events-2000qps /v1/events "$D/events.txt" -q 2000 --latency-correction -c 16
+run evaluate-max /v1/evaluate "$D/evaluate.txt" -c 64
+run evaluate-2000qps /v1/evaluate "$D/evaluate.txt" -q 2000 --latency-correction -c 16
+python3 -c "print('events max / check max = %.2f (target >= 0.6)' % ($(rps events-max-5-metrics) / $(rps check-max)))"
+
+# 45 more metrics: 9 more windows of each kind.
+for w in 2 3 4 5 6 7 8 9 10; do
+  define "tx_dev_${w}h" "COUNT(${w}h, transaction) BY device_id"
+  define "amt_user_${w}d" "SUM(${w}d, transaction, amount) BY userid"
+  define "avg_user_${w}d" "AVG(${w}d, transaction, amount) BY userid"
+  define "users_dev_${w}0d" "COUNT_DISTINCT(${w}0d, transaction, userid) BY device_id"
+  define "devs_ip_${w}d" "APPROX_COUNT_DISTINCT(${w}d, transaction, device_id) BY ip"
+done
+sleep 2
+events_run 50-metrics
+
+echo "memory at 1,000 events per entity (NAMELIST_DEDUPE_EXPECTED_IDS=20000: buckets sized for this step's 20,000 ids)"
+start_service mem: NAMELIST_DEDUPE_EXPECTED_IDS=20000
+define tx_dev_1h "COUNT(1h, transaction) BY device_id"
+define amt_user_1d "SUM(1d, transaction, amount) BY userid"
+define avg_user_1d "AVG(1d, transaction, amount) BY userid"
+define users_dev_30d "COUNT_DISTINCT(30d, transaction, userid) BY device_id"
+define devs_ip_1d "APPROX_COUNT_DISTINCT(1d, transaction, device_id) BY ip"
+python3 - "$SPORT" "$RPORT" <<'PY'
+import json, subprocess, sys, urllib.request
+port, rport = sys.argv[1], sys.argv[2]
+for b in range(20):
+    events = [{"id": "m-%d-%d" % (b, i), "type": "transaction", "fields": {
+        "device_id": "md%02d" % ((b + i) % 20), "userid": "mu%02d" % (i % 20),
+        "ip": "10.9.0.%d" % (i % 20), "amount": 1.5}} for i in range(1000)]
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/events" % port,
+        data=json.dumps({"events": events}).encode(), headers={"content-type": "application/json"})
+    o = json.load(urllib.request.urlopen(req))
+    assert o["duplicates"] == 0, o
+cli = lambda *a: subprocess.run(["redis-cli", "-p", rport, *a], capture_output=True, text=True, check=True).stdout
+def usage(pattern):
+    keys = [k for k in cli("--scan", "--pattern", pattern).split("\n") if k]
+    return keys, sum(int(cli("memory", "usage", k, "samples", "0")) for k in keys)
+ekeys, ebytes = usage("mem:e{*")
+ids = sum(int(cli("hlen", k)) for k in ekeys)
+print("  event ids: %d remembered in %d buckets, %.1f B per id (MEMORY USAGE), target <= 24" % (ids, len(ekeys), ebytes / ids))
+vkeys, _ = usage("mem:v{*")
+kinds = {}
+for k in vkeys:
+    enc = cli("object", "encoding", k).strip()
+    kinds.setdefault(cli("type", k).strip() + "/" + enc, []).append(int(cli("memory", "usage", k, "samples", "0")))
+for kind, sizes in sorted(kinds.items()):
+    print("  %-20s %4d keys, %.0f B each" % (kind, len(sizes), sum(sizes) / len(sizes)))
+PY
