@@ -480,11 +480,29 @@ pub struct EventMark {
     pub seq: u32,
 }
 
+/// How far ahead of a store's clock the newest metric data may be: events up to 5 minutes in
+/// the future (`velocity::MAX_FUTURE_MS`) and a minute of clock difference between instances.
+pub const MAX_FUTURE_MARGIN_MS: i64 = 6 * 60_000;
+
 impl MetricOp {
     /// When the entity's data written by this op stops being readable.
     pub fn expire_at(&self) -> Option<i64> {
         self.update
             .map(|(sub, _)| (sub + self.slots) * self.resolution_ms)
+    }
+
+    /// An expiry for the entity's key that no update any instance may make needs moved
+    /// later: past the newest sub-window one could write (`trim_hi` and
+    /// `MAX_FUTURE_MARGIN_MS`), so it can be set without reading the key's current one.
+    /// APPROX_COUNT_DISTINCT keys hold one sub-window each: theirs is `expire_at`.
+    pub fn key_expire_at(&self) -> Option<i64> {
+        let (sub, _) = self.update?;
+        if self.family == MetricFamily::Approx {
+            return self.expire_at();
+        }
+        let r = self.resolution_ms.max(1);
+        let ahead = (MAX_FUTURE_MARGIN_MS + r - 1) / r + 1;
+        Some((sub.max(self.trim_hi + ahead) + self.slots) * self.resolution_ms)
     }
 }
 

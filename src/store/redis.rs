@@ -1195,7 +1195,7 @@ impl RedisStore {
             None => first.clone(),
         };
         let mut keys: Vec<String> = vec![route];
-        let mut args: Vec<String> = Vec::with_capacity(4 + call.ops.len() * METRIC_OP_ARGS);
+        let mut args: Vec<String> = Vec::with_capacity(5 + call.ops.len() * METRIC_OP_ARGS);
         match call.event {
             Some(e) => {
                 let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
@@ -1206,6 +1206,7 @@ impl RedisStore {
         }
         args.push(ExpiryCode::script_now(now_ms).to_string());
         args.push(call.ops.len().to_string());
+        args.push((rand::random::<u8>() % 8).to_string());
         for &i in &call.ops {
             let op = &ops[i];
             let at = keys.len() + 1;
@@ -1232,7 +1233,7 @@ impl RedisStore {
                 op.read_hi.to_string(),
                 op.slots.to_string(),
                 op.trim_hi.to_string(),
-                op.expire_at().unwrap_or(0).to_string(),
+                op.key_expire_at().unwrap_or(0).to_string(),
                 if op.read { "1" } else { "" }.to_owned(),
                 op.cap.to_string(),
             ]);

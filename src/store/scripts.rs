@@ -98,7 +98,8 @@ return out
 /// KEYS[1] is the event's deduplication bucket (any key of the slot when there is no event),
 /// then the ops' keys. ARGV: 1 the event's field (its 64-bit keyed hash; '' without an
 /// event), 2 the expiry code until which the event is remembered, 3 now
-/// (`ExpiryCode::script_now`), 4 the number of ops, then `OP_ARGS` arguments per op:
+/// (`ExpiryCode::script_now`), 4 the number of ops, 5 a random digit 0–7 (`seed`), then
+/// `OP_ARGS` arguments per op:
 /// family (`s` COUNT/SUM, `a` AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p`
 /// APPROX_COUNT_DISTINCT), first key index, key count, update sub-window ('' for a read),
 /// value, read_hi, slots, trim_hi, expire_at, '1' to read back, the distinct cap.
@@ -111,15 +112,16 @@ return out
 /// fields then drops its expired ones (bounded work, amortised to a fraction of a field read
 /// per event); the sweep reclaims the rest. The common path is one `HSETNX`.
 ///
-/// Expiry and trimming cost nothing on the common path: a key's expiry and the sub-window
-/// that left the window are touched only when an update opened a new sub-window (a new
-/// field, member or HyperLogLog), since only then can the newest data, and so the key's
-/// expiry `(i + W/r)·r`, move: one `PEXPIREAT … GT` (plain on a new key, which `GT` would
-/// treat as never expiring). A hash then holding more fields than the window needs loses
-/// the sub-window that just left it (`min(i, trim_hi) - slots`, by arithmetic, no read); one
-/// still over (an entity updated only every few sub-windows) is trimmed by reading its field
-/// names (at most `2 · slots + 1` small integers). A COUNT_DISTINCT set drops the members
-/// that left the window when it reaches its cap, before evicting any of the window's.
+/// Expiry and trimming cost one command on the common path, and only when an update opened
+/// a new sub-window (a new field, member or HyperLogLog): a plain `PEXPIREAT` to
+/// `expire_at`, which the caller makes `(max(i, trim_hi) + F + W/r)·r` (`F` sub-windows
+/// covering events up to `MAX_FUTURE_MARGIN_MS` ahead, `MetricOp::key_expire_at`): never
+/// before the newest data any caller may have written leaves the window, whatever order the
+/// calls come in, with no read of the current expiry. One hash update in eight also reads
+/// the hash's length, and a hash holding more fields than the window needs is trimmed by its
+/// field names (a few more than `2 · slots` small integers). A COUNT_DISTINCT set drops the
+/// members that left the window when it reaches its cap, before evicting any of the
+/// window's.
 ///
 /// Returns {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
 /// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the
@@ -148,27 +150,13 @@ elseif ARGV[1] ~= '' and tonumber(string.sub(ARGV[1], -2)) % PURGE_EVERY == 0 th
     fill = fill - #gone
   end
 end
--- The key's expiry may have to move to `at`: set on a new key (`fresh`), else only later.
-local function expire(k, at, fresh)
-  if fresh then
-    redis.call('PEXPIREAT', k, at)
-  else
-    redis.call('PEXPIREAT', k, at, 'GT')
-  end
-end
--- A new sub-window s was opened in hash k (fields s·width .. s·width + width - 1).
-local function opened(k, s, width, n, trim_hi, at)
-  local len = redis.call('HLEN', k)
-  expire(k, at, len == width)
-  if len > width * n then
-    local gone = math.min(s, trim_hi) - n
-    if width == 1 then
-      len = len - redis.call('HDEL', k, gone)
-    else
-      len = len - redis.call('HDEL', k, gone * 2, gone * 2 + 1)
-    end
-  end
-  if len > width * n then
+-- One hash update in eight (every eighth op of the call from a random start, ARGV[5])
+-- also reads the hash's length; one holding more fields than its window needs is trimmed
+-- by its field names. So a hash holds a few sub-windows more than it needs at most, and
+-- the common path reads nothing.
+local seed = tonumber(ARGV[5])
+local function trim(k, width, n, trim_hi)
+  if redis.call('HLEN', k) > width * n then
     local floor = trim_hi - n + 1
     for _, f in ipairs(redis.call('HKEYS', k)) do
       if math.floor(tonumber(f) / width) < floor then redis.call('HDEL', k, f) end
@@ -190,7 +178,7 @@ local function read_window(k, width, lo, hi, out, fields)
 end
 local out = {dup, fill}
 for i = 0, tonumber(ARGV[4]) - 1 do
-  local a = 5 + i * OP_ARGS
+  local a = 6 + i * OP_ARGS
   local fam, ki, nk = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local k, sub, v = KEYS[ki], ARGV[a + 3], ARGV[a + 4]
   local hi, n, trim_hi = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
@@ -198,24 +186,25 @@ for i = 0, tonumber(ARGV[4]) - 1 do
   local lo = hi - n + 1
   if sub ~= '' and dup == 0 then
     local s = tonumber(sub)
+    -- A new field is a new sub-window: the only update that may move the key's expiry.
     if fam == 's' then
-      if redis.call('HINCRBY', k, sub, v) == tonumber(v) then opened(k, s, 1, n, trim_hi, at) end
+      if redis.call('HINCRBY', k, sub, v) == tonumber(v) then redis.call('PEXPIREAT', k, at) end
     elseif fam == 'a' then
       redis.call('HINCRBY', k, s * 2, v)
-      if redis.call('HINCRBY', k, s * 2 + 1, 1) == 1 then opened(k, s, 2, n, trim_hi, at) end
+      if redis.call('HINCRBY', k, s * 2 + 1, 1) == 1 then redis.call('PEXPIREAT', k, at) end
     elseif fam == 'n' or fam == 'x' then
       local cur = redis.call('HGET', k, sub)
       local x = tonumber(v)
       if not cur then
         redis.call('HSET', k, sub, v)
-        opened(k, s, 1, n, trim_hi, at)
+        redis.call('PEXPIREAT', k, at)
       elseif (fam == 'n' and x < tonumber(cur)) or (fam == 'x' and x > tonumber(cur)) then
         redis.call('HSET', k, sub, v)
       end
     elseif fam == 'd' then
       if redis.call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
+        redis.call('PEXPIREAT', k, at)
         local card, cap = redis.call('ZCARD', k), tonumber(ARGV[a + 10])
-        expire(k, at, card == 1)
         -- Members that left the window go when the set reaches its cap, before any
         -- member of the window would.
         if card >= cap then
@@ -227,6 +216,9 @@ for i = 0, tonumber(ARGV[4]) - 1 do
     elseif redis.call('PFADD', k, v) == 1 then
       -- One HyperLogLog per sub-window: its expiry is that sub-window's.
       redis.call('PEXPIREAT', k, at)
+    end
+    if (seed + i) % 8 == 0 and fam ~= 'd' and fam ~= 'p' then
+      if fam == 'a' then trim(k, 2, n, trim_hi) else trim(k, 1, n, trim_hi) end
     end
   end
   if not read then

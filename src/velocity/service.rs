@@ -35,6 +35,8 @@ use crate::store::{
 
 /// Events further in the future than this are refused.
 pub const MAX_FUTURE_MS: i64 = 5 * 60_000;
+// The store's key expiry covers events this far ahead, and a minute of clock difference.
+const _: () = assert!(MAX_FUTURE_MS + 60_000 <= crate::store::MAX_FUTURE_MARGIN_MS);
 /// Most events in one request.
 pub const MAX_EVENTS_PER_REQUEST: usize = 1_000;
 /// Longest event id and field value, in bytes.
