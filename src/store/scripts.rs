@@ -127,25 +127,27 @@ return out
 /// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the
 /// distinct families {count, capped}. n is 0 for an op that reads nothing.
 const METRIC_BODY: &str = r"
+-- Globals are looked up through a metatable in Redis 7's scripts: locals halve the work.
+local call, tonumber, floor, KEYS, ARGV = redis.call, tonumber, math.floor, KEYS, ARGV
 local PURGE_FROM, PURGE_EVERY, OP_ARGS = 256, 32, 11
 local now = tonumber(ARGV[3])
 local dup, fill = 0, 0
-if ARGV[1] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  if live_code(tonumber(redis.call('HGET', KEYS[1], ARGV[1])), now) then
+if ARGV[1] ~= '' and call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  if live_code(tonumber(call('HGET', KEYS[1], ARGV[1])), now) then
     dup = 1
   else
-    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    call('HSET', KEYS[1], ARGV[1], ARGV[2])
   end
 elseif ARGV[1] ~= '' and tonumber(string.sub(ARGV[1], -2)) % PURGE_EVERY == 0 then
   -- One new id in PURGE_EVERY (by its hash's last digits) looks at the bucket's length.
-  fill = redis.call('HLEN', KEYS[1])
+  fill = call('HLEN', KEYS[1])
   if fill >= PURGE_FROM then
-    local all, gone = redis.call('HGETALL', KEYS[1]), {}
+    local all, gone = call('HGETALL', KEYS[1]), {}
     for i = 1, #all, 2 do
       if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
     end
     for i = 1, #gone, 1000 do
-      redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
+      call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
     end
     fill = fill - #gone
   end
@@ -156,18 +158,18 @@ end
 -- the common path reads nothing.
 local seed = tonumber(ARGV[5])
 local function trim(k, width, n, trim_hi)
-  if redis.call('HLEN', k) > width * n then
+  if call('HLEN', k) > width * n then
     local floor = trim_hi - n + 1
-    for _, f in ipairs(redis.call('HKEYS', k)) do
-      if math.floor(tonumber(f) / width) < floor then redis.call('HDEL', k, f) end
+    for _, f in ipairs(call('HKEYS', k)) do
+      if floor(tonumber(f) / width) < floor then call('HDEL', k, f) end
     end
   end
 end
 local function read_window(k, width, lo, hi, out, fields)
-  local all, n, at = redis.call('HGETALL', k), 0, #out + 1
+  local all, n, at = call('HGETALL', k), 0, #out + 1
   out[at] = 0
   for i = 1, #all, 2 do
-    local s = math.floor(tonumber(all[i]) / width)
+    local s = floor(tonumber(all[i]) / width)
     if s >= lo and s <= hi then
       if fields then out[#out + 1] = all[i]; n = n + 1 end
       out[#out + 1] = all[i + 1]
@@ -179,66 +181,73 @@ end
 local out = {dup, fill}
 for i = 0, tonumber(ARGV[4]) - 1 do
   local a = 6 + i * OP_ARGS
-  local fam, ki, nk = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local k, sub, v = KEYS[ki], ARGV[a + 3], ARGV[a + 4]
-  local hi, n, trim_hi = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-  local at, read = tonumber(ARGV[a + 8]), ARGV[a + 9] == '1'
-  local lo = hi - n + 1
+  local fam, k, sub = ARGV[a], KEYS[tonumber(ARGV[a + 1])], ARGV[a + 3]
+  -- Only what the op needs is read (and made a number): the script's own work is most of
+  -- its cost.
   if sub ~= '' and dup == 0 then
-    local s = tonumber(sub)
+    local v, at = ARGV[a + 4], ARGV[a + 8]
     -- A new field is a new sub-window: the only update that may move the key's expiry.
     if fam == 's' then
-      if redis.call('HINCRBY', k, sub, v) == tonumber(v) then redis.call('PEXPIREAT', k, at) end
+      if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
     elseif fam == 'a' then
-      redis.call('HINCRBY', k, s * 2, v)
-      if redis.call('HINCRBY', k, s * 2 + 1, 1) == 1 then redis.call('PEXPIREAT', k, at) end
+      local s = tonumber(sub)
+      call('HINCRBY', k, s * 2, v)
+      if call('HINCRBY', k, s * 2 + 1, 1) == 1 then call('PEXPIREAT', k, at) end
     elseif fam == 'n' or fam == 'x' then
-      local cur = redis.call('HGET', k, sub)
+      local cur = call('HGET', k, sub)
       local x = tonumber(v)
       if not cur then
-        redis.call('HSET', k, sub, v)
-        redis.call('PEXPIREAT', k, at)
+        call('HSET', k, sub, v)
+        call('PEXPIREAT', k, at)
       elseif (fam == 'n' and x < tonumber(cur)) or (fam == 'x' and x > tonumber(cur)) then
-        redis.call('HSET', k, sub, v)
+        call('HSET', k, sub, v)
       end
     elseif fam == 'd' then
-      if redis.call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
-        redis.call('PEXPIREAT', k, at)
-        local card, cap = redis.call('ZCARD', k), tonumber(ARGV[a + 10])
+      if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
+        call('PEXPIREAT', k, at)
+        local card, cap = call('ZCARD', k), tonumber(ARGV[a + 10])
         -- Members that left the window go when the set reaches its cap, before any
         -- member of the window would.
         if card >= cap then
-          redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - n + 1))
-          card = redis.call('ZCARD', k)
-          if card > cap then redis.call('ZPOPMIN', k, card - cap) end
+          local floor = tonumber(ARGV[a + 7]) - tonumber(ARGV[a + 6]) + 1
+          call('ZREMRANGEBYSCORE', k, '-inf', '(' .. floor)
+          card = call('ZCARD', k)
+          if card > cap then call('ZPOPMIN', k, card - cap) end
         end
       end
-    elseif redis.call('PFADD', k, v) == 1 then
+    elseif call('PFADD', k, v) == 1 then
       -- One HyperLogLog per sub-window: its expiry is that sub-window's.
-      redis.call('PEXPIREAT', k, at)
+      call('PEXPIREAT', k, at)
     end
     if (seed + i) % 8 == 0 and fam ~= 'd' and fam ~= 'p' then
-      if fam == 'a' then trim(k, 2, n, trim_hi) else trim(k, 1, n, trim_hi) end
+      local width = 1
+      if fam == 'a' then width = 2 end
+      trim(k, width, tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
     end
   end
-  if not read then
+  if ARGV[a + 9] ~= '1' then
     out[#out + 1] = 0
-  elseif fam == 's' or fam == 'n' or fam == 'x' then
-    read_window(k, 1, lo, hi, out, false)
-  elseif fam == 'a' then
-    read_window(k, 2, lo, hi, out, true)
-  elseif fam == 'd' then
-    local capped = 0
-    if redis.call('ZCARD', k) >= tonumber(ARGV[a + 10]) then capped = 1 end
-    out[#out + 1] = 2
-    out[#out + 1] = redis.call('ZCOUNT', k, lo, hi)
-    out[#out + 1] = capped
   else
-    out[#out + 1] = 1
-    if nk > 1 then
-      out[#out + 1] = redis.call('PFCOUNT', unpack(KEYS, ki + 1, ki + nk - 1))
+    local hi = tonumber(ARGV[a + 5])
+    local lo = hi - tonumber(ARGV[a + 6]) + 1
+    if fam == 's' or fam == 'n' or fam == 'x' then
+      read_window(k, 1, lo, hi, out, false)
+    elseif fam == 'a' then
+      read_window(k, 2, lo, hi, out, true)
+    elseif fam == 'd' then
+      local capped = 0
+      if call('ZCARD', k) >= tonumber(ARGV[a + 10]) then capped = 1 end
+      out[#out + 1] = 2
+      out[#out + 1] = call('ZCOUNT', k, lo, hi)
+      out[#out + 1] = capped
     else
-      out[#out + 1] = 0
+      local ki, nk = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+      out[#out + 1] = 1
+      if nk > 1 then
+        out[#out + 1] = call('PFCOUNT', unpack(KEYS, ki + 1, ki + nk - 1))
+      else
+        out[#out + 1] = 0
+      end
     end
   end
 end
