@@ -1,13 +1,16 @@
 //! Typed bulk operations of the Redis store, for the operator tools (`namelist-tools`): walk
-//! the keyspace's buckets node by node with resumable cursors, read a bucket's fields a step
-//! at a time, measure a bucket, and delete expired fields with compare-and-delete.
+//! the keyspace's buckets (of entries, and of remembered event ids) node by node with
+//! resumable cursors, read a bucket's fields a step at a time, measure a bucket, and delete
+//! expired fields with compare-and-delete.
 //!
-//! Invariant: the tools never name a Redis command or hold Lua; they speak in bucket numbers
+//! Invariant: the tools never name a Redis command or hold Lua; they speak in [`Bucket`]s
 //! and cursors, and every key these operations touch is one `Layout` names (`parse_bucket_key`
-//! keeps out keys that merely look like buckets). Each method is one command (one round trip),
-//! so a tool can pace its commands one by one; none waits for replicas (bulk work is
-//! housekeeping; see each tool's help for what it costs against a live store).
+//! and `is_event_bucket` keep out keys that merely look like buckets). Each method is one
+//! command (one round trip), so a tool can pace its commands one by one; none waits for
+//! replicas (bulk work is housekeeping; see each tool's help for what it costs against a live
+//! store).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use redis::{FromRedisValue, RedisResult, ToRedisArgs, Value};
@@ -17,21 +20,85 @@ use super::StoreBase;
 use super::conn::{Keyed, RedisConn, ScanTarget};
 use super::dump::{DumpError, DumpFormat};
 use super::expiry::ExpiryCode;
-use super::layout::{PrefixLen, Scope};
+use super::layout::{CLUSTER_SLOTS, Layout, PrefixLen, Scope, key_slot};
 use super::redis::RedisStore;
 use super::scripts::{
     self, COMPARE_AND_DELETE, COMPARE_AND_DELETE_SCRIPT, COUNT_EXPIRED_LUA, COUNT_EXPIRED_SCRIPT,
 };
 use crate::domain::now_ms;
 
-/// One `SCAN` step over the bucket keys of one node.
+/// A hash of this keyspace whose fields are signed decimal i64 and whose values are expiry
+/// codes: what the sweep reads a step at a time and deletes expired fields from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Bucket {
+    /// The bucket of entries `Layout::bucket_key(n)`.
+    Entries(u32),
+    /// A bucket of remembered event ids.
+    EventIds(EventBucket),
+}
+
+impl Bucket {
+    /// The bucket's key.
+    pub fn key(&self, layout: &Layout) -> Cow<'_, str> {
+        match self {
+            Bucket::Entries(n) => Cow::Owned(layout.bucket_key(*n)),
+            Bucket::EventIds(e) => Cow::Borrowed(&e.key),
+        }
+    }
+}
+
+/// A bucket of remembered event ids of this keyspace, `<prefix>e{<tag>}<b>`: built only from
+/// a key `Layout::is_event_bucket` accepts, so nothing that merely looks like one is touched.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventBucket {
+    key: String,
+    index: u64,
+}
+
+impl EventBucket {
+    /// The bucket whose key is exactly `key`, if it is a bucket of event ids of `layout`.
+    pub fn parse(layout: &Layout, key: &[u8]) -> Option<Self> {
+        if !layout.is_event_bucket(key) {
+            return None;
+        }
+        // `is_event_bucket` checked the shape: the prefix, `e{`, a tag, `}`, a number.
+        let key = String::from_utf8(key.to_vec()).ok()?;
+        let (tag, b) = key[layout.prefix().len() + 2..].split_once('}')?;
+        // Each slot has exactly one tag, so (slot, b) names the bucket.
+        let slot = u64::from(key_slot(tag.as_bytes()));
+        let index = slot * Self::per_slot(layout) + b.parse::<u64>().ok()?;
+        Some(Self { key, index })
+    }
+
+    /// How many numbers [`index`](Self::index) spans for `layout`'s event buckets.
+    pub fn count(layout: &Layout) -> u64 {
+        u64::from(CLUSTER_SLOTS) * Self::per_slot(layout)
+    }
+
+    /// A number of this bucket, unique among `layout`'s event buckets, below
+    /// [`count`](Self::count) (for a tool's bit set of buckets seen).
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn per_slot(layout: &Layout) -> u64 {
+        u64::from(layout.event_buckets()).div_ceil(u64::from(CLUSTER_SLOTS))
+    }
+}
+
+/// One `SCAN` step over the keys the sweep walks on one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BucketScan {
     /// The cursor to continue from; 0 once the node is done.
     pub next: u64,
-    /// Buckets of this keyspace found (SCAN may return one twice, across steps too).
-    pub buckets: Vec<u32>,
-    /// Keys matching the bucket pattern that are not a bucket of this keyspace.
+    /// Buckets of this keyspace found, of entries or event ids, in `SCAN` order (`SCAN` may
+    /// return one twice, across steps too).
+    pub buckets: Vec<Bucket>,
+    /// Keys matching the pattern ([`RedisStore::sweep_scan_pattern`]) that are neither.
     pub skipped: u64,
 }
 
@@ -90,7 +157,8 @@ impl RedisStore {
         self.connection().is_cluster()
     }
 
-    /// One `SCAN` step for bucket keys on `target`, from `cursor`, about `count` keys.
+    /// One `SCAN` step on `target`, from `cursor`, about `count` keys, for the buckets of
+    /// entries and of event ids together ([`sweep_scan_pattern`](Self::sweep_scan_pattern)).
     pub async fn scan_buckets(
         &self,
         target: &ScanTarget,
@@ -100,16 +168,19 @@ impl RedisStore {
         let layout = self.layout();
         let (next, keys) = self
             .connection()
-            .scan(target, cursor, &self.bucket_scan_pattern(), count)
+            .scan(target, cursor, &self.sweep_scan_pattern(), count)
             .await?;
         let mut out = BucketScan {
             next,
             ..BucketScan::default()
         };
         for key in keys {
-            match layout.parse_bucket_key(&key) {
-                Some(n) => out.buckets.push(n),
-                None => out.skipped += 1,
+            if let Some(n) = layout.parse_bucket_key(&key) {
+                out.buckets.push(Bucket::Entries(n));
+            } else if let Some(e) = EventBucket::parse(layout, &key) {
+                out.buckets.push(Bucket::EventIds(e));
+            } else {
+                out.skipped += 1;
             }
         }
         Ok(out)
@@ -119,12 +190,12 @@ impl RedisStore {
     /// other than a hash (not ours: leave it alone). A missing bucket is an empty last step.
     pub async fn scan_fields(
         &self,
-        bucket: u32,
+        bucket: &Bucket,
         cursor: u64,
         count: u32,
     ) -> RedisResult<Option<FieldScan>> {
         let mut cmd = redis::cmd("HSCAN");
-        cmd.arg(self.layout().bucket_key(bucket))
+        cmd.arg(bucket.key(self.layout()).as_ref())
             .arg(cursor)
             .arg("COUNT")
             .arg(count);
@@ -142,10 +213,10 @@ impl RedisStore {
 
     /// What `bucket` takes in Redis memory (`MEMORY USAGE … SAMPLES 0`: exact, O(fields)); 0
     /// if it does not exist.
-    pub async fn bucket_memory(&self, bucket: u32) -> RedisResult<u64> {
+    pub async fn bucket_memory(&self, bucket: &Bucket) -> RedisResult<u64> {
         let mut cmd = redis::cmd("MEMORY");
         cmd.arg("USAGE")
-            .arg(self.layout().bucket_key(bucket))
+            .arg(bucket.key(self.layout()).as_ref())
             .arg("SAMPLES")
             .arg(0);
         let bytes: Option<u64> = self.query(&cmd).await?;
@@ -153,14 +224,14 @@ impl RedisStore {
     }
 
     /// Deletes each `(field, expected code)` of `bucket` that still holds exactly the value
-    /// read (an entry refreshed since survives): `compare_and_delete` on this keyspace.
+    /// read (an entry or id refreshed since survives): `compare_and_delete` on this keyspace.
     pub async fn delete_if_unchanged(
         &self,
-        bucket: u32,
+        bucket: &Bucket,
         expected: &[(Vec<u8>, Vec<u8>)],
     ) -> RedisResult<CasOutcome> {
-        let key = self.layout().bucket_key(bucket);
-        compare_and_delete(&mut self.connection(), key, expected).await
+        let key = bucket.key(self.layout());
+        compare_and_delete(&mut self.connection(), key.as_ref(), expected).await
     }
 
     /// Loads the compare-and-delete script on `target` (before a walk that deletes, so that
@@ -522,6 +593,13 @@ impl RedisStore {
         format!("{}b:*", glob_escape(self.layout().prefix()))
     }
 
+    /// The `SCAN MATCH` pattern of the sweep, the prefix's glob characters escaped:
+    /// `<prefix>[be][:{]*`, the buckets of entries (`b:`) and of event ids (`e{`) in one walk
+    /// (plus `b{…` and `e:…`, which no layout writes: skipped like any foreign key).
+    pub fn sweep_scan_pattern(&self) -> String {
+        format!("{}[be][:{{]*", glob_escape(self.layout().prefix()))
+    }
+
     /// One `SCAN` step for keys shaped like bucket keys on `target`, raw (the audit reports
     /// the ones that are not buckets of this keyspace; `Layout::bucket_number` tells them).
     pub async fn scan_bucket_keys(
@@ -870,5 +948,40 @@ impl RedisStore {
             }
         }
         Ok(left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::store::Hashing;
+
+    #[test]
+    fn event_buckets_parse_to_distinct_indices_below_the_count() {
+        for n in [1u32, 3, 16_384, 16_385, 50_000] {
+            let l = Layout::new("nl:", 1, Hashing::Unkeyed).with_velocity(2, n);
+            let mut seen = HashSet::new();
+            for h in (0..200_000i64).step_by(7).chain([i64::MIN, -1, i64::MAX]) {
+                for slot in [None, Some(0), Some(9_999), Some(16_383)] {
+                    let key = l.event_bucket_key(h, slot);
+                    let e = EventBucket::parse(&l, key.as_bytes()).expect(&key);
+                    assert_eq!(e.key(), key);
+                    assert!(e.index() < EventBucket::count(&l), "{key} of {n}");
+                    seen.insert((e.index(), key));
+                }
+            }
+            let indices: HashSet<u64> = seen.iter().map(|(i, _)| *i).collect();
+            assert_eq!(indices.len(), seen.len(), "one index per key ({n} buckets)");
+        }
+        let l = Layout::new("nl:", 1, Hashing::Unkeyed).with_velocity(2, 50_000);
+        for foreign in ["nl:e{notatag}0", "nl:e{3560}9", "nl:b:0", "other:e{3560}0"] {
+            assert_eq!(
+                EventBucket::parse(&l, foreign.as_bytes()),
+                None,
+                "{foreign}"
+            );
+        }
     }
 }

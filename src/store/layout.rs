@@ -152,8 +152,8 @@
 //! bucket of that slot (`b = (h >> 14) mod ceil(n / 16384)`): an event updating metrics of
 //! three entities is remembered three times. A remembered id whose code has passed counts as
 //! absent (the lazy rule); a bucket past 256 fields drops its expired ones every 32 new ids;
-//! `namelist-tools sweep` deletes the expired ids of the buckets nobody writes (it walks
-//! `<prefix>b:*` and `<prefix>e{*`). Definitions live in the hashes
+//! `namelist-tools sweep` deletes the expired ids of the buckets nobody writes (one walk of
+//! `<prefix>[be][:{]*`: list buckets and event-id buckets). Definitions live in the hashes
 //! `<prefix>defs:metric` and `<prefix>defs:rule`: field = id, value =
 //! `<version>\n<fingerprint>\n<JSON>` (a deleted one keeps `<version>\n\n` so a re-created
 //! metric never reuses an old version's counts).

@@ -1,27 +1,40 @@
-//! `namelist-tools sweep`: deletes expired entries from the Redis keyspace.
+//! `namelist-tools sweep`: deletes expired entries and expired remembered event ids from the
+//! Redis keyspace.
 //!
 //! The service already treats an expired entry as absent and deletes the ones reads find
-//! (lazy expiry); the sweep reclaims the memory of those nobody reads. It changes no answer,
-//! so, like lazy expiry, it writes no audit record and publishes no invalidation.
+//! (lazy expiry); the sweep reclaims the memory of those nobody reads. Likewise a remembered
+//! event id whose code has passed counts as absent, and a bucket of event ids drops its
+//! expired ones only as it is written (past 256 ids, every 32 new ones); the sweep reclaims
+//! those of the buckets nobody writes. It changes no answer, so, like lazy expiry, it writes no audit record and
+//! publishes no invalidation.
+//!
+//! # What
+//! Two kinds of hash, swept alike: the buckets of entries, `<prefix>b:<n>`, and the buckets
+//! of remembered event ids, `<prefix>e{<tag>}<b>` (`store::layout`, *Event ids*). Both have
+//! signed decimal i64 fields and expiry codes as values (`0` = never), so one per-bucket
+//! sweep serves both; the report counts them apart (`buckets_scanned`, `fields_reclaimed`
+//! … for entries; `event_buckets_scanned`, `event_ids_deleted` … for event ids).
 //!
 //! # How
-//! `SCAN <cursor> MATCH <prefix>b:* COUNT <n>` walks the keyspace (never `KEYS`); on a Redis
-//! Cluster, where `SCAN` sees only the node it runs on, every primary is walked in turn, in
-//! address order (`RedisConn::scan_targets`). A key is
-//! swept only if it is exactly `layout.bucket_key(n)` for a bucket `n` of this keyspace (a
-//! key such as `<prefix>b:x`, or a bucket of a keyspace whose prefix starts with ours, is
-//! skipped and counted). For each bucket: `HSCAN <key> <c> COUNT 1000` until the cursor is
-//! back to 0 (a listpack bucket answers whole in one call), keeping the fields whose value
-//! is the expiry code of an entry expired at the sweep's time. A field or value that is not
-//! what the layout writes (a canonical decimal i64 field, a canonical decimal u32 value) is
-//! counted as `unparseable` and left alone. If something expired: `MEMORY USAGE <key>
-//! SAMPLES 0`, one compare-and-delete script call (`store::scripts::COMPARE_AND_DELETE`: `HDEL` a field
-//! only if it still holds the value the scan saw, so an entry refreshed in between
-//! survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its whole size is
-//! freed). The script is loaded with `SCRIPT LOAD` at the start (on a cluster, on every
-//! primary) and called by `EVALSHA`, reloaded after a `NOSCRIPT` (on a cluster the client
-//! sends that `SCRIPT LOAD` to every node). Every per-bucket
-//! command names its bucket, so a cluster routes it to the bucket's primary.
+//! `SCAN <cursor> MATCH <prefix>[be][:{]* COUNT <n>` walks the keyspace once for both kinds
+//! (never `KEYS`); on a Redis Cluster, where `SCAN` sees only the node it runs on, every
+//! primary is walked in turn, in address order (`RedisConn::scan_targets`). A key is swept
+//! only if it is exactly `layout.bucket_key(n)` for a bucket `n` of this keyspace, or a
+//! bucket of event ids this keyspace may write (`Layout::is_event_bucket`: the right tag
+//! for its slot, a bucket number in range); anything else matching (`<prefix>b:x`,
+//! `<prefix>e{notatag}0`, a bucket of a keyspace whose prefix starts with ours) is skipped
+//! and counted. For each bucket: `HSCAN <key> <c> COUNT 1000` until the cursor is back to 0
+//! (a listpack bucket answers whole in one call), keeping the fields whose value is an
+//! expiry code passed at the sweep's time. A field or value that is not what the layout
+//! writes (a canonical decimal i64 field, a canonical decimal u32 value) is counted as
+//! unparseable and left alone. If something expired: `MEMORY USAGE <key>
+//! SAMPLES 0`, one compare-and-delete script call (`store::scripts::COMPARE_AND_DELETE`:
+//! `HDEL` a field only if it still holds the value the scan saw, so an entry or id refreshed
+//! in between survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its
+//! whole size is freed). The script is loaded with `SCRIPT LOAD` at the start (on a cluster,
+//! on every primary) and called by `EVALSHA`, reloaded after a `NOSCRIPT` (on a cluster the
+//! client sends that `SCRIPT LOAD` to every node). Every per-bucket command names its bucket,
+//! so a cluster routes it to the bucket's primary.
 //!
 //! # Cost and pacing
 //! One command for a bucket with nothing expired, four for a bucket with expired fields, plus
@@ -42,7 +55,9 @@
 //! checkpoint of another topology (other primaries: a failover, a resharding, another
 //! cluster) starts the whole walk over at the first node, keeping its totals, with a warning.
 //! By hand, `--cursor` takes what a stopped run printed: `CURSOR` on a single node,
-//! `HOST:PORT/CURSOR` on a cluster.
+//! `HOST:PORT/CURSOR` on a cluster. A checkpoint of a build that swept only `<prefix>b:*`
+//! resumes too (its event-id totals start at 0; the event buckets its walk had passed wait
+//! for the next sweep).
 //!
 //! # Report
 //! Progress on stderr (a bar on a terminal, else a line every 10 s, always with the next
@@ -66,7 +81,7 @@ use crate::Global;
 use crate::pace::Pace;
 use crate::progress;
 use namelist::domain::now_ms;
-use namelist::store::bulk::{BucketScan, CasOutcome};
+use namelist::store::bulk::{Bucket, BucketScan, CasOutcome, EventBucket};
 use namelist::store::redis::RedisStore;
 use namelist::store::{Layout, StoreBase};
 
@@ -85,17 +100,22 @@ const CHECKPOINT_VERSION: u32 = 2;
 /// How often progress is printed when stderr is not a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
-/// Deletes expired entries from the Redis keyspace; paced and resumable, safe while live.
+/// Deletes expired entries and expired remembered event ids from the Redis keyspace; paced
+/// and resumable, safe while live.
 ///
-/// SCANs the keyspace (never KEYS), HSCANs each bucket and deletes its expired fields with a
-/// compare-and-delete script: a field is deleted only if it still holds the expired value
-/// the scan saw, so an entry refreshed meanwhile survives. Safe against a live store: the
-/// service already treats expired entries as absent, so no answer changes.
+/// SCANs the keyspace once (never KEYS) for the buckets of entries and the buckets of
+/// remembered event ids, HSCANs each and deletes its expired fields with a
+/// compare-and-delete script: a field is deleted only if it still holds the expired
+/// value the scan saw, so an entry or id refreshed meanwhile survives. Keys that only look
+/// like buckets are skipped. Safe against a live store: the service already treats expired
+/// entries and ids as absent, so no answer changes. The report counts entries and event ids
+/// apart (fields_reclaimed, event_ids_deleted).
 ///
 /// Cost: one Redis command per bucket with nothing expired, four per bucket with expired
 /// fields (HSCAN, MEMORY USAGE, EVALSHA, MEMORY USAGE), plus one SCAN per batch; each is
 /// O(one bucket), ~200 fields. With N/200 buckets for N entries, a 1,000,000-entry keyspace
-/// (5,000 buckets) takes ~5 s at the default 1000 commands/s; 0 = unpaced.
+/// (5,000 buckets) takes ~5 s at the default 1000 commands/s; 10,000,000 remembered event
+/// ids (50,000 buckets) add ~50 s or more; 0 = unpaced.
 ///
 /// Resumable: SCAN returns every key present for the whole run at least once (possibly
 /// twice, harmlessly), so a sweep resumed at a printed position (--cursor) or from its
@@ -224,6 +244,10 @@ impl Position {
 }
 
 /// What a sweep did. With `--resume`, the counts cover every run of the sweep.
+///
+/// The bucket and field counts and the bytes are of the buckets of entries; the `event_`
+/// counts are of the buckets of remembered event ids; `keys_skipped`, `scan_batches`, `ops`
+/// and `seconds` are of the whole walk.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SweepReport {
     /// The keyspace's key prefix.
@@ -231,9 +255,10 @@ pub struct SweepReport {
     pub dry_run: bool,
     /// The time swept as of (Unix ms).
     pub now_ms: i64,
-    /// Buckets of this keyspace visited (each once per run).
+    /// Buckets of entries of this keyspace visited (each once per run).
     pub buckets_scanned: u64,
-    /// Keys matching `<prefix>b:*` that are not buckets of this keyspace (or not hashes).
+    /// Keys matching the sweep's pattern (`<prefix>[be][:{]*`) that are not buckets of this
+    /// keyspace, of entries or of event ids (or not hashes).
     pub keys_skipped: u64,
     /// Fields of the scanned buckets.
     pub fields_scanned: u64,
@@ -253,6 +278,32 @@ pub struct SweepReport {
     pub bytes_after: u64,
     /// `bytes_before - bytes_after`.
     pub bytes_freed: i64,
+    // The event-id counts: absent from a checkpoint of a build that swept only entries.
+    /// Buckets of remembered event ids of this keyspace visited (each once per run).
+    #[serde(default)]
+    pub event_buckets_scanned: u64,
+    /// Remembered event ids (fields) of those buckets.
+    #[serde(default)]
+    pub event_ids_scanned: u64,
+    /// Event ids holding an expired code.
+    #[serde(default)]
+    pub event_ids_expired_found: u64,
+    /// Expired event ids deleted (0 in a dry run).
+    #[serde(default)]
+    pub event_ids_deleted: u64,
+    /// Expired event ids that held another value at the delete (remembered again
+    /// meanwhile): kept.
+    #[serde(default)]
+    pub event_ids_skipped_refreshed: u64,
+    /// Expired event ids already deleted by someone else (the service trims a full bucket).
+    #[serde(default)]
+    pub event_ids_already_gone: u64,
+    /// Fields or values of event buckets that are not what the layout writes: never deleted.
+    #[serde(default)]
+    pub event_ids_unparseable: u64,
+    /// `MEMORY USAGE` freed in the buckets of event ids (before minus after the deletes).
+    #[serde(default)]
+    pub event_bytes_freed: i64,
     /// SCAN calls made.
     pub scan_batches: u64,
     /// Redis commands sent (what `--max-ops-per-sec` paces).
@@ -279,17 +330,32 @@ pub struct SweepReport {
 }
 
 impl SweepReport {
-    fn add(&mut self, b: &BucketOutcome) {
-        self.buckets_scanned += 1;
-        self.fields_scanned += b.fields_scanned;
-        self.expired_found += b.expired_found;
-        self.fields_reclaimed += b.cas.deleted;
-        self.skipped_refreshed += b.cas.refreshed;
-        self.already_gone += b.already_gone;
-        self.unparseable += b.unparseable;
-        self.bytes_before += b.bytes_before;
-        self.bytes_after += b.bytes_after;
-        self.bytes_freed = self.bytes_before as i64 - self.bytes_after as i64;
+    /// Counts one swept bucket: into the entries' totals or the event ids'.
+    fn add(&mut self, bucket: &Bucket, b: &BucketOutcome) {
+        match bucket {
+            Bucket::Entries(_) => {
+                self.buckets_scanned += 1;
+                self.fields_scanned += b.fields_scanned;
+                self.expired_found += b.expired_found;
+                self.fields_reclaimed += b.cas.deleted;
+                self.skipped_refreshed += b.cas.refreshed;
+                self.already_gone += b.already_gone;
+                self.unparseable += b.unparseable;
+                self.bytes_before += b.bytes_before;
+                self.bytes_after += b.bytes_after;
+                self.bytes_freed = self.bytes_before as i64 - self.bytes_after as i64;
+            }
+            Bucket::EventIds(_) => {
+                self.event_buckets_scanned += 1;
+                self.event_ids_scanned += b.fields_scanned;
+                self.event_ids_expired_found += b.expired_found;
+                self.event_ids_deleted += b.cas.deleted;
+                self.event_ids_skipped_refreshed += b.cas.refreshed;
+                self.event_ids_already_gone += b.already_gone;
+                self.event_ids_unparseable += b.unparseable;
+                self.event_bytes_freed += b.bytes_before as i64 - b.bytes_after as i64;
+            }
+        }
     }
 
     /// The human-readable table printed on stderr.
@@ -309,6 +375,26 @@ impl SweepReport {
             ("bytes before", self.bytes_before.to_string()),
             ("bytes after", self.bytes_after.to_string()),
             ("bytes freed", self.bytes_freed.to_string()),
+            (
+                "event buckets scanned",
+                self.event_buckets_scanned.to_string(),
+            ),
+            ("event ids scanned", self.event_ids_scanned.to_string()),
+            (
+                "event ids expired",
+                self.event_ids_expired_found.to_string(),
+            ),
+            ("event ids deleted", self.event_ids_deleted.to_string()),
+            (
+                "event ids refreshed",
+                self.event_ids_skipped_refreshed.to_string(),
+            ),
+            ("event ids gone", self.event_ids_already_gone.to_string()),
+            (
+                "event ids unparseable",
+                self.event_ids_unparseable.to_string(),
+            ),
+            ("event bytes freed", self.event_bytes_freed.to_string()),
             ("SCAN batches", self.scan_batches.to_string()),
             ("Redis commands", self.ops.to_string()),
             ("seconds", format!("{:.3}", self.seconds)),
@@ -362,7 +448,7 @@ impl Sweeper<'_> {
         self.ops += 1;
     }
 
-    async fn memory_usage(&mut self, bucket: u32) -> anyhow::Result<u64> {
+    async fn memory_usage(&mut self, bucket: &Bucket) -> anyhow::Result<u64> {
         self.pace().await;
         self.store
             .bucket_memory(bucket)
@@ -376,7 +462,7 @@ impl Sweeper<'_> {
         self.store.run_id(target).await
     }
 
-    /// One `SCAN` step on `target`.
+    /// One `SCAN` step on `target`, for buckets of both kinds.
     async fn scan(
         &mut self,
         target: &ScanTarget,
@@ -387,10 +473,11 @@ impl Sweeper<'_> {
         Ok(self.store.scan_buckets(target, cursor, count).await?)
     }
 
-    /// Sweeps one bucket; `None` if the key is not a hash.
+    /// Sweeps one bucket (of entries or of event ids: the same fields and codes); `None` if
+    /// the key is not a hash.
     async fn bucket(
         &mut self,
-        bucket: u32,
+        bucket: &Bucket,
         now_ms: i64,
         dry_run: bool,
     ) -> anyhow::Result<Option<BucketOutcome>> {
@@ -451,16 +538,40 @@ impl Sweeper<'_> {
     }
 }
 
-/// Buckets visited in this run (SCAN may return a key twice).
-struct Visited(Vec<u64>);
+/// Buckets visited in this run (SCAN may return a key twice), a bit per bucket of each kind:
+/// 5,000 buckets of entries take 625 B, the event buckets of 10M ids (4 per slot) 8 KiB.
+struct Visited {
+    entries: Bits,
+    event_ids: Bits,
+}
 
 impl Visited {
-    fn new(buckets: u32) -> Self {
-        Self(vec![0; (buckets as usize).div_ceil(64)])
+    fn new(layout: &Layout) -> Self {
+        Self {
+            entries: Bits::new(u64::from(layout.buckets())),
+            event_ids: Bits::new(EventBucket::count(layout)),
+        }
     }
 
-    /// Marks `n`; whether it was new.
-    fn insert(&mut self, n: u32) -> bool {
+    /// Marks `bucket`; whether it was new.
+    fn insert(&mut self, bucket: &Bucket) -> bool {
+        match bucket {
+            Bucket::Entries(n) => self.entries.insert(u64::from(*n)),
+            Bucket::EventIds(e) => self.event_ids.insert(e.index()),
+        }
+    }
+}
+
+/// A fixed-size bit set.
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(len: u64) -> Self {
+        Self(vec![0; len.div_ceil(64) as usize])
+    }
+
+    /// Marks `n` (below the length); whether it was new.
+    fn insert(&mut self, n: u64) -> bool {
         let (word, bit) = ((n / 64) as usize, 1u64 << (n % 64));
         let new = self.0[word] & bit == 0;
         self.0[word] |= bit;
@@ -601,7 +712,7 @@ async fn sweep_with(
         walk.load_scripts(&mut sw).await?;
     }
 
-    let mut visited = Visited::new(layout.buckets());
+    let mut visited = Visited::new(&layout);
     let mut batches: u64 = 0;
     loop {
         if stop.load(Ordering::Relaxed) || opts.max_batches.is_some_and(|m| batches >= m) {
@@ -627,8 +738,8 @@ async fn sweep_with(
     Ok(report)
 }
 
-/// One SCAN batch on the walk's current node: every bucket key it returns (once per run)
-/// swept; the cursor SCAN returned.
+/// One SCAN batch on the walk's current node: every bucket key it returns, of entries or of
+/// event ids (once per run), swept; the cursor SCAN returned.
 async fn sweep_batch(
     sw: &mut Sweeper<'_>,
     walk: &Walk,
@@ -644,16 +755,16 @@ async fn sweep_batch(
             .await
             .context("SCAN")?;
         report.keys_skipped += step.skipped;
-        for n in step.buckets {
-            if !visited.insert(n) {
+        for bucket in step.buckets {
+            if !visited.insert(&bucket) {
                 continue;
             }
             let outcome = sw
-                .bucket(n, report.now_ms, opts.dry_run)
+                .bucket(&bucket, report.now_ms, opts.dry_run)
                 .await
-                .with_context(|| format!("bucket {}", layout.bucket_key(n)))?;
+                .with_context(|| format!("bucket {}", bucket.key(layout)))?;
             match outcome {
-                Some(b) => report.add(&b),
+                Some(b) => report.add(&bucket, &b),
                 None => report.keys_skipped += 1,
             }
         }
@@ -912,8 +1023,8 @@ impl Progress {
 
     fn update(&mut self, r: &SweepReport) {
         let msg = format!(
-            "{} reclaimed, {} bytes freed, next cursor {}",
-            r.fields_reclaimed, r.bytes_freed, r.next_position
+            "{} reclaimed, {} bytes freed, {} event ids deleted, next cursor {}",
+            r.fields_reclaimed, r.bytes_freed, r.event_ids_deleted, r.next_position
         );
         match &self.bar {
             Some(bar) => {
@@ -1045,7 +1156,10 @@ mod tests {
             .unwrap(),
         });
         let mut v1 = v1;
-        for k in ["primaries", "primaries_done", "next_node", "next_position"] {
+        for k in ["primaries", "primaries_done", "next_node", "next_position"]
+            .into_iter()
+            .chain(EVENT_FIELDS)
+        {
             v1["report"].as_object_mut().unwrap().remove(k);
         }
         std::fs::write(&path, v1.to_string()).unwrap();
@@ -1054,13 +1168,71 @@ mod tests {
         assert_eq!(cp.report.next_cursor, 42);
     }
 
+    /// The report's event-id fields: absent from a checkpoint of an older build.
+    const EVENT_FIELDS: [&str; 8] = [
+        "event_buckets_scanned",
+        "event_ids_scanned",
+        "event_ids_expired_found",
+        "event_ids_deleted",
+        "event_ids_skipped_refreshed",
+        "event_ids_already_gone",
+        "event_ids_unparseable",
+        "event_bytes_freed",
+    ];
+
     #[test]
-    fn visited_marks_once() {
-        let mut v = Visited::new(130);
+    fn a_checkpoint_without_event_ids_still_reads() {
+        let mut report = serde_json::to_value(SweepReport {
+            prefix: "nl:".into(),
+            next_cursor: 42,
+            fields_reclaimed: 7,
+            ..SweepReport::default()
+        })
+        .unwrap();
+        for k in EVENT_FIELDS {
+            assert!(
+                report.as_object_mut().unwrap().remove(k).is_some(),
+                "{k} is a field"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let cp = serde_json::json!({
+            "version": CHECKPOINT_VERSION,
+            "server_run_id": "abc",
+            "targets": ["Only"],
+            "target_index": 0,
+            "report": report,
+        });
+        std::fs::write(&path, cp.to_string()).unwrap();
+        let cp = Checkpoint::read(&path).unwrap().unwrap();
+        assert_eq!((cp.report.next_cursor, cp.report.fields_reclaimed), (42, 7));
+        assert_eq!(cp.report.event_ids_deleted, 0);
+    }
+
+    #[test]
+    fn bits_mark_once() {
+        let mut v = Bits::new(130);
         assert!(v.insert(0));
         assert!(v.insert(129));
         assert!(!v.insert(129));
         assert!(v.insert(64));
         assert!(!v.insert(0));
+    }
+
+    #[test]
+    fn visited_tells_the_kinds_apart() {
+        let layout =
+            Layout::new("nl:", 10, namelist::store::Hashing::Unkeyed).with_velocity(2, 100);
+        let key = layout.event_bucket_key(0, None);
+        let event = Bucket::EventIds(EventBucket::parse(&layout, key.as_bytes()).unwrap());
+        let mut v = Visited::new(&layout);
+        assert!(v.insert(&Bucket::Entries(0)));
+        assert!(
+            v.insert(&event),
+            "event bucket 0 is not bucket of entries 0"
+        );
+        assert!(!v.insert(&event));
+        assert!(!v.insert(&Bucket::Entries(0)));
     }
 }

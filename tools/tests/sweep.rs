@@ -1,8 +1,9 @@
 //! `namelist-tools sweep` on real redis-servers: it deletes exactly the expired fields
 //! (compare-and-delete, so a refreshed field survives), leaves everything it does not
 //! understand alone, is paced, resumes from its checkpoint to the same end state as one full
-//! sweep, changes nothing in a dry run, and the binary reports one JSON line. The same on a
-//! local Redis Cluster: every primary walked, resumed across primaries (checkpoint and
+//! sweep, changes nothing in a dry run, and the binary reports one JSON line. The buckets of
+//! remembered event ids are swept in the same walk, counted apart. The same on a local Redis
+//! Cluster: every primary walked, resumed across primaries (checkpoint and
 //! `--cursor HOST:PORT/CURSOR`), a checkpoint of another topology restarting the walk.
 
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
@@ -19,7 +20,7 @@ use namelist::domain::now_ms;
 use namelist::store::bulk::compare_and_delete;
 use namelist::store::expiry::EPOCH_2020_MS;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, EntryKey, EntryStore, Layout, StoreBase, WriteBatch};
+use namelist::store::{Deadline, EntryKey, EntryStore, ExpiryCode, Layout, StoreBase, WriteBatch};
 use namelist_tools::sweep::{self, Args, Position, SweepReport};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -101,6 +102,13 @@ fn buckets(redis: &RedisServer) -> Snapshot {
     s
 }
 
+/// The buckets of event ids of the `r:` keyspace.
+fn event_buckets(redis: &RedisServer) -> Snapshot {
+    let mut s = snapshot(redis);
+    s.retain(|k, _| k.starts_with(b"r:e{"));
+    s
+}
+
 /// `MEMORY USAGE` of every bucket key of `layout` (absent = 0).
 fn bucket_memory(redis: &RedisServer, layout: &Layout) -> BTreeMap<u32, u64> {
     let mut conn = redis.conn();
@@ -154,6 +162,75 @@ fn mix(layout: &Layout, n: usize, t: i64, now: i64) -> (Vec<(EntryKey, u32)>, Ve
         expired.push(gone);
     }
     (entries, expired)
+}
+
+/// An event id remembered in a bucket of event ids: its bucket's key, the id's hash (the
+/// field) and whether a sweep as of `t` must delete it.
+struct RememberedId {
+    key: String,
+    hash: i64,
+    expired: bool,
+}
+
+/// Writes 300 remembered event ids straight into `layout`'s buckets of event ids
+/// (`key_of(hash)`: the bucket the service would use), as the velocity script leaves them:
+/// field = the hash, value = an expiry code. Those of one group are all expired at `t` (so
+/// their buckets go whole); the others a mix as of the sweep time `t` and the real `now`.
+fn remember_ids(
+    conn: &mut dyn redis::ConnectionLike,
+    layout: &Layout,
+    t: i64,
+    now: i64,
+    key_of: impl Fn(i64) -> String,
+) -> Vec<RememberedId> {
+    let code = |ms: i64| ExpiryCode::encode(ms).expect("a code").get();
+    let n = i64::from(layout.event_buckets());
+    let mut ids = Vec::new();
+    for group in 0..6i64 {
+        for m in 0..50i64 {
+            // Multiples of the bucket count apart: a few ids per bucket; negative ones too.
+            let hash = if m % 2 == 0 {
+                group + n * m
+            } else {
+                -(group + 1) - n * m
+            };
+            let (value, expired) = match (group, m % 5) {
+                (0, _) => (code(t - HOUR_MS), true),
+                (_, 0) => (code(t), true), // expires exactly at t: expired
+                (_, 1) => (code(t) + 1, false), // a second after t: live at t
+                (_, 2) => (1, true),       // 2020-01-01T00:00:01Z
+                (_, 3) => (0, false),      // 0: never, as for entries
+                _ => (code(now + DAY_MS), false),
+            };
+            let key = key_of(hash);
+            redis::cmd("HSET")
+                .arg(&key)
+                .arg(hash)
+                .arg(value)
+                .query::<()>(conn)
+                .unwrap();
+            ids.push(RememberedId { key, hash, expired });
+        }
+    }
+    ids
+}
+
+/// `snapshot` without the ids a sweep deletes (a bucket left empty is gone); how many.
+fn forget_expired(snapshot: &mut Snapshot, ids: &[RememberedId]) -> u64 {
+    let mut gone = 0;
+    for id in ids.iter().filter(|id| id.expired) {
+        let fields = &mut snapshot.get_mut(id.key.as_bytes()).expect(&id.key).1;
+        assert!(fields.remove(id.hash.to_string().as_bytes()).is_some());
+        gone += 1;
+    }
+    snapshot.retain(|_, (kind, fields)| kind != "hash" || !fields.is_empty());
+    gone
+}
+
+/// The distinct buckets of `ids`.
+fn id_buckets(ids: &[RememberedId]) -> u64 {
+    let keys: std::collections::BTreeSet<&str> = ids.iter().map(|id| id.key.as_str()).collect();
+    keys.len() as u64
 }
 
 /// The sweep time used by most tests: a whole second one day ago.
@@ -320,6 +397,144 @@ async fn a_prefix_with_glob_characters_is_swept_like_any_other() {
     assert_eq!(report.fields_reclaimed, n_expired);
 }
 
+/// The buckets of remembered event ids are swept in the walk of the entries' buckets: exactly
+/// their expired ids go (a bucket left empty with them), live ones and codes of 0 stay, keys
+/// that only look like event buckets are left alone, and the report counts event ids apart
+/// from entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_removes_exactly_the_expired_event_ids_and_nothing_else() {
+    let redis = RedisServer::start();
+    let prefix = "ev:";
+    let store = open(&redis, prefix, 2_000).await;
+    let layout = store.layout().clone();
+    let now = now_ms();
+    let t = sweep_time(now);
+    let (entries, expired) = mix(&layout, 700, t, now);
+    write(&store, &entries).await;
+    let n_expired = expired.iter().filter(|&&g| g).count() as u64;
+
+    let mut conn = redis.conn();
+    let ids = remember_ids(&mut conn, &layout, t, now, |h| {
+        layout.event_bucket_key(h, None)
+    });
+    // Fields the layout does not write, in a bucket that keeps live ids: left alone.
+    let kept = &ids.iter().find(|id| !id.expired).unwrap().key;
+    let _: () = redis::cmd("HSET")
+        .arg(kept)
+        .arg("not-an-id")
+        .arg(1)
+        .arg("77")
+        .arg("01")
+        .query(&mut conn)
+        .unwrap();
+    // Keys that only look like buckets of event ids, each holding an expired-looking field.
+    let first = layout.event_bucket_key(0, None);
+    let per_slot = layout.event_buckets().div_ceil(16_384);
+    let out_of_range = format!("{}{per_slot}", first.strip_suffix('0').unwrap());
+    for key in [
+        format!("{prefix}e{{notatag}}0"),
+        out_of_range, // the right tag, a bucket number past the slot's buckets
+        format!("{prefix}e:0"),
+    ] {
+        assert!(!layout.is_event_bucket(key.as_bytes()), "{key}");
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg("5")
+            .arg("1")
+            .query(&mut conn)
+            .unwrap();
+    }
+    // An event bucket's key holding a string; a key outside the sweep's pattern.
+    let string_bucket = layout.event_bucket_key(7, None);
+    assert!(ids.iter().all(|id| id.key != string_bucket));
+    for key in [string_bucket, format!("{prefix}events")] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("not a hash")
+            .query(&mut conn)
+            .unwrap();
+    }
+
+    let before = snapshot(&redis);
+    let mut expected = before.clone();
+    let ids_expired = forget_expired(&mut expected, &ids);
+    assert!(ids_expired > 100, "{ids_expired}");
+    assert!(
+        ids.iter()
+            .any(|id| !expected.contains_key(id.key.as_bytes())),
+        "some event bucket held only expired ids"
+    );
+    for ((k, _), gone) in entries.iter().zip(&expired) {
+        if *gone {
+            let key = layout.bucket_key(k.bucket).into_bytes();
+            let fields = &mut expected.get_mut(&key).unwrap().1;
+            assert!(fields.remove(k.field.to_string().as_bytes()).is_some());
+        }
+    }
+
+    // A dry run counts, and changes nothing.
+    let digest = redis.digest();
+    let dry = sweep::sweep(
+        &store,
+        &Args {
+            dry_run: true,
+            ..args_at(t)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(redis.digest(), digest);
+    assert_eq!(
+        (dry.event_ids_expired_found, dry.event_ids_deleted),
+        (ids_expired, 0)
+    );
+    assert_eq!(dry.event_bytes_freed, 0);
+
+    let report = sweep::sweep(&store, &args_at(t)).await.unwrap();
+    assert!(
+        snapshot(&redis) == expected,
+        "the sweep removed exactly the expired ids and entries"
+    );
+    assert!(report.done);
+    assert_eq!(report.event_buckets_scanned, id_buckets(&ids));
+    assert_eq!(report.event_ids_scanned, ids.len() as u64 + 2);
+    assert_eq!(report.event_ids_unparseable, 2);
+    assert_eq!(report.event_ids_expired_found, ids_expired);
+    assert_eq!(report.event_ids_deleted, ids_expired);
+    assert_eq!(
+        (
+            report.event_ids_skipped_refreshed,
+            report.event_ids_already_gone
+        ),
+        (0, 0)
+    );
+    assert!(report.event_bytes_freed > 0);
+    assert_eq!(
+        report.keys_skipped, 4,
+        "e{{notatag}}0, e{{tag}}<out of range>, e:0, an event bucket holding a string"
+    );
+    // The entries' figures count entries only.
+    assert_eq!(report.buckets_scanned, u64::from(layout.buckets()));
+    assert_eq!(report.fields_scanned, entries.len() as u64);
+    assert_eq!(report.unparseable, 0);
+    assert_eq!(report.expired_found, n_expired);
+    assert_eq!(report.fields_reclaimed, n_expired);
+    assert!(report.table().contains("event ids deleted"));
+
+    // A second sweep finds nothing and changes nothing.
+    let digest = redis.digest();
+    let again = sweep::sweep(&store, &args_at(t)).await.unwrap();
+    assert_eq!(
+        (again.event_ids_expired_found, again.event_ids_deleted),
+        (0, 0)
+    );
+    assert_eq!(
+        again.event_ids_scanned,
+        report.event_ids_scanned - ids_expired
+    );
+    assert_eq!(redis.digest(), digest);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_and_delete_keeps_a_field_refreshed_after_the_scan() {
     let redis = RedisServer::start();
@@ -385,11 +600,17 @@ async fn a_resumed_sweep_ends_where_one_full_sweep_does() {
         let store = open(redis, "r:", 20_000).await;
         let (entries, _) = mix(store.layout(), 12_000, t, now);
         write(&store, &entries).await;
+        let layout = store.layout();
+        remember_ids(&mut redis.conn(), layout, t, now, |h| {
+            layout.event_bucket_key(h, None)
+        });
         stores.push(store);
     }
     assert!(buckets(&full) == buckets(&stepped));
+    assert!(event_buckets(&full) == event_buckets(&stepped));
     let one = sweep::sweep(&stores[0], &args_at(t)).await.unwrap();
     assert!(one.done && one.fields_reclaimed > 5_000);
+    assert!(one.event_ids_deleted > 100);
 
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("sweep.json");
@@ -445,6 +666,7 @@ async fn a_resumed_sweep_ends_where_one_full_sweep_does() {
         "a finished sweep removes its checkpoint"
     );
     assert!(buckets(&full) == buckets(&stepped));
+    assert!(event_buckets(&full) == event_buckets(&stepped));
     let totals = |r: &SweepReport| {
         (
             r.buckets_scanned,
@@ -455,6 +677,7 @@ async fn a_resumed_sweep_ends_where_one_full_sweep_does() {
         )
     };
     assert_eq!(totals(&last), totals(&one));
+    assert_eq!(event_totals(&last), event_totals(&one));
 
     // By hand: --cursor continues where a stopped run said. On new keyspaces: a store
     // never writes into one flushed under it (it is a lost keyspace).
@@ -635,7 +858,9 @@ async fn the_binary_sweeps_and_prints_one_json_line() {
     assert_eq!(report["fields_reclaimed"], expected);
     assert_eq!(report["expired_found"], expected);
     assert!(report["bytes_freed"].as_i64().unwrap() > 0);
+    assert_eq!(report["event_ids_deleted"], 0, "no event ids: {report}");
     assert!(stderr.contains("fields reclaimed"), "{stderr}");
+    assert!(stderr.contains("event ids deleted"), "{stderr}");
 
     let help = tools().args(["sweep", "--help"]).output().unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
@@ -791,6 +1016,16 @@ fn totals(r: &SweepReport) -> (u64, u64, u64, u64, i64) {
     )
 }
 
+fn event_totals(r: &SweepReport) -> (u64, u64, u64, u64, i64) {
+    (
+        r.event_buckets_scanned,
+        r.event_ids_scanned,
+        r.event_ids_expired_found,
+        r.event_ids_deleted,
+        r.event_bytes_freed,
+    )
+}
+
 /// Every cluster scenario on one local 6-node cluster (3 primaries, 3 replicas).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_redis_cluster() {
@@ -842,6 +1077,10 @@ async fn on_a_redis_cluster() {
         .unwrap();
     let other = open_cluster(&cluster, &format!("{prefix}b:"), 400).await;
     write(&other, &[(other.layout().key_of(b"other"), 1)]).await;
+    // Remembered event ids, in the buckets of the slots a cluster puts them in.
+    let ids = remember_ids(&mut conn, &layout, t, now, |h| {
+        layout.event_bucket_key(h, Some(h.rem_euclid(16_384) as u16))
+    });
 
     let before = cluster_snapshot(&cluster);
     let mut homes: Vec<usize> = (0..10)
@@ -871,11 +1110,17 @@ async fn on_a_redis_cluster() {
             assert!(fields.remove(k.field.to_string().as_bytes()).is_some());
         }
     }
+    let ids_expired = forget_expired(&mut expected, &ids);
     let n_expired = expired.iter().filter(|&&g| g).count() as u64;
     let report = sweep::sweep(&store, &args_at(t)).await.unwrap();
     assert!(
         cluster_snapshot(&cluster) == expected,
-        "the sweep removed exactly the expired fields"
+        "the sweep removed exactly the expired fields and ids"
+    );
+    assert_eq!(
+        (report.event_buckets_scanned, report.event_ids_deleted),
+        (id_buckets(&ids), ids_expired),
+        "every primary's buckets of event ids swept"
     );
     assert!(report.done);
     assert_eq!(report.primaries, names);
