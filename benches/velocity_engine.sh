@@ -169,7 +169,10 @@ def usage(pattern):
     return keys, sum(int(cli("memory", "usage", k, "samples", "0")) for k in keys)
 ekeys, ebytes = usage("mem:e{*")
 ids = sum(int(cli("hlen", k)) for k in ekeys)
-print("  event ids: %d remembered in %d buckets, %.1f B per id (MEMORY USAGE), target <= 24" % (ids, len(ekeys), ebytes / ids))
+if ids:
+    print("  event ids: %d remembered in %d buckets, %.1f B per id (MEMORY USAGE), target <= 24" % (ids, len(ekeys), ebytes / ids))
+else:
+    print("  no buckets of event ids (an older build keeps them per metric key, below)")
 vkeys, _ = usage("mem:v{*")
 kinds = {}
 for k in vkeys:
