@@ -1200,3 +1200,66 @@ async fn event_ids_are_compact_and_forgotten() {
         .unwrap();
     assert_eq!(f.values[&mid("a")], json!(321));
 }
+
+/// A keyspace made before velocity layout 2 (its meta hash has neither `velocity` nor
+/// `event_buckets`) keeps its metric keys, so counts written before an upgrade are read
+/// after it; a new keyspace records layout 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
+    let store = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    assert_eq!(store.layout().velocity(), 2, "a new keyspace");
+    let mut conn = redis.conn();
+    let meta = format!("{prefix}meta");
+    let recorded: (u32, u32) = redis::cmd("HMGET")
+        .arg(&meta)
+        .arg("velocity")
+        .arg("event_buckets")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(recorded, (2, store.layout().event_buckets()));
+    // What an older build left: no velocity fields, counts under layout 1 keys.
+    let _: () = redis::cmd("HDEL")
+        .arg(&meta)
+        .arg("velocity")
+        .arg("event_buckets")
+        .query(&mut conn)
+        .unwrap();
+    let old = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    assert_eq!(
+        old.layout().velocity(),
+        1,
+        "an older keyspace keeps layout 1"
+    );
+    let v = velocity(old.clone()).await;
+    let def = v
+        .put_metric(mid("n"), "COUNT(1h, tx) BY user", None)
+        .await
+        .unwrap();
+    let key = old.layout().metric_key("n", def.version, &["u"]);
+    assert!(key.ends_with('}'), "a layout 1 key: {key}");
+    let sub = now_ms() / def.spec.resolution_ms;
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(sub)
+        .arg(7)
+        .query(&mut conn)
+        .unwrap();
+    v.ingest(&[event(Some("x"), "tx", now_ms(), &[("user", "u")])])
+        .await
+        .unwrap();
+    let f = v
+        .features(&[mid("n")], &fields(&[("user", "u")]), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.values[&mid("n")],
+        json!(8),
+        "the count kept before the upgrade, and one"
+    );
+    // Reopened, it stays layout 1 (recorded now).
+    let again = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    assert_eq!(again.layout().velocity(), 1);
+}
