@@ -77,11 +77,15 @@ async fn cluster_store(cluster: &RedisCluster) -> Arc<dyn Store> {
 }
 
 async fn velocity(store: Arc<dyn Store>) -> Arc<Velocity> {
+    velocity_with(store, settings()).await
+}
+
+async fn velocity_with(store: Arc<dyn Store>, settings: VelocitySettings) -> Arc<Velocity> {
     Velocity::new(
         store.clone(),
         store.clone(),
         store,
-        settings(),
+        settings,
         Arc::new(Metrics::new()),
     )
     .await
@@ -812,18 +816,14 @@ async fn empty_windows_answer_zero_or_null(store: Arc<dyn Store>) {
 }
 
 async fn the_distinct_cap_is_reported(store: Arc<dyn Store>) {
-    let v = Velocity::new(
-        store.clone(),
-        store.clone(),
+    let v = velocity_with(
         store,
         VelocitySettings {
             distinct_cap: 5,
             ..settings()
         },
-        Arc::new(Metrics::new()),
     )
-    .await
-    .unwrap();
+    .await;
     v.put_metric(mid("d"), "COUNT_DISTINCT(1h, tx, card) BY u", None)
         .await
         .unwrap();
@@ -1096,18 +1096,14 @@ async fn event_ids_are_compact_and_forgotten() {
     // 200 ids: one bucket, at the fill the buckets are sized for.
     let store = redis_at(redis.url(), Vec::new(), &prefix, 200).await;
     assert_eq!(store.layout().event_buckets(), 1);
-    let v = Velocity::new(
-        store.clone(),
-        store.clone(),
+    let v = velocity_with(
         store.clone(),
         VelocitySettings {
             dedupe_window: Duration::from_secs(2),
             ..settings()
         },
-        Arc::new(Metrics::new()),
     )
-    .await
-    .unwrap();
+    .await;
     for (id, expr) in [
         ("a", "COUNT(1h, tx) BY user"),
         ("b", "SUM(1d, tx, amount) BY user"),

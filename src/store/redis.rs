@@ -347,15 +347,19 @@ fn family_code(f: MetricFamily) -> &'static str {
     }
 }
 
-/// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op,
-/// and the event bucket's length.
-fn answers(ops: &[&MetricOp], v: &redis::Value) -> StoreResult<(Vec<MetricAnswer>, i64)> {
+/// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op
+/// of `idx`, and the event bucket's length.
+fn answers(
+    ops: &[MetricOp],
+    idx: &[usize],
+    v: &redis::Value,
+) -> StoreResult<(Vec<MetricAnswer>, i64)> {
     let all = ints(v)?;
     let short = || StoreError::corrupt("short metric reply".into());
     let (&dup, rest) = all.split_first().ok_or_else(short)?;
     let (&fill, mut rest) = rest.split_first().ok_or_else(short)?;
-    let mut out = Vec::with_capacity(ops.len());
-    for op in ops {
+    let mut out = Vec::with_capacity(idx.len());
+    for op in idx.iter().map(|&i| &ops[i]) {
         let (&n, tail) = rest.split_first().ok_or_else(short)?;
         let n = usize::try_from(n).map_err(|_| short())?;
         let values = tail.get(..n).ok_or_else(short)?;
@@ -1033,12 +1037,12 @@ impl RedisStore {
         let now = now_ms();
         let script = &self.metric_scripts.write;
         let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now);
+        let mut cmds: Vec<Keyed> = (0..calls.len()).map(cmd).collect();
         // The keys of a call share its slot (on a cluster), so its routing key stands for it.
-        let routes: Vec<Vec<u8>> = (0..calls.len()).map(|c| cmd(c).0).collect();
         let mut session = self
             .session(
                 &topology,
-                routes.iter().map(Vec::as_slice),
+                cmds.iter().map(|(route, _)| route.as_slice()),
                 self.write_replicas,
                 deadline,
             )
@@ -1047,9 +1051,14 @@ impl RedisStore {
             let mut out = Vec::with_capacity(idx.len());
             let mut pending: Vec<usize> = (0..calls.len()).collect();
             for attempt in 0..2 {
-                let replies = session
-                    .commit(pending.iter().map(|&c| cmd(c)).collect(), false)
-                    .await?;
+                // Built once; only a retry after `NOSCRIPT` builds its calls again.
+                let batch = std::mem::take(&mut cmds);
+                let batch = if attempt == 0 {
+                    batch
+                } else {
+                    pending.iter().map(|&c| cmd(c)).collect()
+                };
+                let replies = session.commit(batch, false).await?;
                 let mut again = Vec::new();
                 for (&c, reply) in pending.iter().zip(replies) {
                     match reply {
@@ -1125,8 +1134,7 @@ impl RedisStore {
         call: &MetricCall,
         v: &redis::Value,
     ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
-        let of: Vec<&MetricOp> = call.ops.iter().map(|&i| &ops[i]).collect();
-        let (answers, fill) = answers(&of, v)?;
+        let (answers, fill) = answers(ops, &call.ops, v)?;
         if fill > EVENT_BUCKET_WARN {
             static LAST: AtomicI64 = AtomicI64::new(0);
             let now = now_ms();
