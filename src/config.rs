@@ -80,9 +80,13 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Approximate cap of the audit stream, in records.
     pub audit_max_len: usize,
-    /// Embedded store only: file to keep the lists in across restarts.
+    /// Embedded store only: the directory its durable record lives in (`namelist.redb`, the
+    /// fingerprint key `fingerprint.key`). Unset: in memory only, nothing survives a restart.
+    pub data_dir: Option<PathBuf>,
+    /// Deprecated (builds before `data_dir`): an older build's snapshot file. Imported once
+    /// into `data_dir` (its directory when `data_dir` is unset) and left there as a backup.
     pub snapshot_path: Option<PathBuf>,
-    /// Embedded store only: how often to write the snapshot when something changed.
+    /// Deprecated and ignored: every write is durable when acknowledged.
     pub snapshot_interval_secs: u64,
     /// HTTP worker threads; unset: one per CPU.
     pub workers: Option<usize>,
@@ -159,6 +163,7 @@ impl Default for Settings {
             connect_timeout_ms: 1_000,
             max_body_bytes: 8 * 1024 * 1024,
             audit_max_len: 100_000,
+            data_dir: None,
             snapshot_path: None,
             snapshot_interval_secs: 10,
             workers: None,
@@ -233,6 +238,7 @@ const KEYS: &[&str] = &[
     "connect_timeout_ms",
     "max_body_bytes",
     "audit_max_len",
+    "data_dir",
     "snapshot_path",
     "snapshot_interval_secs",
     "workers",

@@ -2,6 +2,7 @@
 //! tasks, bind the listener and serve. Tests use `Application::build` with port 0.
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use crate::metrics::{Metrics, StoreOp};
 use crate::routes;
 use crate::routes::json::BodyLimit;
 use crate::routes::limits::{ClassBudgets, Limits};
+use crate::store::durable::Durable;
 use crate::store::fingerprint::{self, FingerprintKey, KeyError};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore};
@@ -52,7 +54,7 @@ fn shout(settings: &Settings, warning: &str) {
     }
 }
 
-/// The opened store, and the embedded one again if that is what it is (for snapshots).
+/// The opened store, and the embedded one again if that is what it is (closed on shutdown).
 pub struct OpenedStore {
     pub store: Arc<dyn Store>,
     pub memory: Option<Arc<MemoryStore>>,
@@ -107,16 +109,35 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
             })
         }
         (None, false) => {
-            let snapshot = match &settings.snapshot_path {
-                Some(p) => MemoryStore::snapshot_meta(p)?,
+            let (data_dir, import) = embedded_dirs(settings);
+            let durable = data_dir.as_deref().map(Durable::open).transpose()?;
+            let recorded = match &durable {
+                Some(d) => MemoryStore::recorded(d)?,
                 None => None,
             };
-            let key = embedded_key(settings, snapshot.as_ref())?;
-            let (hashing, loud) = match &snapshot {
+            // A new data directory takes the keyspace of the snapshot it imports.
+            let (meta, place) = match (recorded, &import) {
+                (Some(m), _) => (
+                    Some(m),
+                    durable.as_ref().map(|d| d.path().display().to_string()),
+                ),
+                (None, Some(p)) => (
+                    MemoryStore::snapshot_meta(p)?,
+                    Some(format!("snapshot {}", p.display())),
+                ),
+                (None, None) => (None, None),
+            };
+            let key = embedded_key(
+                settings,
+                data_dir.as_deref(),
+                import.as_deref(),
+                meta.as_ref(),
+            )?;
+            let (hashing, loud) = match &meta {
                 Some(meta) => fingerprint::open_recorded(
                     &meta.hashing,
                     key.as_ref(),
-                    &format!("snapshot {}", snapshot_display(settings)),
+                    place.as_deref().unwrap_or(""),
                 )
                 .map_err(StoreError::Keyspace)?,
                 None => (
@@ -124,7 +145,7 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                     None,
                 ),
             };
-            let buckets = match (settings.expected_entries, &snapshot) {
+            let buckets = match (settings.expected_entries, &meta) {
                 (Some(e), _) => Layout::buckets_for(e),
                 (None, Some(meta)) => meta.buckets,
                 (None, None) => Layout::buckets_for(DEFAULT_EXPECTED_ENTRIES),
@@ -133,15 +154,32 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
             let store = Arc::new(MemoryStore::open(
                 Layout::new(settings.key_prefix.clone(), buckets, hashing),
                 settings.audit_max_len,
-                settings.snapshot_path.clone(),
+                durable,
             )?);
-            tracing::info!(
-                store = "memory",
-                buckets,
-                snapshot = ?settings.snapshot_path,
-                key_id,
-                "embedded store open (no NAMELIST_REDIS_URL): for development and tests"
-            );
+            if let Some(path) = &import
+                && let Some(entries) = store.import_snapshot(path)?
+            {
+                tracing::info!(
+                    snapshot = %path.display(),
+                    entries,
+                    "imported the snapshot of an older build once; the file is left as a backup"
+                );
+            }
+            match &data_dir {
+                Some(dir) => tracing::info!(
+                    store = "memory",
+                    buckets,
+                    data_dir = %dir.display(),
+                    key_id,
+                    "embedded store open, durable (no NAMELIST_REDIS_URL)"
+                ),
+                None => tracing::warn!(
+                    store = "memory",
+                    buckets,
+                    key_id,
+                    "embedded store in memory only: nothing survives a restart (set NAMELIST_DATA_DIR to keep it)"
+                ),
+            }
             unkeyed_loudly(settings, loud.as_deref());
             Ok(OpenedStore {
                 store: store.clone(),
@@ -151,50 +189,92 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
     }
 }
 
-fn snapshot_display(settings: &Settings) -> String {
-    settings
-        .snapshot_path
-        .as_ref()
-        .map_or_else(String::new, |p| p.display().to_string())
+/// The embedded store's data directory and the older build's snapshot file to import into
+/// it, if any: `data_dir`; else, with only the deprecated `snapshot_path`, that file's
+/// directory (a WARN says so).
+fn embedded_dirs(settings: &Settings) -> (Option<PathBuf>, Option<PathBuf>) {
+    let import = settings.snapshot_path.clone();
+    let dir = match (&settings.data_dir, &import) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(file)) => {
+            let dir = file
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            tracing::warn!(
+                snapshot_path = %file.display(),
+                data_dir = %dir.display(),
+                "snapshot_path is deprecated: set data_dir; using the snapshot's directory as data_dir"
+            );
+            Some(dir)
+        }
+        (None, None) => None,
+    };
+    if import.is_some() && settings.data_dir.is_some() {
+        tracing::warn!(
+            "snapshot_path is deprecated: its file is imported once into data_dir; remove the setting"
+        );
+    }
+    (dir, import)
 }
 
+/// The name of the embedded store's key file in its data directory.
+pub const EMBEDDED_KEY_FILE: &str = "fingerprint.key";
+
 /// The embedded store's fingerprint key, so that `cargo run` needs no set-up: the configured
-/// key file if there is one; else, with a snapshot, the file `<snapshot>.key` beside it (made,
-/// mode 0600, with a new snapshot; a keyed snapshot without it is refused); else a new key for
-/// this process (its store dies with it). `None` only for an unkeyed (format 1) snapshot.
+/// key file if there is one; else, with a data directory, its `fingerprint.key` (made, mode
+/// 0600, with a new data directory, or copied from `<snapshot>.key` beside the snapshot it
+/// imports; a keyed record without it is refused); else a new key for this process (its
+/// store dies with it). `None` only for an unkeyed (format 1) record.
 fn embedded_key(
     settings: &Settings,
-    snapshot: Option<&crate::store::memory::SnapshotMeta>,
+    data_dir: Option<&Path>,
+    import: Option<&Path>,
+    meta: Option<&crate::store::memory::SnapshotMeta>,
 ) -> Result<Option<FingerprintKey>, StartupError> {
     if let Some(key) = settings.fingerprint_key()? {
         return Ok(Some(key));
     }
-    let Some(path) = &settings.snapshot_path else {
+    let Some(dir) = data_dir else {
         return Ok(Some(FingerprintKey::generate(
             "generated for this process",
         )?));
     };
-    let mut key_path = path.clone().into_os_string();
-    key_path.push(".key");
-    let key_path = std::path::PathBuf::from(key_path);
+    let key_path = dir.join(EMBEDDED_KEY_FILE);
+    if !key_path.exists()
+        && let Some(snapshot) = import
+    {
+        let mut old = snapshot.as_os_str().to_owned();
+        old.push(".key");
+        let old = PathBuf::from(old);
+        if old.exists() {
+            std::fs::copy(&old, &key_path).map_err(|e| {
+                StoreError::Keyspace(format!(
+                    "copying the snapshot's key {} to {}: {e}",
+                    old.display(),
+                    key_path.display()
+                ))
+            })?;
+        }
+    }
     if key_path.exists() {
         return Ok(Some(FingerprintKey::from_file(&key_path)?));
     }
-    match snapshot.map(|m| (m.hashing.format, m.hashing.key_id.as_deref())) {
+    match meta.map(|m| (m.hashing.format, m.hashing.key_id.as_deref())) {
         None => {
             let key = FingerprintKey::create_file(&key_path)?;
             tracing::info!(
                 key_file = %key_path.display(),
                 key_id = key.id(),
-                "new fingerprint key for the embedded store, kept beside its snapshot"
+                "new fingerprint key for the embedded store, kept in its data directory"
             );
             Ok(Some(key))
         }
         Some((fingerprint::FORMAT_UNKEYED, _)) => Ok(None),
         Some((_, id)) => Err(StoreError::Keyspace(format!(
-            "snapshot {} is keyed (key id {}) but its key file {} is missing: restore that file, \
-             or set NAMELIST_FINGERPRINT_KEY_FILE to the key the snapshot was made with, or move the snapshot away",
-            path.display(),
+            "the embedded store in {} is keyed (key id {}) but its key file {} is missing: restore that file, \
+             or set NAMELIST_FINGERPRINT_KEY_FILE to the key it was made with, or move the data directory away",
+            dir.display(),
             id.unwrap_or("?"),
             key_path.display()
         ))
@@ -208,7 +288,6 @@ pub struct Application {
     server: actix_web::dev::Server,
     lists: web::Data<NameLists>,
     memory: Option<Arc<MemoryStore>>,
-    snapshotter: Option<tokio::task::JoinHandle<()>>,
     reloader: Option<tokio::task::JoinHandle<()>>,
     audit_reader: tokio::task::JoinHandle<()>,
 }
@@ -341,33 +420,12 @@ impl Application {
             })?
             .run();
 
-        let snapshotter = opened
-            .memory
-            .as_ref()
-            .filter(|_| settings.snapshot_path.is_some())
-            .map(|m| {
-                let m = m.clone();
-                let every = Duration::from_secs(settings.snapshot_interval_secs.max(1));
-                tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(every);
-                    loop {
-                        tick.tick().await;
-                        let m = m.clone();
-                        match tokio::task::spawn_blocking(move || m.save_snapshot()).await {
-                            Ok(Err(e)) => tracing::error!(error = %e, "snapshot failed"),
-                            Err(e) => tracing::error!(error = %e, "snapshot task failed"),
-                            Ok(Ok(_)) => {}
-                        }
-                    }
-                })
-            });
         tracing::info!(port, "listening");
         Ok(Self {
             port,
             server,
             lists,
             memory: opened.memory,
-            snapshotter,
             reloader,
             audit_reader,
         })
@@ -387,23 +445,21 @@ impl Application {
         self.server.handle()
     }
 
-    /// Serves until stopped, then writes the embedded store's snapshot. SIGTERM drains
+    /// Serves until stopped, then closes the embedded store's record. SIGTERM drains
     /// in-flight requests for up to 25 s; SIGINT (Ctrl-C) stops at once (actix treats it as a
     /// forced shutdown).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
-        for t in [self.snapshotter, self.reloader, Some(self.audit_reader)]
+        for t in [self.reloader, Some(self.audit_reader)]
             .into_iter()
             .flatten()
         {
             t.abort();
         }
         if let Some(m) = self.memory {
-            match m.save_snapshot() {
-                Ok(true) => tracing::info!("snapshot written"),
-                Ok(false) => {}
-                Err(e) => tracing::error!(error = %e, "final snapshot failed"),
-            }
+            // Every acknowledged write is already durable: this only lets the committer
+            // finish and releases the data directory's lock.
+            m.close();
         }
         result
     }

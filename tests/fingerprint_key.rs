@@ -188,13 +188,13 @@ async fn a_format_1_keyspace_of_an_older_build_keeps_answering() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_embedded_store_keeps_its_own_key_beside_its_snapshot() {
+async fn the_embedded_store_keeps_its_own_key_in_its_data_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let snapshot = dir.path().join("lists.snapshot");
-    let key = dir.path().join("lists.snapshot.key");
+    let snapshot = dir.path().join("namelist.redb");
+    let key = dir.path().join("fingerprint.key");
     let mut settings = test_settings();
     settings.fingerprint_key_file = None;
-    settings.snapshot_path = Some(snapshot.clone());
+    settings.data_dir = Some(dir.path().to_owned());
 
     let app = spawn_app(settings.clone()).await;
     let res = app
@@ -220,7 +220,7 @@ async fn the_embedded_store_keeps_its_own_key_beside_its_snapshot() {
     assert!(
         !snap.windows(32).any(|w| w == raw.as_slice())
             && !snap.windows(64).any(|w| w == hex.as_bytes()),
-        "the key is not in the snapshot"
+        "the key is not in the database file"
     );
 
     let app = spawn_app(settings.clone()).await;
@@ -230,7 +230,7 @@ async fn the_embedded_store_keeps_its_own_key_beside_its_snapshot() {
     assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
     app.stop().await;
 
-    // Without its key file the snapshot is refused (never silently empty); with another key too.
+    // Without its key file the data directory is refused (never silently empty); with another key too.
     let moved = dir.path().join("elsewhere.key");
     std::fs::rename(&key, &moved).unwrap();
     let err = namelist::startup::Application::build(settings.clone())
@@ -251,7 +251,8 @@ async fn the_embedded_store_keeps_its_own_key_beside_its_snapshot() {
     spawn_app(settings).await.stop().await;
 }
 
-/// A snapshot as builds before keyed fingerprints wrote it opens, unkeyed.
+/// A snapshot as builds before keyed fingerprints wrote it is imported once into the data
+/// directory (the deprecated `snapshot_path` alone: its directory), unkeyed, and left as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unkeyed_snapshot_of_an_older_build_still_opens() {
     let dir = tempfile::tempdir().unwrap();
@@ -283,7 +284,7 @@ async fn an_unkeyed_snapshot_of_an_older_build_still_opens() {
         .check(&json!({"lists": ["black"], "subjects": {"phone": "13800000003"}}))
         .await;
     assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
-    // A write: saved again in this build's snapshot encoding, still unkeyed.
+    // A write: in the data directory, still unkeyed; the old file is left as a backup.
     let res = app
         .post(
             "/v1/lists/black/entries",
@@ -292,18 +293,34 @@ async fn an_unkeyed_snapshot_of_an_older_build_still_opens() {
         .await;
     assert_eq!(res.status(), 200);
     app.stop().await;
-    for _ in 0..200 {
-        if std::fs::read(&snapshot).unwrap() != old {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_ne!(std::fs::read(&snapshot).unwrap(), old, "saved again");
+    assert_eq!(std::fs::read(&snapshot).unwrap(), old, "left as it was");
+    assert!(dir.path().join("namelist.redb").exists());
+    // Imported once: a second start does not import it again over the record (the entry
+    // removed here stays removed).
+    let app = spawn_app(settings.clone()).await;
+    let res = app
+        .delete(
+            "/v1/lists/black/entries",
+            &json!({"entries": [{"dimension": "phone", "value": "13800000003"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    app.stop().await;
+    let app = spawn_app(settings.clone()).await;
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"phone": "13800000003", "uid": "u-new"}}))
+        .await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    app.stop().await;
+    // The snapshot's bytes stay as they were; the store opens from its record alone.
+    std::fs::remove_file(&snapshot).unwrap();
+    settings.snapshot_path = None;
+    settings.data_dir = Some(dir.path().to_owned());
     let app = spawn_app(settings).await;
     let body = app
         .check(&json!({"lists": ["black"], "subjects": {"phone": "13800000003", "uid": "u-new"}}))
         .await;
-    assert_eq!(body["hits"].as_array().unwrap().len(), 2, "{body}");
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
     app.stop().await;
 }
 

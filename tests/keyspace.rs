@@ -1,5 +1,5 @@
 //! Keyspace start-up rules: the bucket count and format recorded in `<prefix>meta`, the
-//! listpack limit check, and the embedded store's snapshot across restarts.
+//! listpack limit check, and the embedded store's data directory across restarts.
 
 mod common;
 
@@ -155,9 +155,8 @@ async fn an_unreachable_redis_stops_start_up_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_store_keeps_its_lists_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("lists.snapshot");
     let mut settings = test_settings();
-    settings.snapshot_path = Some(path.clone());
+    settings.data_dir = Some(dir.path().to_owned());
     settings.expected_entries = Some(40_000);
 
     let app = spawn_app(settings.clone()).await;
@@ -176,14 +175,7 @@ async fn the_embedded_store_keeps_its_lists_across_restarts() {
         .await;
     assert_eq!(res.status(), 200);
     app.stop().await;
-    // The final snapshot is written after the server stops.
-    for _ in 0..100 {
-        if path.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(path.exists(), "the snapshot was written on shutdown");
+    assert!(dir.path().join("namelist.redb").exists());
     let wait = short_gone_at - namelist::domain::now_ms();
     tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
 
@@ -205,10 +197,13 @@ async fn the_embedded_store_keeps_its_lists_across_restarts() {
     );
     app.stop().await;
 
-    // A snapshot of another bucket count is refused, as Redis's meta would be.
+    // A data directory of another bucket count is refused, as Redis's meta would be.
     settings.expected_entries = Some(4_000_000);
     match Application::build(settings).await {
-        Err(e) => assert!(e.to_string().contains("buckets"), "{e}"),
-        Ok(_) => panic!("a snapshot of another bucket count must be refused"),
+        Err(e) => assert!(
+            e.to_string().contains("buckets") && e.to_string().contains("namelist.redb"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a data directory of another bucket count must be refused"),
     }
 }

@@ -1,5 +1,5 @@
 //! The real `namelist` binary under SIGTERM: it stops taking connections, drains the request
-//! in flight (answered, not dropped), writes the embedded store's snapshot and exits 0; with
+//! in flight (answered, not dropped), closes the embedded store's data directory and exits 0; with
 //! no traffic it exits at once. Plain HTTP/1.1 over `std::net` sockets, so a request can be
 //! left half-sent while the signal arrives.
 
@@ -33,14 +33,13 @@ impl std::ops::DerefMut for Service {
 }
 
 impl Service {
-    /// Starts the binary with a snapshot file, logging into `dir`; returns once it is ready.
-    fn start(dir: &Path, snapshot: &Path) -> Self {
+    /// Starts the binary on the data directory `data`, logging into `dir`; returns once it is
+    /// ready.
+    fn start(dir: &Path, data: &Path) -> Self {
         Self(
             ServiceProcess::builder()
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-                .env("NAMELIST_SNAPSHOT_PATH", snapshot)
-                // Only the snapshot written on shutdown can be there when the test looks.
-                .env("NAMELIST_SNAPSHOT_INTERVAL_SECS", "3600")
+                .env("NAMELIST_DATA_DIR", data)
                 .env("NAMELIST_EXPECTED_ENTRIES", "4000")
                 .env("NAMELIST_WORKERS", "2")
                 .env("NAMELIST_LOG_FORMAT", "text")
@@ -97,7 +96,7 @@ fn upsert_body(value: &str) -> String {
 #[test]
 fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
     let dir = tempfile::tempdir().unwrap();
-    let snapshot = dir.path().join("lists.snapshot");
+    let snapshot = dir.path().join("data");
     let mut service = Service::start(dir.path(), &snapshot);
 
     let (status, body) = service.request("GET", "/readyz", "");
@@ -168,9 +167,9 @@ fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
         "shutdown took {took:?} although the request in flight finished at once"
     );
     eprintln!("drained and exited in {took:?} after SIGTERM");
-    assert!(snapshot.exists(), "the snapshot is written on shutdown");
+    assert!(snapshot.join("namelist.redb").exists());
 
-    // A new process on the same snapshot still lists both entries.
+    // A new process on the same data directory still lists both entries.
     let service = Service::start(dir.path(), &snapshot);
     for value in ["before", "in-flight"] {
         let (status, body) =
@@ -185,7 +184,7 @@ fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
 #[test]
 fn sigterm_with_no_traffic_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let snapshot = dir.path().join("lists.snapshot");
+    let snapshot = dir.path().join("data");
     let mut service = Service::start(dir.path(), &snapshot);
     let (status, body) = service.request("GET", "/readyz", "");
     assert_eq!(status, 200, "{body}");

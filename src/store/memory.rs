@@ -3,12 +3,12 @@
 //! bucket and field, expiry codes, per-scope prefix registries, a capped and indexed audit
 //! trail) so that both stores behave identically under the conformance suite.
 //!
-//! Optionally it is snapshotted to a file (postcard, written to a temporary file and renamed,
-//! so a crash leaves the previous snapshot) every `snapshot_interval` when something changed
-//! and when the service stops. Expired entries are left out of snapshots; metric and rule
-//! definitions are kept, velocity counts are not (they are short-lived by nature). A snapshot
-//! records its layout format and key id as Redis's meta does, and is refused with another key;
-//! the key itself is never in it (`startup` keeps it in a file of its own beside it).
+//! With a data directory (`data_dir`) it is durable: every change is written to a redb
+//! database (`store::durable`) before it is acknowledged, all of the state below (entries
+//! with their expiry, registries, the audit trail, the lists' counts, definitions, velocity
+//! windows and event ids), and loaded from it at start. Without one it lives in memory only
+//! (tests, `cargo run`), and start-up says so at WARN. A snapshot file of an older build is
+//! imported once into a new data directory (`import_snapshot`) and left where it is.
 //!
 //! Velocity metrics follow the Lua scripts of `store::redis` step for step (the conformance
 //! suite holds both to the same oracle); APPROX_COUNT_DISTINCT is counted exactly here.
@@ -21,21 +21,20 @@
 //! `(ms, seq)` like a stream id, and indexed as Redis indexes it (`layout`, *Audit trail*): a
 //! term's set of positions, kept with the trail on every append and every trim, so a search by
 //! value, who or list reads only the records it returns, and any bound is a binary search.
-//! Like the velocity counts, the trail is not in the snapshot.
 //!
 //! State sits behind one std `Mutex`: every operation is a few hash-map steps and no lock is
 //! held across an `.await`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use super::durable::{Change, Durable, Pending, Table};
 use super::fingerprint::{self, RecordedHashing};
 use super::{
     AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
@@ -55,8 +54,7 @@ struct State {
     audit_seq: u64,
     /// (list, sandbox) → (approximate entry count, always > 0; last change), in (list,
     /// sandbox) order, and the same pairs as (sandbox, list): what the Redis layout's count
-    /// hashes and its two indexes hold, so a page is a range read either way. Not in the
-    /// snapshot: counted since this process started.
+    /// hashes and its two indexes hold, so a page is a range read either way.
     counts: BTreeMap<(String, String), (i64, i64)>,
     counts_by_sandbox: BTreeSet<(String, String)>,
     /// The `ms` of the newest position (the clock, never going back).
@@ -89,12 +87,14 @@ impl AuditSlot {
 }
 
 /// One metric entity, as Redis would keep it (see `layout`).
+#[derive(Serialize, Deserialize)]
 struct MetricState {
     /// Unix ms; the APPROX family keeps one per sub-window instead.
     expire_at: i64,
     data: MetricData,
 }
 
+#[derive(Serialize, Deserialize)]
 enum MetricData {
     /// Hash of integer fields (SUM, AVG, MIN, MAX).
     Hash(BTreeMap<i64, i64>),
@@ -296,62 +296,110 @@ pub struct MemoryStore {
     state: Mutex<State>,
     audit_max_len: usize,
     invalidations: broadcast::Sender<Invalidation>,
-    snapshot_path: Option<PathBuf>,
-    dirty: AtomicBool,
+    /// The durable record, with a data directory.
+    durable: Option<Durable>,
+}
+
+/// The meta rows of a durable record.
+const META_FORMAT: &[u8] = b"format";
+const META_KEY_ID: &[u8] = b"key_id";
+const META_BUCKETS: &[u8] = b"buckets";
+const META_IMPORTED: &[u8] = b"snapshot_imported";
+
+fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    postcard::to_stdvec(value).expect("postcard encodes the store's types")
+}
+
+fn entry_row(k: &EntryKey) -> Vec<u8> {
+    let mut key = Vec::with_capacity(12);
+    key.extend_from_slice(&k.bucket.to_be_bytes());
+    key.extend_from_slice(&k.field.to_be_bytes());
+    key
+}
+
+fn entry_put(k: &EntryKey, code: u32) -> Change {
+    (Table::Entries, entry_row(k), Some(encode(&code)))
+}
+
+fn audit_row(seq: u64) -> Vec<u8> {
+    seq.to_be_bytes().to_vec()
+}
+
+fn count_change(list: &str, sandbox: &str, value: Option<(i64, i64)>) -> Change {
+    (
+        Table::Counts,
+        encode(&(list, sandbox)),
+        value.map(|v| encode(&v)),
+    )
+}
+
+fn definition_change(kind: &str, id: &str, slot: &(u64, String, String)) -> Change {
+    (Table::Definitions, encode(&(kind, id)), Some(encode(slot)))
+}
+
+fn event_row(hash: i64) -> Vec<u8> {
+    hash.to_be_bytes().to_vec()
+}
+
+/// What a durable record's meta rows say about its keyspace, if it has them.
+fn recorded_meta(rows: &[(Vec<u8>, Vec<u8>)], place: &str) -> StoreResult<Option<SnapshotMeta>> {
+    let get = |name: &[u8]| {
+        rows.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    };
+    let corrupt = |e: postcard::Error| StoreError::Keyspace(format!("{place}: meta: {e}"));
+    let (Some(format), Some(buckets)) = (get(META_FORMAT), get(META_BUCKETS)) else {
+        return Ok(None);
+    };
+    let key_id: String = match get(META_KEY_ID) {
+        Some(v) => postcard::from_bytes(v).map_err(corrupt)?,
+        None => String::new(),
+    };
+    Ok(Some(SnapshotMeta {
+        buckets: postcard::from_bytes(buckets).map_err(corrupt)?,
+        hashing: RecordedHashing {
+            format: postcard::from_bytes(format).map_err(corrupt)?,
+            key_id: Some(key_id).filter(|k| !k.is_empty()),
+        },
+    }))
 }
 
 impl MemoryStore {
-    /// An empty store, or the one saved in `snapshot_path` if that file exists. A snapshot of
-    /// another format, key or bucket count is refused, as Redis's meta key would be.
+    /// An empty store in memory only, or the one recorded in `durable` (made there if new).
+    /// A record of another format, key or bucket count is refused, as Redis's meta key is.
     pub fn open(
         layout: Layout,
         audit_max_len: usize,
-        snapshot_path: Option<PathBuf>,
+        durable: Option<Durable>,
     ) -> StoreResult<Self> {
         let mut state = State::default();
-        if let Some(path) = &snapshot_path
-            && path.exists()
-        {
-            let snap = read_snapshot(path)?;
-            let place = format!("snapshot {}", path.display());
-            let recorded = RecordedHashing {
-                format: snap.format,
-                key_id: Some(snap.key_id.clone()).filter(|k| !k.is_empty()),
-            };
-            let key = match layout.hashing() {
-                super::Hashing::Keyed(k) => Some(k),
-                super::Hashing::Unkeyed => None,
-            };
-            let (hashing, _) =
-                fingerprint::open_recorded(&recorded, key, &place).map_err(StoreError::Keyspace)?;
-            if &hashing != layout.hashing() {
-                return Err(StoreError::Keyspace(format!(
-                    "{place} is layout format {}, opened as format {}",
-                    hashing.format(),
-                    layout.format()
-                )));
-            }
-            if snap.buckets != layout.buckets() {
-                return Err(StoreError::Keyspace(format!(
-                    "snapshot {} was written with {} buckets, configured {}: set expected_entries to match or move the snapshot away",
-                    path.display(),
-                    snap.buckets,
-                    layout.buckets()
-                )));
-            }
-            state.entries = snap.entries.into_iter().collect();
-            state.registries = snap
-                .registries
-                .into_iter()
-                .map(|(s, p)| (s, p.into_iter().collect()))
-                .collect();
-            for (kind, id, version, fp, body) in snap.definitions {
-                let kind = match kind.as_str() {
-                    "metric" => DefinitionKind::Metric.as_str(),
-                    "rule" => DefinitionKind::Rule.as_str(),
-                    _ => continue,
-                };
-                state.definitions.insert((kind, id), (version, fp, body));
+        if let Some(d) = &durable {
+            let place = d.path().display().to_string();
+            let rows = d.take_loaded();
+            let meta_rows = &rows[0];
+            match recorded_meta(meta_rows, &place)? {
+                Some(meta) => {
+                    check_recorded(&layout, &meta, &place)?;
+                    load(&mut state, rows, &place)?;
+                }
+                None => d.write_now(vec![
+                    (
+                        Table::Meta,
+                        META_FORMAT.to_vec(),
+                        Some(encode(&layout.format())),
+                    ),
+                    (
+                        Table::Meta,
+                        META_KEY_ID.to_vec(),
+                        Some(encode(layout.hashing().key_id().unwrap_or(""))),
+                    ),
+                    (
+                        Table::Meta,
+                        META_BUCKETS.to_vec(),
+                        Some(encode(&layout.buckets())),
+                    ),
+                ])?,
             }
         }
         let (invalidations, _) = broadcast::channel(1024);
@@ -360,13 +408,21 @@ impl MemoryStore {
             state: Mutex::new(state),
             audit_max_len,
             invalidations,
-            snapshot_path,
-            dirty: AtomicBool::new(false),
+            durable,
         })
     }
 
-    /// What a snapshot file records (bucket count, format, key id), if there is one: lets a
-    /// restart adopt its bucket count and find its key before opening it.
+    /// What a durable record says about its keyspace (bucket count, format, key id), if it
+    /// has been made: lets a restart adopt its bucket count and find its key before opening.
+    pub fn recorded(durable: &Durable) -> StoreResult<Option<SnapshotMeta>> {
+        recorded_meta(
+            &durable.loaded_rows(Table::Meta),
+            &durable.path().display().to_string(),
+        )
+    }
+
+    /// What a snapshot file of an older build records (bucket count, format, key id), if
+    /// there is one.
     pub fn snapshot_meta(path: &Path) -> StoreResult<Option<SnapshotMeta>> {
         if !path.exists() {
             return Ok(None);
@@ -381,62 +437,138 @@ impl MemoryStore {
         }))
     }
 
-    /// Writes the snapshot if anything changed since the last one. Returns whether it wrote.
-    pub fn save_snapshot(&self) -> StoreResult<bool> {
-        let Some(path) = &self.snapshot_path else {
-            return Ok(false);
+    /// Imports an older build's snapshot file into a durable record that holds no entries and
+    /// imported none before (one commit, with the mark that it was imported); the file is left
+    /// where it is, as a backup. Returns the entries imported, `None` when nothing was done.
+    pub fn import_snapshot(&self, path: &Path) -> StoreResult<Option<usize>> {
+        let Some(d) = &self.durable else {
+            return Ok(None);
         };
-        if !self.dirty.swap(false, Ordering::AcqRel) {
-            return Ok(false);
+        let already = d
+            .loaded_rows(Table::Meta)
+            .iter()
+            .any(|(k, _)| k == META_IMPORTED);
+        if already || !path.exists() || !self.lock().entries.is_empty() {
+            return Ok(None);
         }
-        let now = now_ms();
-        let snap = {
-            let st = self.state.lock().expect("memory store lock");
-            Snapshot {
-                version: SNAPSHOT_VERSION,
-                format: self.layout.format(),
-                key_id: self.layout.hashing().key_id().unwrap_or("").to_owned(),
-                buckets: self.layout.buckets(),
-                entries: st
-                    .entries
-                    .iter()
-                    .filter(|(_, c)| code_is_live(**c, now))
-                    .map(|(k, c)| (*k, *c))
-                    .collect(),
-                registries: st
-                    .registries
-                    .iter()
-                    .map(|(s, p)| (s.clone(), p.iter().copied().collect()))
-                    .collect(),
-                definitions: st
-                    .definitions
-                    .iter()
-                    .map(|((k, id), (v, fp, body))| {
-                        (k.to_string(), id.clone(), *v, fp.clone(), body.clone())
-                    })
-                    .collect(),
+        let snap = read_snapshot(path)?;
+        let place = format!("snapshot {}", path.display());
+        check_recorded(
+            &self.layout,
+            &SnapshotMeta {
+                buckets: snap.buckets,
+                hashing: RecordedHashing {
+                    format: snap.format,
+                    key_id: Some(snap.key_id.clone()).filter(|k| !k.is_empty()),
+                },
+            },
+            &place,
+        )?;
+        let mut changes = Vec::new();
+        let n = snap.entries.len();
+        {
+            let mut st = self.lock();
+            for (k, c) in snap.entries {
+                st.entries.insert(k, c);
+                changes.push(entry_put(&k, c));
             }
-        };
-        let bytes = postcard::to_stdvec(&snap)
-            .map_err(|e| StoreError::unavailable(format!("encoding snapshot: {e}")))?;
-        let tmp = path.with_extension("tmp");
-        let io = |e: std::io::Error| {
-            self.dirty.store(true, Ordering::Release);
-            StoreError::unavailable(format!("writing snapshot {}: {e}", path.display()))
-        };
-        std::fs::write(&tmp, bytes).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)?;
-        Ok(true)
+            for (scope, lens) in snap.registries {
+                for len in lens {
+                    changes.push((Table::Registries, encode(&(&scope, len)), Some(Vec::new())));
+                    st.registries.entry(scope.clone()).or_default().insert(len);
+                }
+            }
+            for (kind, id, version, fp, body) in snap.definitions {
+                let kind = match kind.as_str() {
+                    "metric" => DefinitionKind::Metric.as_str(),
+                    "rule" => DefinitionKind::Rule.as_str(),
+                    _ => continue,
+                };
+                let slot = (version, fp, body);
+                changes.push(definition_change(kind, &id, &slot));
+                st.definitions.insert((kind, id), slot);
+            }
+        }
+        changes.push((
+            Table::Meta,
+            META_IMPORTED.to_vec(),
+            Some(encode(&path.display().to_string())),
+        ));
+        d.write_now(changes)?;
+        Ok(Some(n))
+    }
+
+    /// The durable record's commits so far (`None` in memory only).
+    pub fn commit_stats(&self) -> Option<super::durable::CommitStats> {
+        self.durable.as_ref().map(Durable::stats)
+    }
+
+    /// Commits what is queued and closes the durable record, releasing its file; later writes
+    /// are refused. (Tests reopen a data directory in the same process.)
+    pub fn close(&self) {
+        if let Some(d) = &self.durable {
+            d.close();
+        }
+    }
+
+    /// Everything the store holds, in a canonical order (tests compare a store with the same
+    /// data directory reopened).
+    pub fn canonical_state(&self) -> String {
+        let st = self.lock();
+        let mut entries: Vec<_> = st.entries.iter().collect();
+        entries.sort();
+        let mut registries: Vec<_> = st.registries.iter().collect();
+        registries.sort();
+        let audit: Vec<_> = st.audit.iter().map(|s| (s.ms, s.seq, &s.record)).collect();
+        let mut index: Vec<_> = st
+            .audit_index
+            .iter()
+            .map(|(t, s)| (format!("{t:?}"), s))
+            .collect();
+        index.sort();
+        let mut metrics: Vec<_> = st
+            .metrics
+            .iter()
+            .map(|(k, m)| (k, encode_canonical(m)))
+            .collect();
+        metrics.sort();
+        let mut events: Vec<_> = st.events.iter().collect();
+        events.sort();
+        format!(
+            "entries {entries:?}\nregistries {registries:?}\naudit {audit:?} seq {} ms {}\nindex {index:?}\ncounts {:?}\nby sandbox {:?}\ndefinitions {:?}\nmetrics {metrics:?}\nevents {events:?}",
+            st.audit_seq, st.audit_ms, st.counts, st.counts_by_sandbox, st.definitions
+        )
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("memory store lock")
     }
 
+    /// Refuses a write before anything is applied when the durable record has stopped.
+    fn writable(&self) -> StoreResult<()> {
+        self.durable
+            .as_ref()
+            .map_or(Ok(()), Durable::check_writable)
+    }
+
+    /// Queues one operation's rows (under the state's lock, right after applying them).
+    fn record(&self, changes: Vec<Change>) -> Option<Pending> {
+        self.durable.as_ref().map(|d| d.queue(changes))
+    }
+
+    /// Waits until what `record` queued is durable.
+    async fn durable(pending: Option<Pending>) -> StoreResult<()> {
+        match pending {
+            Some(p) => p.durable().await,
+            None => Ok(()),
+        }
+    }
+
     /// Appends records to the trail and indexes them under their terms; past the cap the
-    /// oldest go, and their index entries with them.
-    fn append_audit(&self, st: &mut State, records: Vec<AuditRecord>) {
+    /// oldest go, and their index entries with them. The rows changed go into `changes`.
+    fn append_audit(&self, st: &mut State, records: Vec<AuditRecord>, changes: &mut Vec<Change>) {
         let now = u64::try_from(now_ms()).unwrap_or(0);
+        let durable = self.durable.is_some();
         for record in records {
             st.audit_seq += 1;
             st.audit_ms = st.audit_ms.max(now);
@@ -445,12 +577,18 @@ impl MemoryStore {
                 st.audit_index.entry(term).or_default().insert(seq);
             }
             let ms = st.audit_ms;
+            if durable {
+                changes.push((Table::Audit, audit_row(seq), Some(encode(&(ms, &record)))));
+            }
             st.audit.push_back(AuditSlot { ms, seq, record });
         }
         while st.audit.len() > self.audit_max_len {
             let Some(gone) = st.audit.pop_front() else {
                 break;
             };
+            if durable {
+                changes.push((Table::Audit, audit_row(gone.seq), None));
+            }
             for term in gone.record.terms() {
                 if let Some(seqs) = st.audit_index.get_mut(&term) {
                     seqs.remove(&gone.seq);
@@ -475,6 +613,145 @@ impl MemoryStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A metric entity's bytes, for `canonical_state`.
+fn encode_canonical(m: &MetricState) -> String {
+    match &m.data {
+        MetricData::Hash(h) => format!("{} {h:?}", m.expire_at),
+        MetricData::Zset(z) => {
+            let mut z: Vec<_> = z.iter().collect();
+            z.sort();
+            format!("{} {z:?}", m.expire_at)
+        }
+        MetricData::Subs(s) => {
+            let s: Vec<_> = s
+                .iter()
+                .map(|(k, (e, set))| {
+                    let mut set: Vec<_> = set.iter().collect();
+                    set.sort();
+                    (k, e, set)
+                })
+                .collect();
+            format!("{} {s:?}", m.expire_at)
+        }
+    }
+}
+
+/// Refuses a record (a data directory or a snapshot) of another format, key or bucket count.
+fn check_recorded(layout: &Layout, meta: &SnapshotMeta, place: &str) -> StoreResult<()> {
+    let key = match layout.hashing() {
+        super::Hashing::Keyed(k) => Some(k),
+        super::Hashing::Unkeyed => None,
+    };
+    let (hashing, _) =
+        fingerprint::open_recorded(&meta.hashing, key, place).map_err(StoreError::Keyspace)?;
+    if &hashing != layout.hashing() {
+        return Err(StoreError::Keyspace(format!(
+            "{place} is layout format {}, opened as format {}",
+            hashing.format(),
+            layout.format()
+        )));
+    }
+    if meta.buckets != layout.buckets() {
+        return Err(StoreError::Keyspace(format!(
+            "{place} was written with {} buckets, configured {}: set expected_entries to match or move it away",
+            meta.buckets,
+            layout.buckets()
+        )));
+    }
+    Ok(())
+}
+
+/// Fills `state` from a durable record's rows (in the order of `Table::ALL`), rebuilding
+/// what is derived (the audit index, its clock, the counts by sandbox).
+fn load(state: &mut State, rows: Vec<Vec<(Vec<u8>, Vec<u8>)>>, place: &str) -> StoreResult<()> {
+    let bad = |table: &str, e: String| {
+        StoreError::Keyspace(format!(
+            "{place}: table {table}: {e}: refused rather than opened partly"
+        ))
+    };
+    let pc = |table: &'static str| move |e: postcard::Error| bad(table, e.to_string());
+    for (table, rows) in Table::ALL.into_iter().zip(rows) {
+        for (k, v) in rows {
+            match table {
+                Table::Meta => {}
+                Table::Entries => {
+                    let (Some(b), Some(f)) = (k.get(..4), k.get(4..12)) else {
+                        return Err(bad("entries", "a key of the wrong length".into()));
+                    };
+                    let key = EntryKey {
+                        bucket: u32::from_be_bytes(b.try_into().expect("4 bytes")),
+                        field: i64::from_be_bytes(f.try_into().expect("8 bytes")),
+                    };
+                    state
+                        .entries
+                        .insert(key, postcard::from_bytes(&v).map_err(pc("entries"))?);
+                }
+                Table::Registries => {
+                    let (scope, len): (Scope, PrefixLen) =
+                        postcard::from_bytes(&k).map_err(pc("registries"))?;
+                    state.registries.entry(scope).or_default().insert(len);
+                }
+                Table::Audit => {
+                    let seq = u64::from_be_bytes(
+                        k.as_slice()
+                            .try_into()
+                            .map_err(|_| bad("audit", "a key of the wrong length".into()))?,
+                    );
+                    let (ms, record): (u64, AuditRecord) =
+                        postcard::from_bytes(&v).map_err(pc("audit"))?;
+                    for term in record.terms() {
+                        state.audit_index.entry(term).or_default().insert(seq);
+                    }
+                    // Rows come in key order: the trail's.
+                    state.audit_seq = seq;
+                    state.audit_ms = state.audit_ms.max(ms);
+                    state.audit.push_back(AuditSlot { ms, seq, record });
+                }
+                Table::Counts => {
+                    let (list, sandbox): (String, String) =
+                        postcard::from_bytes(&k).map_err(pc("counts"))?;
+                    let value: (i64, i64) = postcard::from_bytes(&v).map_err(pc("counts"))?;
+                    state
+                        .counts_by_sandbox
+                        .insert((sandbox.clone(), list.clone()));
+                    state.counts.insert((list, sandbox), value);
+                }
+                Table::Definitions => {
+                    let (kind, id): (String, String) =
+                        postcard::from_bytes(&k).map_err(pc("definitions"))?;
+                    let kind = match kind.as_str() {
+                        "metric" => DefinitionKind::Metric.as_str(),
+                        "rule" => DefinitionKind::Rule.as_str(),
+                        _ => continue,
+                    };
+                    state.definitions.insert(
+                        (kind, id),
+                        postcard::from_bytes(&v).map_err(pc("definitions"))?,
+                    );
+                }
+                Table::Metrics => {
+                    let key = String::from_utf8(k)
+                        .map_err(|_| bad("metrics", "a key that is not UTF-8".into()))?;
+                    state
+                        .metrics
+                        .insert(key, postcard::from_bytes(&v).map_err(pc("metrics"))?);
+                }
+                Table::Events => {
+                    let hash = i64::from_be_bytes(
+                        k.as_slice()
+                            .try_into()
+                            .map_err(|_| bad("events", "a key of the wrong length".into()))?,
+                    );
+                    state
+                        .events
+                        .insert(hash, postcard::from_bytes(&v).map_err(pc("events"))?);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn read_snapshot(path: &Path) -> StoreResult<Snapshot> {
@@ -569,21 +846,33 @@ impl EntryStore for MemoryStore {
         let changes = Invalidation::upserted(&batch.entries, false);
         let mut scopes = Vec::new();
         let created;
-        {
+        let pending = {
             let mut st = self.lock();
+            self.writable()?;
+            let durable = self.durable.is_some();
+            let mut rows = Vec::new();
             for (scope, len) in batch.prefixes {
                 if st.registries.entry(scope.clone()).or_default().insert(len) {
+                    if durable {
+                        rows.push((Table::Registries, encode(&(&scope, len)), Some(Vec::new())));
+                    }
                     scopes.push((scope.0.to_string(), scope.1.to_string()));
                 }
             }
             created = batch
                 .entries
                 .into_iter()
-                .map(|(k, c)| st.entries.insert(k, c).is_none())
+                .map(|(k, c)| {
+                    if durable {
+                        rows.push(entry_put(&k, c));
+                    }
+                    st.entries.insert(k, c).is_none()
+                })
                 .collect();
-            self.append_audit(&mut st, batch.audit);
-        }
-        self.dirty.store(true, Ordering::Release);
+            self.append_audit(&mut st, batch.audit, &mut rows);
+            self.record(rows)
+        };
+        Self::durable(pending).await?;
         if !scopes.is_empty() {
             let _ = self.invalidations.send(Invalidation::Scopes(scopes));
         }
@@ -598,20 +887,28 @@ impl EntryStore for MemoryStore {
         audit: Vec<AuditRecord>,
         _deadline: Deadline,
     ) -> StoreResult<Vec<Removed>> {
-        let removed = {
+        let (removed, pending) = {
             let mut st = self.lock();
+            self.writable()?;
+            let mut rows = Vec::new();
             let removed = keys
                 .iter()
                 .map(|k| match st.entries.remove(k) {
                     None => Removed::Absent,
-                    Some(c) if code_is_live(c, now_ms) => Removed::Live,
-                    Some(_) => Removed::Expired,
+                    Some(c) => {
+                        rows.push((Table::Entries, entry_row(k), None));
+                        if code_is_live(c, now_ms) {
+                            Removed::Live
+                        } else {
+                            Removed::Expired
+                        }
+                    }
                 })
                 .collect();
-            self.append_audit(&mut st, audit);
-            removed
+            self.append_audit(&mut st, audit, &mut rows);
+            (removed, self.record(rows))
         };
-        self.dirty.store(true, Ordering::Release);
+        Self::durable(pending).await?;
         let _ = self.invalidations.send(Invalidation::removed(keys));
         Ok(removed)
     }
@@ -622,13 +919,17 @@ impl EntryStore for MemoryStore {
         code: u32,
         _deadline: Deadline,
     ) -> StoreResult<bool> {
-        let mut st = self.lock();
-        if st.entries.get(&key) == Some(&code) {
+        let pending = {
+            let mut st = self.lock();
+            self.writable()?;
+            if st.entries.get(&key) != Some(&code) {
+                return Ok(false);
+            }
             st.entries.remove(&key);
-            self.dirty.store(true, Ordering::Release);
-            return Ok(true);
-        }
-        Ok(false)
+            self.record(vec![(Table::Entries, entry_row(&key), None)])
+        };
+        Self::durable(pending).await?;
+        Ok(true)
     }
 
     async fn audit_tail(&self, count: usize) -> StoreResult<Vec<AuditRecord>> {
@@ -714,23 +1015,31 @@ impl EntryStore for MemoryStore {
         at_ms: i64,
         _deadline: Deadline,
     ) -> StoreResult<()> {
-        let mut st = self.lock();
-        for c in changes {
-            let (list, sandbox) = (c.scope.0.to_string(), c.scope.1.to_string());
-            let e = st
-                .counts
-                .entry((list.clone(), sandbox.clone()))
-                .or_insert((0, at_ms));
-            e.0 += c.delta;
-            e.1 = e.1.max(at_ms);
-            if e.0 <= 0 {
-                st.counts.remove(&(list.clone(), sandbox.clone()));
-                st.counts_by_sandbox.remove(&(sandbox, list));
-            } else {
-                st.counts_by_sandbox.insert((sandbox, list));
+        let pending = {
+            let mut st = self.lock();
+            self.writable()?;
+            let mut rows = Vec::new();
+            for c in changes {
+                let (list, sandbox) = (c.scope.0.to_string(), c.scope.1.to_string());
+                let e = st
+                    .counts
+                    .entry((list.clone(), sandbox.clone()))
+                    .or_insert((0, at_ms));
+                e.0 += c.delta;
+                e.1 = e.1.max(at_ms);
+                let value = *e;
+                if value.0 <= 0 {
+                    rows.push(count_change(&list, &sandbox, None));
+                    st.counts.remove(&(list.clone(), sandbox.clone()));
+                    st.counts_by_sandbox.remove(&(sandbox, list));
+                } else {
+                    rows.push(count_change(&list, &sandbox, Some(value)));
+                    st.counts_by_sandbox.insert((sandbox, list));
+                }
             }
-        }
-        Ok(())
+            self.record(rows)
+        };
+        Self::durable(pending).await
     }
 
     async fn list_counts(&self, query: &CountsQuery) -> StoreResult<CountsPage> {
@@ -828,46 +1137,101 @@ impl MetricStore for MemoryStore {
         _deadline: Deadline,
     ) -> StoreResult<Vec<MetricAnswer>> {
         let now = now_ms();
-        let mut st = self.lock();
-        st.ops_since_purge += ops.len() as u64;
-        if st.ops_since_purge > 4096 {
-            st.ops_since_purge = 0;
-            st.metrics.retain(|_, m| m.expire_at > now && !m.is_empty());
-            st.events.retain(|_, until| *until > now);
-        }
-        // Whether each event (of this call) is a replay, decided at its first op.
-        let mut replay: HashMap<(u32, i64), bool> = HashMap::new();
-        let st = &mut *st;
-        Ok(ops
-            .iter()
-            .map(|op| {
-                let duplicate =
-                    match (op.update, op.event) {
+        let writes = ops.iter().any(|op| op.update.is_some());
+        let (answers, pending) = {
+            let mut guard = self.lock();
+            if writes {
+                self.writable()?;
+            }
+            let st = &mut *guard;
+            let durable = self.durable.is_some();
+            let mut rows = Vec::new();
+            st.ops_since_purge += ops.len() as u64;
+            if st.ops_since_purge > 4096 {
+                st.ops_since_purge = 0;
+                let gone: Vec<String> = st
+                    .metrics
+                    .iter()
+                    .filter(|(_, m)| m.expire_at <= now || m.is_empty())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in gone {
+                    st.metrics.remove(&k);
+                    if durable {
+                        rows.push((Table::Metrics, k.into_bytes(), None));
+                    }
+                }
+                let gone: Vec<i64> = st
+                    .events
+                    .iter()
+                    .filter(|(_, until)| **until <= now)
+                    .map(|(h, _)| *h)
+                    .collect();
+                for h in gone {
+                    st.events.remove(&h);
+                    if durable {
+                        rows.push((Table::Events, event_row(h), None));
+                    }
+                }
+            }
+            // Whether each event (of this call) is a replay, decided at its first op.
+            let mut replay: HashMap<(u32, i64), bool> = HashMap::new();
+            let mut touched: Vec<&str> = Vec::new();
+            let answers = ops
+                .iter()
+                .map(|op| {
+                    let duplicate = match (op.update, op.event) {
                         (Some(_), Some(e)) => *replay.entry((e.seq, e.hash)).or_insert_with(|| {
                             match st.events.get(&e.hash) {
                                 Some(until) if *until > now => true,
                                 _ => {
                                     st.events.insert(e.hash, e.keep_until_ms);
+                                    if durable {
+                                        rows.push((
+                                            Table::Events,
+                                            event_row(e.hash),
+                                            Some(encode(&e.keep_until_ms)),
+                                        ));
+                                    }
                                     false
                                 }
                             }
                         }),
                         _ => false,
                     };
-                let state = st
-                    .metrics
-                    .entry(op.key.clone())
-                    .or_insert_with(|| MetricState::new(op));
-                if state.expire_at <= now {
-                    *state = MetricState::new(op);
-                }
-                let r = state.apply(op, now, duplicate);
-                if state.is_empty() {
-                    st.metrics.remove(&op.key);
-                }
-                r
-            })
-            .collect())
+                    let state = st
+                        .metrics
+                        .entry(op.key.clone())
+                        .or_insert_with(|| MetricState::new(op));
+                    if state.expire_at <= now {
+                        *state = MetricState::new(op);
+                    }
+                    let r = state.apply(op, now, duplicate);
+                    if state.is_empty() {
+                        st.metrics.remove(&op.key);
+                    }
+                    if durable && op.update.is_some() && !duplicate {
+                        touched.push(&op.key);
+                    }
+                    r
+                })
+                .collect::<Vec<_>>();
+            // Each entity an update changed, once, as it is now.
+            touched.sort_unstable();
+            touched.dedup();
+            for k in touched {
+                let value = st.metrics.get(k).map(encode);
+                rows.push((Table::Metrics, k.as_bytes().to_vec(), value));
+            }
+            let pending = if rows.is_empty() {
+                None
+            } else {
+                self.record(rows)
+            };
+            (answers, pending)
+        };
+        Self::durable(pending).await?;
+        Ok(answers)
     }
 }
 
@@ -895,8 +1259,9 @@ impl DefinitionStore for MemoryStore {
         body: &str,
         _deadline: Deadline,
     ) -> StoreResult<u64> {
-        let version = {
+        let (version, pending) = {
             let mut st = self.lock();
+            self.writable()?;
             let slot = st
                 .definitions
                 .entry((kind.as_str(), id.to_owned()))
@@ -906,9 +1271,10 @@ impl DefinitionStore for MemoryStore {
             }
             slot.1 = fingerprint.to_owned();
             slot.2 = body.to_owned();
-            slot.0
+            let row = definition_change(kind.as_str(), id, slot);
+            (slot.0, self.record(vec![row]))
         };
-        self.dirty.store(true, Ordering::Release);
+        Self::durable(pending).await?;
         let _ = self.invalidations.send(Invalidation::Definitions);
         Ok(version)
     }
@@ -921,20 +1287,23 @@ impl DefinitionStore for MemoryStore {
     ) -> StoreResult<bool> {
         let existed = {
             let mut st = self.lock();
+            self.writable()?;
             match st.definitions.get_mut(&(kind.as_str(), id.to_owned())) {
                 Some(slot) if !slot.1.is_empty() => {
                     slot.1.clear();
                     slot.2.clear();
-                    true
+                    let row = definition_change(kind.as_str(), id, slot);
+                    Some(self.record(vec![row]))
                 }
-                _ => false,
+                _ => None,
             }
         };
-        if existed {
-            self.dirty.store(true, Ordering::Release);
-            let _ = self.invalidations.send(Invalidation::Definitions);
-        }
-        Ok(existed)
+        let Some(pending) = existed else {
+            return Ok(false);
+        };
+        Self::durable(pending).await?;
+        let _ = self.invalidations.send(Invalidation::Definitions);
+        Ok(true)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod bulk;
 pub mod changelog;
 pub mod conn;
 pub mod dump;
+pub mod durable;
 pub mod expiry;
 pub mod fingerprint;
 pub mod heal;

@@ -677,6 +677,9 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub lists: actix_web::web::Data<NameLists>,
     handle: actix_web::dev::ServerHandle,
+    /// The running application: awaited by `stop` (the embedded store's data directory is
+    /// released when it ends).
+    running: std::sync::Mutex<Option<tokio::task::JoinHandle<std::io::Result<()>>>>,
 }
 
 impl TestApp {
@@ -735,8 +738,13 @@ impl TestApp {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Stops the server gracefully and waits until the application has ended.
     pub async fn stop(&self) {
         self.handle.stop(true).await;
+        let running = self.running.lock().unwrap().take();
+        if let Some(running) = running {
+            let _ = running.await;
+        }
     }
 }
 
@@ -753,7 +761,7 @@ pub async fn spawn_app(settings: Settings) -> TestApp {
     let port = app.port();
     let lists = app.lists();
     let handle = app.handle();
-    tokio::spawn(app.run_until_stopped());
+    let running = tokio::spawn(app.run_until_stopped());
     let started = Instant::now();
     while !lists.cache().is_trusted() {
         assert!(
@@ -775,6 +783,7 @@ pub async fn spawn_app(settings: Settings) -> TestApp {
             .expect("http client"),
         lists,
         handle,
+        running: std::sync::Mutex::new(Some(running)),
     }
 }
 

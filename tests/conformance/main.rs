@@ -1,6 +1,8 @@
 //! The conformance suite: one set of behaviours per store trait that every backend must show,
 //! one module per trait, each case written once and run by `conformance!` on every backend:
-//! the embedded store, a real `redis-server` of its own (keyed with the local tier complete,
+//! the embedded store in memory and durable (a fresh data directory per case, which after the
+//! case is closed, reopened and must hold exactly the state the store had), a real
+//! `redis-server` of its own (keyed with the local tier complete,
 //! partial and off, and once more on an unkeyed format-1 keyspace) and a local cluster (one
 //! cluster for every case of every module, each case on a keyspace of its own).
 //!
@@ -33,9 +35,12 @@ use futures::StreamExt;
 use namelist::cache::Mode;
 use namelist::lists::{FailMode, ListSettings, NameLists};
 use namelist::metrics::Metrics;
+use namelist::store::durable::Durable;
 use namelist::store::memory::MemoryStore;
 use namelist::store::redis::{RedisOptions, RedisStore};
-use namelist::store::{Deadline, FingerprintKey, Invalidation, InvalidationStream, Layout, Store};
+use namelist::store::{
+    Deadline, FingerprintKey, Invalidation, InvalidationStream, Layout, Store, StoreBase,
+};
 
 use common::{RedisCluster, RedisServer, unique_prefix};
 
@@ -47,6 +52,8 @@ struct Harness {
     redis_store: Option<Arc<RedisStore>>,
     /// The same store when it is the embedded one.
     memory_store: Option<Arc<MemoryStore>>,
+    /// The embedded store's data directory when it is durable.
+    data_dir: Option<tempfile::TempDir>,
     /// How the Redis store was opened, to open another keyspace beside it.
     redis_options: Option<RedisOptions>,
     /// The keyspace's prefix, as opened.
@@ -137,6 +144,7 @@ async fn ready(
         store,
         redis_store,
         memory_store: None,
+        data_dir: None,
         redis_options: None,
         metrics,
         tier,
@@ -192,6 +200,49 @@ async fn with_audit_cap(h: &Harness, audit_max_len: usize) -> Capped {
         redis,
         memory,
         metrics,
+    }
+}
+
+/// The embedded store on a fresh data directory.
+async fn durable() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        MemoryStore::open(
+            Layout::new(unique_prefix(), 64, common::keyed()),
+            1000,
+            Some(Durable::open(dir.path()).unwrap()),
+        )
+        .unwrap(),
+    );
+    let mut h = ready(store.clone(), None, None, Tier::Off).await;
+    h.memory_store = Some(store);
+    h.data_dir = Some(dir);
+    h
+}
+
+/// Closes a durable harness's store, reopens its data directory and asserts that the store
+/// read back holds exactly what the store had: every acknowledged change was recorded, and
+/// nothing else.
+fn reopens_the_same(h: &Harness) {
+    let (Some(store), Some(dir)) = (&h.memory_store, &h.data_dir) else {
+        panic!("a durable harness");
+    };
+    store.close();
+    let had = store.canonical_state();
+    let again = MemoryStore::open(
+        store.layout().clone(),
+        1000,
+        Some(Durable::open(dir.path()).unwrap()),
+    )
+    .unwrap();
+    let read = again.canonical_state();
+    if had != read {
+        let first = had
+            .lines()
+            .zip(read.lines())
+            .find(|(a, b)| a != b)
+            .map(|(a, b)| format!("had:  {a:.600}\nread: {b:.600}"));
+        panic!("the data directory does not hold the store's state:\n{first:?}");
     }
 }
 
@@ -300,6 +351,18 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case(&crate::memory().await).await;
+                }
+            )*
+        }
+        /// Every case on the embedded store with a data directory; after it, the directory
+        /// reopened holds exactly the store's state.
+        mod durable_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let h = crate::durable().await;
+                    super::$case(&h).await;
+                    crate::reopens_the_same(&h);
                 }
             )*
         }
