@@ -561,7 +561,7 @@ impl NameLists {
     /// failure is logged and counted, not returned: the write itself stands, only the count
     /// is off by that much.
     async fn count(&self, changes: Vec<CountChange>, at_ms: i64) {
-        if changes.is_empty() {
+        if changes.is_empty() || self.store.inner().counts_itself() {
             return;
         }
         let deadline = Deadline::after(self.settings.write_deadline);
@@ -593,6 +593,7 @@ impl NameLists {
         for e in &entries {
             let key = layout.entry_key(list, &e.dimension, &e.sandbox, &e.value);
             batch.entries.push((key, e.expiry.code()));
+            batch.scopes.push((list.clone(), e.sandbox.clone()));
             if let Some(len) = PrefixLen::of(&e.value) {
                 let scope = (list.clone(), e.sandbox.clone());
                 if !batch.prefixes.contains(&(scope.clone(), len)) {
@@ -1168,6 +1169,10 @@ async fn reclaim_expired(
             })
             .await
         {
+            Ok(true) if store.inner().counts_itself() => {
+                tier.forget_expired(&key, code);
+                metrics.expired_reclaimed.inc();
+            }
             Ok(true) => {
                 tier.forget_expired(&key, code);
                 metrics.expired_reclaimed.inc();

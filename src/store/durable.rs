@@ -25,7 +25,9 @@
 //! * `meta`: `format`, `key_id`, `buckets` of the keyspace (refused on open if they do not
 //!   match, as Redis's meta key is), and `snapshot_imported` once an older build's snapshot
 //!   file was imported;
-//! * `entries`: (bucket, field) as 12 big-endian bytes → expiry code; `registries`: (scope,
+//! * `entries`: (bucket, field) as 12 big-endian bytes → (expiry code, scope id), `scopes`:
+//!   scope id (4 big-endian bytes) → (list, sandbox), so that the lists' counts change in the
+//!   commit of the write that changes them (`EntryStore::counts_itself`); `registries`: (scope,
 //!   length) → (); `audit`: seq (8 big-endian bytes, so the trail is in order) → (ms, record);
 //!   `counts`: (list, sandbox) → (entries, last change); `definitions`: (kind, id) →
 //!   (version, fingerprint, body); `metrics`: metric key → its whole entity; `events`: event
@@ -60,10 +62,11 @@ pub enum Table {
     Definitions,
     Metrics,
     Events,
+    Scopes,
 }
 
 impl Table {
-    pub const ALL: [Table; 8] = [
+    pub const ALL: [Table; 9] = [
         Table::Meta,
         Table::Entries,
         Table::Registries,
@@ -72,6 +75,7 @@ impl Table {
         Table::Definitions,
         Table::Metrics,
         Table::Events,
+        Table::Scopes,
     ];
 
     fn def(self) -> Rows {
@@ -84,6 +88,7 @@ impl Table {
             Table::Definitions => "definitions",
             Table::Metrics => "metrics",
             Table::Events => "events",
+            Table::Scopes => "scopes",
         })
     }
 }
@@ -284,6 +289,13 @@ impl Durable {
         drop(self.sender.lock().expect("durable lock").take());
         if let Some(t) = self.thread.lock().expect("durable lock").take() {
             let _ = t.join();
+            let s = self.stats();
+            tracing::info!(
+                file = %self.path.display(),
+                commits = s.commits,
+                operations = s.operations,
+                "embedded store closed"
+            );
         }
     }
 }

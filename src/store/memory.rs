@@ -47,7 +47,12 @@ use crate::domain::now_ms;
 
 #[derive(Default)]
 struct State {
-    entries: HashMap<EntryKey, u32>,
+    /// Each field → (expiry code, the id of its (list, sandbox) in `scopes`, or `NO_SCOPE`).
+    entries: HashMap<EntryKey, (u32, u32)>,
+    /// The (list, sandbox) of each scope id, and back: the scope an entry was written in, for
+    /// the counts its deletion changes.
+    scopes: Vec<(String, String)>,
+    scope_ids: HashMap<(String, String), u32>,
     registries: HashMap<Scope, BTreeSet<PrefixLen>>,
     /// The audit trail, oldest first: positions strictly increase (see `AuditSlot`).
     audit: VecDeque<AuditSlot>,
@@ -68,6 +73,78 @@ struct State {
     /// (kind, id) → (version, fingerprint, body); an empty fingerprint is a deletion.
     definitions: BTreeMap<(&'static str, String), (u64, String, String)>,
     ops_since_purge: u64,
+}
+
+/// The scope id of an entry written without one (an imported snapshot's): not counted.
+const NO_SCOPE: u32 = u32::MAX;
+
+impl State {
+    /// The id of `(list, sandbox)`, made (and its row added to `rows` when `durable`) if new.
+    fn scope_id(
+        &mut self,
+        list: &str,
+        sandbox: &str,
+        durable: bool,
+        rows: &mut Vec<Change>,
+    ) -> u32 {
+        let key = (list.to_owned(), sandbox.to_owned());
+        if let Some(id) = self.scope_ids.get(&key) {
+            return *id;
+        }
+        let id = u32::try_from(self.scopes.len()).unwrap_or(NO_SCOPE - 1);
+        if durable {
+            rows.push((Table::Scopes, id.to_be_bytes().to_vec(), Some(encode(&key))));
+        }
+        self.scopes.push(key.clone());
+        self.scope_ids.insert(key, id);
+        id
+    }
+
+    /// Adds `delta` to a scope's count and moves its last change up to `at_ms` (removed at 0
+    /// or below), as `EntryStore::count_changes` says; the row changed goes into `rows`.
+    fn add_count(
+        &mut self,
+        list: &str,
+        sandbox: &str,
+        delta: i64,
+        at_ms: i64,
+        durable: bool,
+        rows: &mut Vec<Change>,
+    ) {
+        let key = (list.to_owned(), sandbox.to_owned());
+        let e = self.counts.entry(key.clone()).or_insert((0, at_ms));
+        e.0 += delta;
+        e.1 = e.1.max(at_ms);
+        let value = *e;
+        if value.0 <= 0 {
+            self.counts.remove(&key);
+            self.counts_by_sandbox.remove(&(key.1, key.0));
+            if durable {
+                rows.push(count_change(list, sandbox, None));
+            }
+        } else {
+            self.counts_by_sandbox.insert((key.1, key.0));
+            if durable {
+                rows.push(count_change(list, sandbox, Some(value)));
+            }
+        }
+    }
+
+    /// Adds each scope id's delta (see `add_count`).
+    fn add_counts(
+        &mut self,
+        deltas: BTreeMap<u32, i64>,
+        at_ms: i64,
+        durable: bool,
+        rows: &mut Vec<Change>,
+    ) {
+        for (id, delta) in deltas {
+            let Some((list, sandbox)) = self.scopes.get(id as usize).cloned() else {
+                continue;
+            };
+            self.add_count(&list, &sandbox, delta, at_ms, durable, rows);
+        }
+    }
 }
 
 /// One record of the trail and its position `(ms, seq)`: `seq` is one more than the record
@@ -317,8 +394,8 @@ fn entry_row(k: &EntryKey) -> Vec<u8> {
     key
 }
 
-fn entry_put(k: &EntryKey, code: u32) -> Change {
-    (Table::Entries, entry_row(k), Some(encode(&code)))
+fn entry_put(k: &EntryKey, code: u32, scope: u32) -> Change {
+    (Table::Entries, entry_row(k), Some(encode(&(code, scope))))
 }
 
 fn audit_row(seq: u64) -> Vec<u8> {
@@ -469,8 +546,8 @@ impl MemoryStore {
         {
             let mut st = self.lock();
             for (k, c) in snap.entries {
-                st.entries.insert(k, c);
-                changes.push(entry_put(&k, c));
+                st.entries.insert(k, (c, NO_SCOPE));
+                changes.push(entry_put(&k, c, NO_SCOPE));
             }
             for (scope, lens) in snap.registries {
                 for len in lens {
@@ -519,6 +596,7 @@ impl MemoryStore {
         entries.sort();
         let mut registries: Vec<_> = st.registries.iter().collect();
         registries.sort();
+        let scopes = &st.scopes;
         let audit: Vec<_> = st.audit.iter().map(|s| (s.ms, s.seq, &s.record)).collect();
         let mut index: Vec<_> = st
             .audit_index
@@ -535,7 +613,7 @@ impl MemoryStore {
         let mut events: Vec<_> = st.events.iter().collect();
         events.sort();
         format!(
-            "entries {entries:?}\nregistries {registries:?}\naudit {audit:?} seq {} ms {}\nindex {index:?}\ncounts {:?}\nby sandbox {:?}\ndefinitions {:?}\nmetrics {metrics:?}\nevents {events:?}",
+            "entries {entries:?}\nscopes {scopes:?}\nregistries {registries:?}\naudit {audit:?} seq {} ms {}\nindex {index:?}\ncounts {:?}\nby sandbox {:?}\ndefinitions {:?}\nmetrics {metrics:?}\nevents {events:?}",
             st.audit_seq, st.audit_ms, st.counts, st.counts_by_sandbox, st.definitions
         )
     }
@@ -738,6 +816,20 @@ fn load(state: &mut State, rows: Vec<Vec<(Vec<u8>, Vec<u8>)>>, place: &str) -> S
                         .metrics
                         .insert(key, postcard::from_bytes(&v).map_err(pc("metrics"))?);
                 }
+                Table::Scopes => {
+                    let id = u32::from_be_bytes(
+                        k.as_slice()
+                            .try_into()
+                            .map_err(|_| bad("scopes", "a key of the wrong length".into()))?,
+                    );
+                    let scope: (String, String) = postcard::from_bytes(&v).map_err(pc("scopes"))?;
+                    // Ids are made in order from 0 and never removed: rows come in id order.
+                    if id as usize != state.scopes.len() {
+                        return Err(bad("scopes", format!("scope id {id} out of order")));
+                    }
+                    state.scope_ids.insert(scope.clone(), id);
+                    state.scopes.push(scope);
+                }
                 Table::Events => {
                     let hash = i64::from_be_bytes(
                         k.as_slice()
@@ -800,7 +892,10 @@ impl StoreBase for MemoryStore {
 impl EntryStore for MemoryStore {
     async fn get_many(&self, keys: &[EntryKey]) -> StoreResult<Vec<Option<u32>>> {
         let st = self.lock();
-        Ok(keys.iter().map(|k| st.entries.get(k).copied()).collect())
+        Ok(keys
+            .iter()
+            .map(|k| st.entries.get(k).map(|e| e.0))
+            .collect())
     }
 
     /// A scan of every entry: the embedded store has no local tier in front of it
@@ -810,7 +905,7 @@ impl EntryStore for MemoryStore {
         let wanted: HashMap<u32, usize> =
             buckets.iter().enumerate().map(|(i, b)| (*b, i)).collect();
         let mut out = vec![Vec::new(); buckets.len()];
-        for (k, code) in &st.entries {
+        for (k, (code, _)) in &st.entries {
             if let Some(&i) = wanted.get(&k.bucket) {
                 out[i].push((k.field, *code));
             }
@@ -825,6 +920,11 @@ impl EntryStore for MemoryStore {
     }
 
     fn in_process(&self) -> bool {
+        true
+    }
+
+    /// Counts change in the commit of the write or removal that changes them.
+    fn counts_itself(&self) -> bool {
         true
     }
 
@@ -859,16 +959,28 @@ impl EntryStore for MemoryStore {
                     scopes.push((scope.0.to_string(), scope.1.to_string()));
                 }
             }
+            // Each scope of the batch counted (a refresh moves its last change too).
+            let mut deltas: BTreeMap<u32, i64> = BTreeMap::new();
             created = batch
                 .entries
                 .into_iter()
-                .map(|(k, c)| {
+                .enumerate()
+                .map(|(i, (k, c))| {
+                    let scope = match batch.scopes.get(i) {
+                        Some((l, sb)) => st.scope_id(l.as_str(), sb.as_str(), durable, &mut rows),
+                        None => NO_SCOPE,
+                    };
                     if durable {
-                        rows.push(entry_put(&k, c));
+                        rows.push(entry_put(&k, c, scope));
                     }
-                    st.entries.insert(k, c).is_none()
+                    let new = st.entries.insert(k, (c, scope)).is_none();
+                    if scope != NO_SCOPE {
+                        *deltas.entry(scope).or_default() += i64::from(new);
+                    }
+                    new
                 })
                 .collect();
+            st.add_counts(deltas, now_ms(), durable, &mut rows);
             self.append_audit(&mut st, batch.audit, &mut rows);
             self.record(rows)
         };
@@ -891,12 +1003,17 @@ impl EntryStore for MemoryStore {
             let mut st = self.lock();
             self.writable()?;
             let mut rows = Vec::new();
+            // What was there, expired or not, was counted: subtracted from its scope.
+            let mut deltas: BTreeMap<u32, i64> = BTreeMap::new();
             let removed = keys
                 .iter()
                 .map(|k| match st.entries.remove(k) {
                     None => Removed::Absent,
-                    Some(c) => {
+                    Some((c, scope)) => {
                         rows.push((Table::Entries, entry_row(k), None));
+                        if scope != NO_SCOPE {
+                            *deltas.entry(scope).or_default() -= 1;
+                        }
                         if code_is_live(c, now_ms) {
                             Removed::Live
                         } else {
@@ -905,6 +1022,7 @@ impl EntryStore for MemoryStore {
                     }
                 })
                 .collect();
+            st.add_counts(deltas, now_ms, self.durable.is_some(), &mut rows);
             self.append_audit(&mut st, audit, &mut rows);
             (removed, self.record(rows))
         };
@@ -922,11 +1040,18 @@ impl EntryStore for MemoryStore {
         let pending = {
             let mut st = self.lock();
             self.writable()?;
-            if st.entries.get(&key) != Some(&code) {
-                return Ok(false);
+            match st.entries.get(&key) {
+                Some((c, _)) if *c == code => {}
+                _ => return Ok(false),
             }
-            st.entries.remove(&key);
-            self.record(vec![(Table::Entries, entry_row(&key), None)])
+            let mut rows = vec![(Table::Entries, entry_row(&key), None)];
+            if let Some((_, scope)) = st.entries.remove(&key)
+                && scope != NO_SCOPE
+            {
+                let deltas = BTreeMap::from([(scope, -1)]);
+                st.add_counts(deltas, now_ms(), self.durable.is_some(), &mut rows);
+            }
+            self.record(rows)
         };
         Self::durable(pending).await?;
         Ok(true)
@@ -1019,23 +1144,16 @@ impl EntryStore for MemoryStore {
             let mut st = self.lock();
             self.writable()?;
             let mut rows = Vec::new();
+            let durable = self.durable.is_some();
             for c in changes {
-                let (list, sandbox) = (c.scope.0.to_string(), c.scope.1.to_string());
-                let e = st
-                    .counts
-                    .entry((list.clone(), sandbox.clone()))
-                    .or_insert((0, at_ms));
-                e.0 += c.delta;
-                e.1 = e.1.max(at_ms);
-                let value = *e;
-                if value.0 <= 0 {
-                    rows.push(count_change(&list, &sandbox, None));
-                    st.counts.remove(&(list.clone(), sandbox.clone()));
-                    st.counts_by_sandbox.remove(&(sandbox, list));
-                } else {
-                    rows.push(count_change(&list, &sandbox, Some(value)));
-                    st.counts_by_sandbox.insert((sandbox, list));
-                }
+                st.add_count(
+                    c.scope.0.as_str(),
+                    c.scope.1.as_str(),
+                    c.delta,
+                    at_ms,
+                    durable,
+                    &mut rows,
+                );
             }
             self.record(rows)
         };

@@ -424,6 +424,10 @@ pub struct WriteBatch {
     /// Prefix lengths that must be in each scope's registry.
     pub prefixes: Vec<(Scope, PrefixLen)>,
     pub audit: Vec<AuditRecord>,
+    /// The (list, sandbox) of each entry, in the order of `entries`, for a store that keeps
+    /// the lists' counts with its writes (`EntryStore::counts_itself`); others ignore it.
+    /// Entries beyond its length are not counted there.
+    pub scopes: Vec<Scope>,
 }
 
 /// How a metric entity is kept: one family per Lua script.
@@ -693,6 +697,16 @@ pub trait EntryStore: StoreBase {
     /// one node), so that messages arrive in the order of the writes: what lets the writing
     /// instance apply its own acknowledged upserts at once (`LocalTier::wrote_acked`).
     fn atomic_messages(&self) -> bool {
+        false
+    }
+
+    /// Whether the store keeps the lists' counts itself, in the same commit as the writes and
+    /// removals that change them (the embedded store: its counts cannot drift after a crash
+    /// between a write and its count). Then `count_changes` is not called after `write`,
+    /// `remove` or `remove_if_unchanged`: the store adds +1 for each field `write` created
+    /// (scopes from `WriteBatch::scopes`; every scope of the batch has its last change moved),
+    /// −1 for each field `remove` or `remove_if_unchanged` deleted (its scope as written).
+    fn counts_itself(&self) -> bool {
         false
     }
 

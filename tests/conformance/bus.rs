@@ -60,7 +60,7 @@ async fn writes_and_deletes_publish_their_changes(h: &Harness) {
             WriteBatch {
                 entries: vec![(k1, never), (k2, later)],
                 prefixes: vec![((black.clone(), loan.clone()), range)],
-                audit: Vec::new(),
+                ..WriteBatch::default()
             },
             deadline(),
         )

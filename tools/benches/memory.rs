@@ -200,8 +200,7 @@ fn main() -> Res<()> {
         rt.block_on(store.write(
             WriteBatch {
                 entries,
-                prefixes: vec![],
-                audit: vec![],
+                ..WriteBatch::default()
             },
             Deadline::after(Duration::from_secs(60)),
         ))?;

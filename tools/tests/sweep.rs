@@ -132,8 +132,7 @@ async fn write(store: &RedisStore, entries: &[(EntryKey, u32)]) {
             .write(
                 WriteBatch {
                     entries: chunk.to_vec(),
-                    prefixes: vec![],
-                    audit: vec![],
+                    ..WriteBatch::default()
                 },
                 Deadline::after(Duration::from_secs(10)),
             )
