@@ -7,6 +7,8 @@
 //!
 //! Both are served from the local cache after the first call (a listed answer and an absent
 //! one are cached alike), so this measures HTTP + JSON + normalisation + cache.
+//! `check_durable/hit` and `/miss`: the same on a data directory (issue 28: the durable
+//! embedded store answers from the same in-memory state).
 //!
 //! `matching/…` (issue 14) measures what phone segments and e-mail domains cost a check: a
 //! phone checked against `black` and `grey` with 0, 3 and 8 segment lengths in use in `black`
@@ -88,7 +90,16 @@ async fn post(client: &reqwest::Client, url: &str, body: String) -> (u16, Json) 
     (status, res.json().await.expect("JSON body"))
 }
 
+/// `check/*`: the embedded store in memory only (the default); `check_durable/*`: the same
+/// with a data directory (reads are the same in-memory lookups; only writes wait for the
+/// fsync).
 fn check(c: &mut Criterion) {
+    check_on(c, "check", None);
+    let dir = tempfile::tempdir().expect("a data directory");
+    check_on(c, "check_durable", Some(dir.path().to_owned()));
+}
+
+fn check_on(c: &mut Criterion, group_name: &str, data_dir: Option<std::path::PathBuf>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -119,6 +130,7 @@ fn check(c: &mut Criterion) {
             listen: "127.0.0.1:0".into(),
             workers: Some(1),
             log_format: LogFormat::Text,
+            data_dir: data_dir.clone(),
             ..Settings::default()
         };
         let app = Application::build(settings)
@@ -199,7 +211,7 @@ fn check(c: &mut Criterion) {
         assert_eq!(body["degraded"], false, "{body}");
     });
 
-    let mut group = c.benchmark_group("check");
+    let mut group = c.benchmark_group(group_name);
     for (name, body) in [("hit", &hit_body), ("miss", &miss_body)] {
         group.bench_function(name, |b| {
             b.to_async(&rt).iter(|| async {
