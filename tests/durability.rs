@@ -410,8 +410,7 @@ async fn a_data_directory_in_use_is_refused() {
     let refused = builder(dir.path())
         .try_start()
         .await
-        .err()
-        .expect("a second process on the same data directory must be refused");
+        .expect_err("a second process on the same data directory must be refused");
     assert!(!refused.status.success());
     let file = dir.path().join("namelist.redb").display().to_string();
     assert!(

@@ -93,6 +93,9 @@ impl Table {
     }
 }
 
+/// The rows of one table, as read at open: (key, value).
+pub type RowSet = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// One row changed: `Some(value)` put, `None` deleted.
 pub type Change = (Table, Vec<u8>, Option<Vec<u8>>);
 
@@ -134,7 +137,7 @@ pub struct Durable {
     failed: Arc<Mutex<Option<String>>>,
     stats: Arc<Mutex<CommitStats>>,
     /// Every row at open, table by table (taken once by the store that loads them).
-    loaded: Mutex<Option<Vec<Vec<(Vec<u8>, Vec<u8>)>>>>,
+    loaded: Mutex<Option<Vec<RowSet>>>,
 }
 
 impl Durable {
@@ -210,7 +213,7 @@ impl Durable {
     }
 
     /// The rows read at open, in the order of [`Table::ALL`] (once; then empty).
-    pub fn take_loaded(&self) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+    pub fn take_loaded(&self) -> Vec<RowSet> {
         self.loaded
             .lock()
             .expect("durable lock")
@@ -219,7 +222,7 @@ impl Durable {
     }
 
     /// The rows of one table read at open, without taking them (meta before the store opens).
-    pub fn loaded_rows(&self, table: Table) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pub fn loaded_rows(&self, table: Table) -> RowSet {
         let i = Table::ALL.iter().position(|t| *t == table).unwrap_or(0);
         self.loaded
             .lock()

@@ -743,7 +743,7 @@ fn check_recorded(layout: &Layout, meta: &SnapshotMeta, place: &str) -> StoreRes
 
 /// Fills `state` from a durable record's rows (in the order of `Table::ALL`), rebuilding
 /// what is derived (the audit index, its clock, the counts by sandbox).
-fn load(state: &mut State, rows: Vec<Vec<(Vec<u8>, Vec<u8>)>>, place: &str) -> StoreResult<()> {
+fn load(state: &mut State, rows: Vec<super::durable::RowSet>, place: &str) -> StoreResult<()> {
     let bad = |table: &str, e: String| {
         StoreError::Keyspace(format!(
             "{place}: table {table}: {e}: refused rather than opened partly"
@@ -1430,5 +1430,92 @@ impl DefinitionStore for MemoryStore {
 impl AuditReports for MemoryStore {
     async fn audit_summary(&self) -> StoreResult<Option<AuditSummary>> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::domain::{Dimension, ListName, Sandbox};
+    use crate::store::fingerprint::FingerprintKey;
+    use crate::store::{AuditOp, Hashing};
+
+    fn layout() -> Layout {
+        let material: Vec<u8> = (1..=32).collect();
+        let key = FingerprintKey::from_bytes(&material, "test").unwrap();
+        Layout::new("t:", 16, Hashing::Keyed(key))
+    }
+
+    fn open(dir: &Path, cap: usize) -> MemoryStore {
+        MemoryStore::open(layout(), cap, Some(Durable::open(dir).unwrap())).unwrap()
+    }
+
+    /// The trail past its cap: the records trimmed leave the file with the memory, and what is
+    /// reopened (records, index, positions, counts) is what the store had.
+    #[tokio::test]
+    async fn a_trimmed_trail_reopens_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), 5);
+        let (list, sandbox): (ListName, Sandbox) =
+            ("black".parse().unwrap(), "default".parse().unwrap());
+        let deadline = Deadline::after(Duration::from_secs(5));
+        for i in 0..20i64 {
+            let key = EntryKey {
+                bucket: (i % 16) as u32,
+                field: i,
+            };
+            let record = AuditRecord::entry(
+                1_000 + i,
+                "t",
+                AuditOp::Upsert,
+                &list,
+                &Dimension::Uid,
+                &sandbox,
+                None,
+                None,
+                &key,
+                i as u64,
+                format!("v{i}"),
+            );
+            let batch = WriteBatch {
+                entries: vec![(key, 0)],
+                audit: vec![record],
+                scopes: vec![(list.clone(), sandbox.clone())],
+                ..WriteBatch::default()
+            };
+            store.write(batch, deadline).await.unwrap();
+        }
+        let removed = EntryKey {
+            bucket: 3,
+            field: 3,
+        };
+        store
+            .remove(&[removed], now_ms(), Vec::new(), deadline)
+            .await
+            .unwrap();
+        assert_eq!(store.audit_tail(100).await.unwrap().len(), 5);
+        store.close();
+        let had = store.canonical_state();
+        let again = open(dir.path(), 5);
+        assert_eq!(again.canonical_state(), had);
+        assert_eq!(again.audit_tail(100).await.unwrap().len(), 5);
+        let counts = again.list_counts(&CountsQuery::first(10)).await.unwrap();
+        assert_eq!(counts.counts[0].entries, 19);
+        // After close, a write is refused, not applied.
+        let refused = store
+            .remove(
+                &[EntryKey {
+                    bucket: 4,
+                    field: 4,
+                }],
+                now_ms(),
+                Vec::new(),
+                deadline,
+            )
+            .await;
+        assert!(refused.is_err());
+        assert_eq!(store.len(), 19);
     }
 }
