@@ -372,6 +372,7 @@ fn matching(c: &mut Criterion) {
                     sandbox: Some("loan".into()),
                     lists: vec!["black".into(), "grey".into()],
                     subjects,
+                    ..RawCheck::default()
                 })
                 .expect("a valid check");
                 group.bench_function(format!("{name}/lib"), |b| {

@@ -130,6 +130,21 @@ pub struct CheckQuery {
     subjects: Vec<(Dimension, Vec<Value>)>,
     /// The allow-list precedence asked for, as indices into `lists`, distinct, in order.
     precedence: Option<Vec<usize>>,
+    /// The values that failed their dimension's rule (not strict): reported, not looked up.
+    invalid: Vec<InvalidValue>,
+}
+
+/// A subject value a check could not look up because it fails its dimension's rule: where it
+/// was (`dimension`, `index` within that dimension's values as sent) and why. The message
+/// never quotes the value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct InvalidValue {
+    /// The dimension as named in the request.
+    pub dimension: String,
+    pub index: usize,
+    /// `invalid_value`.
+    pub code: &'static str,
+    pub message: String,
 }
 
 impl CheckQuery {
@@ -144,6 +159,11 @@ impl CheckQuery {
     /// Values per dimension, in the order given.
     pub fn subjects(&self) -> &[(Dimension, Vec<Value>)] {
         &self.subjects
+    }
+
+    /// The values left out because they fail their dimension's rule (never when strict).
+    pub fn invalid(&self) -> &[InvalidValue] {
+        &self.invalid
     }
 
     /// Adds an allow-list precedence (`["white", "black"]`): the answer then says which
@@ -191,13 +211,19 @@ pub struct RawCheck {
     pub sandbox: Option<String>,
     pub lists: Vec<String>,
     pub subjects: Vec<(String, Vec<String>)>,
+    /// A value that fails its dimension's rule is a 400 for the whole check; otherwise it is
+    /// left out and reported in the answer's `invalid`, and every other value is checked.
+    pub strict: bool,
 }
 
 impl TryFrom<RawCheck> for CheckQuery {
     type Error = ValidationError;
 
     /// Parses and normalises the whole check; lists and values of one dimension are
-    /// deduplicated. Errors name the place (`subjects.phone[2]`).
+    /// deduplicated. Errors name the place (`subjects.phone[2]`). A value that fails its
+    /// dimension's rule is an error only when `strict`: otherwise it is set aside in
+    /// `invalid` (one form field an attacker controls must not turn off every list of the
+    /// request). A bad list, sandbox or dimension name, or the limits, are always errors.
     fn try_from(raw: RawCheck) -> Result<Self, Self::Error> {
         // Sizes first: nothing is parsed (or deduplicated) past the limits.
         if raw.lists.is_empty() || raw.lists.len() > MAX_CHECK_LISTS {
@@ -221,14 +247,27 @@ impl TryFrom<RawCheck> for CheckQuery {
                 lists.push(l);
             }
         }
+        let strict = raw.strict;
+        let mut invalid = Vec::new();
         let mut subjects = Vec::with_capacity(raw.subjects.len());
         for (name, raw) in raw.subjects {
             let dimension = Dimension::try_from(name.clone())
                 .map_err(|e| e.at(format!("subjects.{}", crate::domain::shown_key(&name))))?;
             let mut parsed: Vec<Value> = Vec::with_capacity(raw.len());
             for (i, v) in raw.iter().enumerate() {
-                let v = Value::parse_check(&dimension, v)
-                    .map_err(|e| e.at(format!("subjects.{name}[{i}]")))?;
+                let v = match Value::parse_check(&dimension, v) {
+                    Ok(v) => v,
+                    Err(e) if !strict => {
+                        invalid.push(InvalidValue {
+                            dimension: dimension.to_string(),
+                            index: i,
+                            code: e.code.as_str(),
+                            message: e.message,
+                        });
+                        continue;
+                    }
+                    Err(e) => return Err(e.at(format!("subjects.{name}[{i}]"))),
+                };
                 if !parsed.contains(&v) {
                     parsed.push(v);
                 }
@@ -240,6 +279,7 @@ impl TryFrom<RawCheck> for CheckQuery {
             lists,
             subjects,
             precedence: None,
+            invalid,
         })
     }
 }
@@ -403,6 +443,11 @@ pub struct CheckOutcome {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, required = false)]
     pub decision: Option<Option<ListName>>,
+    /// Only when some subject values fail their dimension's rule (and the check was not
+    /// `strict`): those values, not looked up; every other value was.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(required = false)]
+    pub invalid: Vec<InvalidValue>,
 }
 
 impl CheckOutcome {
@@ -854,6 +899,7 @@ impl NameLists {
                 stale: None,
                 unanswered: Vec::new(),
                 decision: None,
+                invalid: Vec::new(),
             },
             truncated: page.more,
         };
@@ -868,6 +914,7 @@ impl NameLists {
                 sandbox: Some(sandbox.to_string()),
                 lists: chunk.to_vec(),
                 subjects: vec![(dimension.clone(), vec![value.clone()])],
+                strict: true,
             })?;
             let part = self.answer(&q, self.settings.operator_deadline).await?;
             let all = &mut all.check;
@@ -1081,6 +1128,7 @@ impl NameLists {
             stale,
             unanswered,
             decision,
+            invalid: q.invalid.clone(),
         })
     }
 

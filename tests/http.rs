@@ -709,6 +709,105 @@ async fn deletes_survive_a_flushed_script_cache() {
     }
 }
 
+/// One malformed subject value does not void the check: every valid value of the request is
+/// looked up, the bad one is reported in `invalid` (where, why, never the value); `strict`
+/// keeps the old 400; `/v1/evaluate` does the same.
+async fn one_bad_value_never_voids_a_check(app: &TestApp) {
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [
+                {"dimension": "device", "value": "dev-listed"},
+                {"dimension": "ip", "value": "45.137.21.9"},
+                {"dimension": "uid", "value": "u-listed"}
+            ]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let subjects = json!({"phone": "123", "device": "dev-listed", "ip": ["45.137.21.9", "10.0.0.0/8"],
+                          "uid": ["u-listed"]});
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": subjects}))
+        .await;
+    let mut hits: Vec<&str> = body["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["dimension"].as_str().unwrap())
+        .collect();
+    hits.sort();
+    assert_eq!(hits, ["device", "ip", "uid"], "{body}");
+    let invalid = body["invalid"].as_array().expect("invalid listed");
+    assert_eq!(invalid.len(), 2, "{body}");
+    // In the order of the subjects (by dimension name), each at its index as sent.
+    assert_eq!(
+        (
+            &invalid[0]["dimension"],
+            &invalid[0]["index"],
+            &invalid[0]["code"]
+        ),
+        (&json!("ip"), &json!(1), &json!("invalid_value")),
+        "{body}"
+    );
+    assert_eq!(
+        (
+            &invalid[1]["dimension"],
+            &invalid[1]["index"],
+            &invalid[1]["code"]
+        ),
+        (&json!("phone"), &json!(0), &json!("invalid_value")),
+        "{body}"
+    );
+    assert!(
+        !body.to_string().contains("10.0.0.0/8") && !body.to_string().contains("\"123\""),
+        "the bad values are never echoed: {body}"
+    );
+    // A clean check has no `invalid` key at all.
+    let clean = app
+        .check(&json!({"lists": ["black"], "subjects": {"uid": "u-listed"}}))
+        .await;
+    assert!(clean.get("invalid").is_none(), "{clean}");
+    // `strict`: the whole check is a 400.
+    let res = app
+        .post(
+            "/v1/check",
+            &json!({"lists": ["black"], "subjects": subjects, "strict": true}),
+        )
+        .await;
+    let message = expect_error(res, 400, "invalid_value").await;
+    assert!(
+        message.contains("subjects.ip[1]") || message.contains("subjects.phone[0]"),
+        "{message}"
+    );
+    // The same in one call to /v1/evaluate.
+    let res = app
+        .post(
+            "/v1/evaluate",
+            &json!({"lists": ["black"], "subjects": subjects}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["hits"].as_array().unwrap().len(), 3, "{body}");
+    assert_eq!(body["invalid"].as_array().unwrap().len(), 2, "{body}");
+    let res = app
+        .post(
+            "/v1/evaluate",
+            &json!({"lists": ["black"], "subjects": subjects, "strict": true}),
+        )
+        .await;
+    expect_error(res, 400, "invalid_value").await;
+}
+
+async fn a_bad_value_does_not_void_the_check(redis: &Backend) {
+    one_bad_value_never_voids_a_check(&app_on(redis).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_value_does_not_void_the_check_on_the_embedded_store() {
+    one_bad_value_never_voids_a_check(&spawn_app(common::test_settings()).await).await;
+}
+
 macro_rules! on_a_node_and_a_cluster {
     ($($case:ident),* $(,)?) => {
         mod one_node {
@@ -736,4 +835,5 @@ on_a_node_and_a_cluster!(
     ten_thousand_entries_in_one_request,
     every_bad_request_is_a_4xx_and_changes_nothing,
     values_are_normalised_before_matching,
+    a_bad_value_does_not_void_the_check,
 );

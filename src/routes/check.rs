@@ -22,6 +22,10 @@ pub struct CheckBody {
     subjects: BTreeMap<String, OneOrMany>,
     /// Allow-list precedence: lists (each also in `lists`), first first.
     precedence: Option<Vec<String>>,
+    /// A subject value that fails its dimension's rule is a 400 for the whole check (default
+    /// false: it is reported in `invalid` and every other value is checked).
+    #[serde(default)]
+    strict: bool,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -48,6 +52,7 @@ impl CheckBody {
                     (name, values)
                 })
                 .collect(),
+            strict: self.strict,
         })?;
         match self.precedence {
             Some(order) => query.with_precedence(order),
@@ -64,7 +69,7 @@ impl CheckBody {
     request_body = CheckBody,
     responses(
         (status = 200, description = "Hits; `degraded` when fail-open answered from the local tier", body = CheckOutcome),
-        (status = 400, description = "A bad body, list, dimension or value; over 64 values, 16 lists or 4,096 lookups", body = ErrorBody),
+        (status = 400, description = "A bad body, list or dimension; a bad value only with `strict`; over 64 values, 16 lists or 4,096 lookups", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),

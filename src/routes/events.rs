@@ -219,6 +219,9 @@ pub struct EvaluateBody {
     rules: Vec<String>,
     /// Allow-list precedence over `lists` (see `/v1/check`).
     precedence: Option<Vec<String>>,
+    /// As in `/v1/check`: a bad subject value is a 400 instead of an `invalid` entry.
+    #[serde(default)]
+    strict: bool,
 }
 
 #[utoipa::path(
@@ -261,6 +264,9 @@ pub async fn post_evaluate(
         });
         if let Some(order) = &body.precedence {
             check["precedence"] = json!(order);
+        }
+        if body.strict {
+            check["strict"] = json!(true);
         }
         let check: CheckBody =
             serde_json::from_value(check).map_err(|e| ApiError::InvalidBody(describe(&e)))?;
@@ -324,6 +330,10 @@ pub async fn post_evaluate(
         .map(|m| (m, features.values.get(m).unwrap_or(&Json::Null)))
         .collect();
     let decision = outcome.as_ref().and_then(|o| o.decision.clone());
+    let invalid = outcome
+        .as_ref()
+        .map(|o| o.invalid.clone())
+        .unwrap_or_default();
     let rules = v.evaluate_rules_deciding(
         &rules,
         &features.numbers,
@@ -345,6 +355,10 @@ pub async fn post_evaluate(
     // Only with a precedence: without one the answer is what it always was.
     if let Some(d) = decision {
         out["decision"] = json!(d);
+    }
+    // Only when some subject value failed its dimension's rule (not strict).
+    if !invalid.is_empty() {
+        out["invalid"] = json!(invalid);
     }
     Ok(HttpResponse::Ok().json(out))
 }

@@ -60,6 +60,7 @@ fn try_query(
             .iter()
             .map(|(d, vs)| (d.to_string(), vs.iter().map(|v| v.to_string()).collect()))
             .collect(),
+        strict: true,
     })
 }
 

@@ -149,6 +149,7 @@ async fn list_counts_follow_writes_and_deletes(h: &Harness) {
             ("uid".into(), vec!["b".into()]),
             ("ip".into(), vec!["10.1.2.9".into()]),
         ],
+        ..RawCheck::default()
     })
     .unwrap();
     assert_eq!(h.lists.check(&q).await.unwrap().hits.len(), 2);
