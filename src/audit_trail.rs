@@ -46,7 +46,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{Dimension, ErrorCode, ListName, Sandbox, ValidationError, Value};
+use crate::domain::{
+    Dimension, ErrorCode, ListName, PhoneRegions, Rules, Sandbox, ValidationError, Value,
+};
 use crate::instrumented::Instrumented;
 use crate::lists::ListsError;
 use crate::metrics::{Metrics, StoreOp};
@@ -179,7 +181,17 @@ fn millis(name: &str, raw: Option<String>) -> Result<Option<i64>, ValidationErro
 impl TryFrom<RawAuditQuery> for AuditQuery {
     type Error = ValidationError;
 
+    /// `AuditQuery::parse` under a new keyspace's rules.
     fn try_from(raw: RawAuditQuery) -> Result<Self, Self::Error> {
+        Self::parse(raw, &Rules::default())
+    }
+}
+
+impl AuditQuery {
+    /// Checks a query; a `value` is normalised under `rules` in the query's sandbox (the
+    /// default sandbox's region when none is given: a phone typed without its country code
+    /// is read there).
+    pub fn parse(raw: RawAuditQuery, rules: &Rules) -> Result<Self, ValidationError> {
         let list = raw
             .list
             .map(ListName::try_from)
@@ -202,7 +214,10 @@ impl TryFrom<RawAuditQuery> for AuditQuery {
                     "value: needs its dimension (the value is matched by the fingerprint it has in that dimension)",
                 ));
             }
-            (Some(v), Some(d)) => Some(Value::parse_entry(d, &v).map_err(|e| e.at("value"))?),
+            (Some(v), Some(d)) => {
+                let norm = rules.norm(sandbox.as_ref().unwrap_or(&Sandbox::default()));
+                Some(Value::parse_entry_with(d, &v, norm).map_err(|e| e.at("value"))?)
+            }
         };
         let who = raw.who.filter(|w| !w.is_empty());
         if who.as_ref().is_some_and(|w| w.len() > 128) {
@@ -350,6 +365,7 @@ pub struct AuditPage {
 pub struct AuditTrail {
     store: Instrumented<dyn EntryStore>,
     deadline: Duration,
+    phone_regions: PhoneRegions,
 }
 
 impl AuditTrail {
@@ -357,6 +373,21 @@ impl AuditTrail {
         Self {
             store: Instrumented::new(store, metrics),
             deadline,
+            phone_regions: PhoneRegions::default(),
+        }
+    }
+
+    /// The same trail reading phones of each sandbox in `regions` (the settings').
+    pub fn with_phone_regions(mut self, regions: PhoneRegions) -> Self {
+        self.phone_regions = regions;
+        self
+    }
+
+    /// How a searched value is normalised: the keyspace's rules, the configured regions.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            version: self.store.layout().rules(),
+            regions: self.phone_regions.clone(),
         }
     }
 

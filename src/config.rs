@@ -88,6 +88,11 @@ pub struct Settings {
     pub snapshot_path: Option<PathBuf>,
     /// Deprecated and ignored: every write is durable when acknowledged.
     pub snapshot_interval_secs: u64,
+    /// The region (ISO 3166) a phone number without its country code is read in, under
+    /// normalisation rules 2 (`domain::rules`).
+    pub phone_default_region: String,
+    /// Per sandbox, another region than `phone_default_region` (`{ intl = "SG" }`).
+    pub sandbox_phone_regions: std::collections::BTreeMap<String, String>,
     /// HTTP worker threads; unset: one per CPU.
     pub workers: Option<usize>,
     /// `json` (one object per line) or `text`.
@@ -166,6 +171,8 @@ impl Default for Settings {
             data_dir: None,
             snapshot_path: None,
             snapshot_interval_secs: 10,
+            phone_default_region: crate::domain::rules::DEFAULT_PHONE_REGION.to_owned(),
+            sandbox_phone_regions: std::collections::BTreeMap::new(),
             workers: None,
             log_format: LogFormat::Json,
             distinct_cap: 10_000,
@@ -241,6 +248,8 @@ const KEYS: &[&str] = &[
     "data_dir",
     "snapshot_path",
     "snapshot_interval_secs",
+    "phone_default_region",
+    "sandbox_phone_regions",
     "workers",
     "log_format",
     "distinct_cap",
@@ -324,6 +333,17 @@ impl Settings {
                     .into(),
             );
         }
+        if let Err(e) = self.phone_regions() {
+            return bad(e);
+        }
+        for sandbox in self.sandbox_phone_regions.keys() {
+            if crate::domain::Sandbox::try_from(sandbox.clone()).is_err() {
+                return bad(format!(
+                    "sandbox_phone_regions: {} is not a sandbox name",
+                    crate::domain::shown_key(sandbox)
+                ));
+            }
+        }
         if self.audit_refresh_secs == 0 {
             return bad("audit_refresh_secs must be at least 1".into());
         }
@@ -377,7 +397,13 @@ impl Settings {
             local_memory_bytes: (self.local_memory_mb * 1024.0 * 1024.0) as u64,
             local_fetch_rate: self.local_fetch_rate,
             local_refresh_rate: self.local_refresh_rate,
+            phone_regions: self.phone_regions().unwrap_or_default(),
         }
+    }
+
+    /// The phone regions (checked by `validate`).
+    pub fn phone_regions(&self) -> Result<crate::domain::PhoneRegions, String> {
+        crate::domain::PhoneRegions::new(&self.phone_default_region, &self.sandbox_phone_regions)
     }
 }
 

@@ -32,7 +32,8 @@ use tokio::task::JoinHandle;
 
 use crate::cache::{LocalTier, Lookup, RegistryCache, TierSettings};
 use crate::domain::{
-    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, mask_value, now_ms,
+    Dimension, ErrorCode, Expiry, ListName, Norm, PhoneRegions, Rules, Sandbox, ValidationError,
+    Value, mask_value, now_ms,
 };
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
@@ -88,6 +89,8 @@ pub struct ListSettings {
     pub local_fetch_rate: u64,
     /// The tier's safety-net re-reads per second (`TierSettings::refresh_rate`).
     pub local_refresh_rate: u64,
+    /// Where phone numbers without a country code are from, by sandbox (rules 2).
+    pub phone_regions: PhoneRegions,
 }
 
 /// Why a name-list operation failed.
@@ -214,6 +217,8 @@ pub struct RawCheck {
     /// A value that fails its dimension's rule is a 400 for the whole check; otherwise it is
     /// left out and reported in the answer's `invalid`, and every other value is checked.
     pub strict: bool,
+    /// How values are normalised (`NameLists::rules`; the default: a new keyspace's).
+    pub rules: Rules,
 }
 
 impl TryFrom<RawCheck> for CheckQuery {
@@ -248,6 +253,7 @@ impl TryFrom<RawCheck> for CheckQuery {
             }
         }
         let strict = raw.strict;
+        let norm = raw.rules.norm(&sandbox);
         let mut invalid = Vec::new();
         let mut subjects = Vec::with_capacity(raw.subjects.len());
         for (name, raw) in raw.subjects {
@@ -255,7 +261,7 @@ impl TryFrom<RawCheck> for CheckQuery {
                 .map_err(|e| e.at(format!("subjects.{}", crate::domain::shown_key(&name))))?;
             let mut parsed: Vec<Value> = Vec::with_capacity(raw.len());
             for (i, v) in raw.iter().enumerate() {
-                let v = match Value::parse_check(&dimension, v) {
+                let v = match Value::parse_check_with(&dimension, v, norm) {
                     Ok(v) => v,
                     Err(e) if !strict => {
                         invalid.push(InvalidValue {
@@ -596,6 +602,21 @@ impl NameLists {
         &self.settings
     }
 
+    /// How values are normalised: the keyspace's rules, the sandboxes' phone regions.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            version: self.store.layout().rules(),
+            regions: self.settings.phone_regions.clone(),
+        }
+    }
+
+    /// How values of `sandbox` are normalised.
+    pub fn norm(&self, sandbox: &Sandbox) -> Norm {
+        self.settings
+            .phone_regions
+            .norm(self.store.layout().rules(), sandbox)
+    }
+
     /// Queues an expired field for compare-and-delete, off the request path. If the queue is
     /// full the field stays; the next read that finds it queues it again.
     fn reclaim(&self, key: EntryKey, code: u32, scope: impl FnOnce() -> Scope) {
@@ -906,7 +927,7 @@ impl NameLists {
         if lists.is_empty() {
             // Still a 400 for a bad dimension or value.
             let d = Dimension::try_from(dimension)?;
-            Value::parse_check(&d, &value)?;
+            Value::parse_check_with(&d, &value, self.norm(&sandbox))?;
             return Ok(all);
         }
         for chunk in lists.chunks(MAX_CHECK_LISTS) {
@@ -915,6 +936,7 @@ impl NameLists {
                 lists: chunk.to_vec(),
                 subjects: vec![(dimension.clone(), vec![value.clone()])],
                 strict: true,
+                rules: self.rules(),
             })?;
             let part = self.answer(&q, self.settings.operator_deadline).await?;
             let all = &mut all.check;

@@ -151,8 +151,11 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
                 (None, None) => Layout::buckets_for(DEFAULT_EXPECTED_ENTRIES),
             };
             let key_id = hashing.key_id().map(str::to_owned);
+            let rules = meta
+                .as_ref()
+                .map_or(crate::domain::LATEST_RULES, |m| m.rules);
             let store = Arc::new(MemoryStore::open(
-                Layout::new(settings.key_prefix.clone(), buckets, hashing),
+                Layout::new(settings.key_prefix.clone(), buckets, hashing).with_rules(rules),
                 settings.audit_max_len,
                 durable,
             )?);
@@ -344,11 +347,14 @@ impl Application {
             settings.list_settings(),
             metrics.clone(),
         ));
-        let audit_trail = web::Data::new(AuditTrail::new(
-            opened.store.clone(),
-            metrics.clone(),
-            Duration::from_millis(settings.write_deadline_ms),
-        ));
+        let audit_trail = web::Data::new(
+            AuditTrail::new(
+                opened.store.clone(),
+                metrics.clone(),
+                Duration::from_millis(settings.write_deadline_ms),
+            )
+            .with_phone_regions(settings.list_settings().phone_regions),
+        );
         let velocity = web::Data::from(
             Velocity::new(
                 opened.store.clone(),

@@ -389,6 +389,7 @@ async fn a_page_costs_the_same_however_many_pairs() {
         local_memory_bytes: 0,
         local_fetch_rate: 0,
         local_refresh_rate: 0,
+        phone_regions: Default::default(),
     };
     let lists = NameLists::new(
         store.clone(),

@@ -8,6 +8,7 @@ mod error;
 mod expiry;
 mod mask;
 mod names;
+pub mod rules;
 mod value;
 
 pub use code::{ErrorCode, UnknownCode};
@@ -16,6 +17,7 @@ pub use error::{ValidationError, shown_key};
 pub use expiry::{Expiry, LATEST_EXPIRY_MS, now_ms};
 pub use mask::mask_value;
 pub use names::{EventType, FieldName, ListName, MetricId, RuleId, Sandbox};
+pub use rules::{LATEST_RULES, Norm, PhoneRegions, Rules};
 pub use value::{
     IpFamily, IpValue, MAX_DOMAIN_LABELS, MAX_DOMAIN_LEN, MAX_LOCAL_LEN, MAX_SEGMENT_DIGITS, Value,
 };

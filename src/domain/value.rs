@@ -47,6 +47,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::rules::{self, Norm};
 use super::{Dimension, ErrorCode, ValidationError};
 
 /// Longest opaque value (uid, device, custom dimensions), in bytes.
@@ -190,30 +191,68 @@ fn invalid(dimension: &Dimension, why: &str) -> ValidationError {
 }
 
 impl Value {
-    /// Normalises the value of a list entry: IP ranges, phone segments and e-mail domains are
-    /// allowed.
+    /// Normalises the value of a list entry under the rules of a new keyspace, phones read in
+    /// the default region (tests and examples; the service uses `parse_entry_with`).
     pub fn parse_entry(dimension: &Dimension, raw: &str) -> Result<Self, ValidationError> {
-        Self::parse(dimension, raw, true)
+        Self::parse(dimension, raw, true, Norm::LATEST)
     }
 
-    /// Normalises a value to check: a single IP address, phone or address, never a range,
-    /// segment or domain.
+    /// Normalises a value to check under the rules of a new keyspace (see `parse_entry`).
     pub fn parse_check(dimension: &Dimension, raw: &str) -> Result<Self, ValidationError> {
-        Self::parse(dimension, raw, false)
+        Self::parse(dimension, raw, false, Norm::LATEST)
     }
 
-    fn parse(dimension: &Dimension, raw: &str, in_entry: bool) -> Result<Self, ValidationError> {
+    /// Normalises the value of a list entry under `norm` (its keyspace's rules, its
+    /// sandbox's phone region): IP ranges, phone segments and e-mail domains are allowed.
+    pub fn parse_entry_with(
+        dimension: &Dimension,
+        raw: &str,
+        norm: Norm,
+    ) -> Result<Self, ValidationError> {
+        Self::parse(dimension, raw, true, norm)
+    }
+
+    /// Normalises a value to check under `norm`: a single IP address, phone or address,
+    /// never a range, segment or domain.
+    pub fn parse_check_with(
+        dimension: &Dimension,
+        raw: &str,
+        norm: Norm,
+    ) -> Result<Self, ValidationError> {
+        Self::parse(dimension, raw, false, norm)
+    }
+
+    fn parse(
+        dimension: &Dimension,
+        raw: &str,
+        in_entry: bool,
+        norm: Norm,
+    ) -> Result<Self, ValidationError> {
         let raw = raw.trim();
+        let v2 = norm.canonical_identities();
         match dimension {
             Dimension::Phone => match raw.strip_suffix('*') {
                 Some(_) if !in_entry => {
                     Err("expected a single phone; segments (170*) are allowed only in entries")
                 }
+                Some(prefix) if v2 => phone_segment(prefix)
+                    .map(|s| rules::segment_e164(s, norm.region()))
+                    .and_then(|s| {
+                        if s.len() - 1 > MAX_SEGMENT_DIGITS {
+                            Err("a segment is at most 19 digits with its country code")
+                        } else {
+                            Ok(Value::PhoneSegment(s))
+                        }
+                    }),
                 Some(prefix) => phone_segment(prefix).map(Value::PhoneSegment),
+                None if v2 => phone(raw)
+                    .map(|digits| Value::Text(rules::phone_e164(norm.region(), digits))),
                 None => phone(raw).map(Value::Text),
             },
             Dimension::Email => email(raw, in_entry),
+            Dimension::IdCard if v2 => id_card(raw).and_then(rules::id_card_v2).map(Value::Text),
             Dimension::IdCard => id_card(raw).map(Value::Text),
+            Dimension::Imei if v2 => imei(raw).and_then(rules::imei_v2).map(Value::Text),
             Dimension::Imei => imei(raw).map(Value::Text),
             Dimension::WifiMac => wifi_mac(raw).map(Value::Text),
             Dimension::Ip => ip(raw, in_entry).map(Value::Ip),

@@ -62,7 +62,7 @@ async fn page(
     raw: RawAuditQuery,
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
-    let query = AuditQuery::try_from(raw)?;
+    let query = AuditQuery::parse(raw, &trail.rules())?;
     offload
         .json(async move { Ok::<AuditPage, ApiError>(trail.page(&query).await?) })
         .await

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::json::JsonBody;
 use super::openapi::ErrorBody;
-use crate::domain::ValidationError;
+use crate::domain::{Rules, ValidationError};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, CheckQuery, NameLists, RawCheck};
 
@@ -36,8 +36,9 @@ enum OneOrMany {
 }
 
 impl CheckBody {
-    /// Parses and normalises the whole request (limits first, see `CheckQuery`).
-    pub fn parse(self) -> Result<CheckQuery, ValidationError> {
+    /// Parses and normalises the whole request (limits first, see `CheckQuery`) under
+    /// `rules` (`NameLists::rules`).
+    pub fn parse(self, rules: Rules) -> Result<CheckQuery, ValidationError> {
         let query = CheckQuery::try_from(RawCheck {
             sandbox: self.sandbox,
             lists: self.lists,
@@ -53,6 +54,7 @@ impl CheckBody {
                 })
                 .collect(),
             strict: self.strict,
+            rules,
         })?;
         match self.precedence {
             Some(order) => query.with_precedence(order),
@@ -81,7 +83,7 @@ pub async fn check(
     lists: web::Data<NameLists>,
     body: JsonBody<CheckBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let query = body.0.parse()?;
+    let query = body.0.parse(lists.rules())?;
     let outcome = lists.check(&query).await?;
     Ok(HttpResponse::Ok().json(outcome))
 }

@@ -270,7 +270,7 @@ pub async fn post_evaluate(
         }
         let check: CheckBody =
             serde_json::from_value(check).map_err(|e| ApiError::InvalidBody(describe(&e)))?;
-        Some(check.parse()?)
+        Some(check.parse(lists.rules())?)
     };
     if check.is_none() && !body.subjects.is_empty() {
         return Err(

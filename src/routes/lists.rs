@@ -12,7 +12,7 @@ use super::openapi::{ErrorBody, ListedDoc, RemovedDoc, WrittenDoc};
 use super::query::Query;
 use crate::auth::Caller;
 use crate::domain::{
-    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
+    Dimension, ErrorCode, Expiry, ListName, Rules, Sandbox, ValidationError, Value, now_ms,
 };
 use crate::error::ApiError;
 use crate::lists::{
@@ -77,18 +77,20 @@ fn check_count(n: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// One entry as sent, its value normalised under `rules` in its sandbox.
 fn entry_ref(
     i: usize,
     dimension: String,
     value: &str,
     sandbox: Option<String>,
+    rules: &Rules,
 ) -> Result<EntryRef, ValidationError> {
     let dimension =
         Dimension::try_from(dimension).map_err(|e| e.at(format!("entries[{i}].dimension")))?;
-    let value =
-        Value::parse_entry(&dimension, value).map_err(|e| e.at(format!("entries[{i}].value")))?;
     let sandbox =
         Sandbox::parse_or_default(sandbox).map_err(|e| e.at(format!("entries[{i}].sandbox")))?;
+    let value = Value::parse_entry_with(&dimension, value, rules.norm(&sandbox))
+        .map_err(|e| e.at(format!("entries[{i}].value")))?;
     Ok(EntryRef {
         dimension,
         value,
@@ -96,8 +98,13 @@ fn entry_ref(
     })
 }
 
-fn new_entry(i: usize, item: UpsertItem, now: i64) -> Result<NewEntry, ValidationError> {
-    let r = entry_ref(i, item.dimension, &item.value, item.sandbox)?;
+fn new_entry(
+    i: usize,
+    item: UpsertItem,
+    now: i64,
+    rules: &Rules,
+) -> Result<NewEntry, ValidationError> {
+    let r = entry_ref(i, item.dimension, &item.value, item.sandbox, rules)?;
     let expiry = match (item.expires_at, item.ttl_seconds) {
         (Some(_), Some(_)) => {
             return Err(ValidationError::new(
@@ -159,10 +166,11 @@ pub async fn upsert(
     let items = body.0.entries;
     check_count(items.len())?;
     let now = now_ms();
+    let rules = lists.rules();
     let entries = items
         .into_iter()
         .enumerate()
-        .map(|(i, item)| new_entry(i, item, now))
+        .map(|(i, item)| new_entry(i, item, now, &rules))
         .collect::<Result<Vec<_>, _>>()?;
     let written = lists.upsert(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "written": written })))
@@ -194,10 +202,11 @@ pub async fn remove(
     let list = list_name(list.into_inner())?;
     let items = body.0.entries;
     check_count(items.len())?;
+    let rules = lists.rules();
     let entries = items
         .into_iter()
         .enumerate()
-        .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox))
+        .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox, &rules))
         .collect::<Result<Vec<_>, _>>()?;
     let removed = lists.remove(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
@@ -227,9 +236,10 @@ pub async fn lookup(
     let (list, dimension, value) = path.into_inner();
     let list = list_name(list)?;
     let dimension = Dimension::try_from(dimension).map_err(|e| e.at("path"))?;
-    let value = Value::parse_entry(&dimension, &value).map_err(|e| e.at("path"))?;
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
+    let value = Value::parse_entry_with(&dimension, &value, lists.norm(&sandbox))
+        .map_err(|e| e.at("path"))?;
     let entry = EntryRef {
         dimension,
         value,

@@ -569,6 +569,8 @@ pub struct Layout {
     velocity: u32,
     /// Buckets of remembered event ids (see the module docs, *Event ids*).
     event_buckets: u32,
+    /// The normalisation rules its fingerprints were made under (`domain::rules`).
+    rules: u32,
 }
 
 impl Layout {
@@ -580,7 +582,20 @@ impl Layout {
             hashing,
             velocity: VELOCITY_LAYOUT,
             event_buckets: Self::event_buckets_for(DEFAULT_EXPECTED_EVENT_IDS),
+            rules: crate::domain::LATEST_RULES,
         }
+    }
+
+    /// The same keyspace under normalisation rules `rules`, as its meta records them (a new
+    /// keyspace gets `domain::LATEST_RULES`).
+    pub fn with_rules(mut self, rules: u32) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The normalisation rules its fingerprints were made under.
+    pub fn rules(&self) -> u32 {
+        self.rules
     }
 
     /// The same keyspace with velocity layout `velocity` (1 or 2) and `event_buckets`

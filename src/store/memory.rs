@@ -365,6 +365,8 @@ struct SnapshotV1 {
 pub struct SnapshotMeta {
     pub buckets: u32,
     pub hashing: RecordedHashing,
+    /// The normalisation rules its fingerprints were made under (1: an older build's).
+    pub rules: u32,
 }
 
 /// The embedded store.
@@ -382,6 +384,7 @@ const META_FORMAT: &[u8] = b"format";
 const META_KEY_ID: &[u8] = b"key_id";
 const META_BUCKETS: &[u8] = b"buckets";
 const META_IMPORTED: &[u8] = b"snapshot_imported";
+const META_RULES: &[u8] = b"rules";
 
 fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     postcard::to_stdvec(value).expect("postcard encodes the store's types")
@@ -433,12 +436,17 @@ fn recorded_meta(rows: &[(Vec<u8>, Vec<u8>)], place: &str) -> StoreResult<Option
         Some(v) => postcard::from_bytes(v).map_err(corrupt)?,
         None => String::new(),
     };
+    let rules: u32 = match get(META_RULES) {
+        Some(v) => postcard::from_bytes(v).map_err(corrupt)?,
+        None => 1,
+    };
     Ok(Some(SnapshotMeta {
         buckets: postcard::from_bytes(buckets).map_err(corrupt)?,
         hashing: RecordedHashing {
             format: postcard::from_bytes(format).map_err(corrupt)?,
             key_id: Some(key_id).filter(|k| !k.is_empty()),
         },
+        rules,
     }))
 }
 
@@ -476,6 +484,11 @@ impl MemoryStore {
                         META_BUCKETS.to_vec(),
                         Some(encode(&layout.buckets())),
                     ),
+                    (
+                        Table::Meta,
+                        META_RULES.to_vec(),
+                        Some(encode(&layout.rules())),
+                    ),
                 ])?,
             }
         }
@@ -511,6 +524,8 @@ impl MemoryStore {
                 format: snap.format,
                 key_id: Some(snap.key_id).filter(|k| !k.is_empty()),
             },
+            // Snapshots were written by builds before normalisation rules were recorded.
+            rules: 1,
         }))
     }
 
@@ -538,6 +553,7 @@ impl MemoryStore {
                     format: snap.format,
                     key_id: Some(snap.key_id.clone()).filter(|k| !k.is_empty()),
                 },
+                rules: 1,
             },
             &place,
         )?;
@@ -729,6 +745,13 @@ fn check_recorded(layout: &Layout, meta: &SnapshotMeta, place: &str) -> StoreRes
             "{place} is layout format {}, opened as format {}",
             hashing.format(),
             layout.format()
+        )));
+    }
+    if meta.rules != layout.rules() {
+        return Err(StoreError::Keyspace(format!(
+            "{place} was made under normalisation rules {}, opened under rules {}",
+            meta.rules,
+            layout.rules()
         )));
     }
     if meta.buckets != layout.buckets() {

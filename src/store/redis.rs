@@ -571,12 +571,13 @@ impl RedisStore {
         let new_id = format!("{:032x}", rand::random::<u128>());
         let wanted_event_buckets = Layout::event_buckets_for(opts.dedupe_expected_ids);
         #[allow(clippy::type_complexity)]
-        let (format, buckets, created, key_id, keyspace_id, velocity, event_buckets): (
+        let (format, buckets, created, key_id, keyspace_id, velocity, event_buckets, rules): (
             Option<String>,
             Option<String>,
             i64,
             Option<String>,
             Option<String>,
+            Option<u32>,
             Option<u32>,
             Option<u32>,
         ) = Script::new(OPEN_KEYSPACE)
@@ -589,6 +590,7 @@ impl RedisStore {
             .arg(&new_id)
             .arg(if create == Create::Anew { "1" } else { "0" })
             .arg(wanted_event_buckets)
+            .arg(crate::domain::LATEST_RULES)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -654,8 +656,16 @@ impl RedisStore {
                 opts.dedupe_expected_ids
             ));
         }
-        let layout =
-            Layout::new(opts.prefix, buckets, hashing).with_velocity(velocity, event_buckets);
+        let Some(rules @ 1..=crate::domain::LATEST_RULES) = rules else {
+            return Err(StoreError::Keyspace(format!(
+                "{meta} records normalisation rules this build does not know (it knows 1 to {}): \
+                 use a build at least as new as the one that made the keyspace",
+                crate::domain::LATEST_RULES
+            )));
+        };
+        let layout = Layout::new(opts.prefix, buckets, hashing)
+            .with_velocity(velocity, event_buckets)
+            .with_rules(rules);
 
         let mean = opts
             .expected_entries

@@ -38,28 +38,30 @@ end
 /// saw this keyspace vanish) unless ARGV[6] is '1' (the explicit `namelist-tools keyspace
 /// create`), which also removes the marker. A keyspace found without an id (made before ids)
 /// is given ARGV[5]; one found without a velocity layout (made before layout 2) is given
-/// layout 1, and one without event-id buckets ARGV[7]. Returns (format, buckets, created, key
-/// id, keyspace id, velocity layout, event-id buckets), created being 1 (created now), 0
+/// layout 1, one without event-id buckets ARGV[7], and one without normalisation rules rules 1
+/// (a new one records ARGV[8], `domain::LATEST_RULES`). Returns (format, buckets, created, key
+/// id, keyspace id, velocity layout, event-id buckets, rules), created being 1 (created now), 0
 /// (found), -1 (missing, and nothing to create it with) or -2 (missing where the lost marker
 /// stands; the keyspace id is the lost one's).
 pub(super) const OPEN_KEYSPACE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == '' then return {false, false, -1, false, false, false, false} end
+  if ARGV[1] == '' then return {false, false, -1, false, false, false, false, false} end
   if ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
-    return {false, false, -2, false, redis.call('GET', KEYS[2]), false, false}
+    return {false, false, -2, false, redis.call('GET', KEYS[2]), false, false, false}
   end
   redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3],
-    'keyspace_id', ARGV[5], 'velocity', '2', 'event_buckets', ARGV[7])
+    'keyspace_id', ARGV[5], 'velocity', '2', 'event_buckets', ARGV[7], 'rules', ARGV[8])
   if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
   redis.call('DEL', KEYS[2])
-  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5], '2', ARGV[7]}
+  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5], '2', ARGV[7], ARGV[8]}
 end
 redis.call('HSETNX', KEYS[1], 'keyspace_id', ARGV[5])
 redis.call('HSETNX', KEYS[1], 'velocity', '1')
 redis.call('HSETNX', KEYS[1], 'event_buckets', ARGV[7])
+redis.call('HSETNX', KEYS[1], 'rules', '1')
 local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id', 'keyspace_id', 'velocity',
-  'event_buckets')
-return {m[1], m[2], 0, m[3], m[4], m[5], m[6]}
+  'event_buckets', 'rules')
+return {m[1], m[2], 0, m[3], m[4], m[5], m[6], m[7]}
 ";
 
 /// A write's `PUBLISH`, only while the keyspace is the one the writer opened: KEYS[1] the

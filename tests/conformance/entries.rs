@@ -61,6 +61,7 @@ fn try_query(
             .map(|(d, vs)| (d.to_string(), vs.iter().map(|v| v.to_string()).collect()))
             .collect(),
         strict: true,
+        ..RawCheck::default()
     })
 }
 

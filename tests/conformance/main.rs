@@ -88,6 +88,7 @@ fn settings(tier: Tier) -> ListSettings {
         },
         local_fetch_rate: 0,
         local_refresh_rate: 0,
+        phone_regions: Default::default(),
     }
 }
 

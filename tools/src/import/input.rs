@@ -173,6 +173,8 @@ impl<T> Names<T> {
 /// Validates rows into records.
 struct Validator<'a> {
     layout: &'a Layout,
+    /// The keyspace's rules and the phone regions.
+    rules: namelist::domain::Rules,
     now: i64,
     /// Index of the `--list` default in `lists`, if one was given.
     default_list: Option<usize>,
@@ -197,6 +199,7 @@ impl Validator<'_> {
         now: i64,
         list: Option<String>,
         sandbox: Option<String>,
+        regions: namelist::domain::PhoneRegions,
     ) -> anyhow::Result<Validator<'_>> {
         let mut lists = Names::new();
         let default_list = list
@@ -208,6 +211,10 @@ impl Validator<'_> {
         sandboxes.index(default_sandbox.as_str(), Sandbox::try_from)?;
         Ok(Validator {
             layout,
+            rules: namelist::domain::Rules {
+                version: layout.rules(),
+                regions,
+            },
             now,
             default_list,
             lists,
@@ -250,7 +257,8 @@ impl Validator<'_> {
             self.dimensions.get(di),
             self.sandboxes.get(si),
         );
-        let value = Value::parse_entry(dimension, row.value.unwrap_or_default())
+        let norm = self.rules.norm(sandbox);
+        let value = Value::parse_entry_with(dimension, row.value.unwrap_or_default(), norm)
             .map_err(|e| e.at("value"))?;
         let expiry = match (row.expires_at, row.ttl_seconds) {
             (Some(_), Some(_)) => {
@@ -371,7 +379,13 @@ fn read_rows(
 ) -> anyhow::Result<ReadOutcome> {
     let mut input = open_input(args.input_path(), bytes_read.clone())?;
     let format = detect_format(args, &mut input)?;
-    let mut v = Validator::new(layout, now, args.list.clone(), args.sandbox.clone())?;
+    let mut v = Validator::new(
+        layout,
+        now,
+        args.list.clone(),
+        args.sandbox.clone(),
+        args.phone_regions.clone(),
+    )?;
     let reject_path = args.reject_path();
     if reject_path.exists() {
         std::fs::remove_file(&reject_path)

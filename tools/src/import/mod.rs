@@ -60,6 +60,10 @@ use partition::group;
 pub struct Args {
     /// Input file (`-` or absent: stdin). Gzip is detected by its magic bytes.
     pub file: Option<PathBuf>,
+    /// The regions of phones without a country code (the settings' `phone_default_region`
+    /// and `sandbox_phone_regions`, as the service reads them), under the keyspace's rules.
+    #[arg(skip)]
+    pub phone_regions: namelist::domain::PhoneRegions,
     /// Input format; `auto` looks at the extension, then at the first byte (`{` = JSON Lines).
     #[arg(long, value_enum, default_value_t = InputFormat::Auto)]
     pub format: InputFormat,
@@ -121,6 +125,7 @@ impl Args {
     pub fn for_file(file: impl Into<PathBuf>) -> Self {
         Self {
             file: Some(file.into()),
+            phone_regions: namelist::domain::PhoneRegions::default(),
             format: InputFormat::Auto,
             list: None,
             sandbox: None,
@@ -270,7 +275,11 @@ impl ImportSummary {
 }
 
 /// The CLI entry point.
-pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
+pub async fn run(global: &Global, mut args: Args) -> anyhow::Result<()> {
+    args.phone_regions = global
+        .settings()?
+        .phone_regions()
+        .map_err(anyhow::Error::msg)?;
     let (store, layout) = if args.dry_run {
         let settings = global.settings()?;
         let buckets = Layout::buckets_for(
