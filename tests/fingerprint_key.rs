@@ -259,7 +259,10 @@ async fn an_unkeyed_snapshot_of_an_older_build_still_opens() {
     let snapshot = dir.path().join("old.snapshot");
     let list: ListName = "black".parse().unwrap();
     let sandbox: Sandbox = "default".parse().unwrap();
-    let value = Value::parse_entry(&Dimension::Phone, "13800000003").unwrap();
+    // Written under rules 1, as every snapshot was.
+    let value =
+        Value::parse_entry_with(&Dimension::Phone, "13800000003", namelist::domain::Norm::V1)
+            .unwrap();
     let bytes = canonical(&list, &Dimension::Phone, &sandbox, &value);
     let entry = EntryKey {
         bucket: crc32fast::hash(&bytes) % 64,

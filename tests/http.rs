@@ -417,7 +417,7 @@ async fn every_bad_request_is_a_4xx_and_changes_nothing(redis: &Backend) {
         bad(
             "POST",
             "/v1/check",
-            json!({"lists": ["black"], "subjects": {"ip": "10.0.0.0/8"}}),
+            json!({"lists": ["black"], "subjects": {"ip": "10.0.0.0/8"}, "strict": true}),
             400,
             "invalid_value",
             &["subjects.ip[0]", "ranges"],
@@ -601,7 +601,8 @@ async fn values_are_normalised_before_matching(redis: &Backend) {
         got,
         vec![
             ("id_card".into(), "11010519491231002X".into()),
-            ("imei".into(), "490154203237518".into()),
+            // Rules 2: an IMEI is its 14-digit body.
+            ("imei".into(), "49015420323751".into()),
             ("ip".into(), "192.0.2.1".into()),
             ("merchant".into(), "商户-42".into()),
             ("wifi_mac".into(), "aa:bb:cc:dd:ee:ff".into()),
@@ -808,6 +809,121 @@ async fn a_bad_value_does_not_void_the_check_on_the_embedded_store() {
     one_bad_value_never_voids_a_check(&spawn_app(common::test_settings()).await).await;
 }
 
+/// Issue 29's table under rules 2 (every new keyspace): each spelling of a listed phone, ID
+/// card and IMEI is a hit; a wrong check digit is an invalid value (a 400 as an entry, in
+/// `invalid` in a check, never a silent miss).
+async fn spellings_cannot_dodge_a_list(app: &TestApp) {
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [
+                {"dimension": "phone", "value": "+86 138 0013 8000"},
+                {"dimension": "id_card", "value": "11010519491231002X"},
+                {"dimension": "imei", "value": "490154203237518"}
+            ]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    for (dimension, spelling) in [
+        ("phone", "+86-138-0013-8000"),
+        ("phone", "13800138000"),
+        ("phone", "8613800138000"),
+        ("phone", "008613800138000"),
+        ("phone", "+86 (138) 0013-8000"),
+        ("id_card", "110105491231002"),
+        ("id_card", "11010519491231002x"),
+        ("imei", "49015420323751"),
+        ("imei", "4901542032375182"),
+        ("imei", "49-015420-323751-8"),
+    ] {
+        let body = app
+            .check(&json!({"lists": ["black"], "subjects": {dimension: spelling}}))
+            .await;
+        assert_eq!(
+            body["hits"].as_array().unwrap().len(),
+            1,
+            "{dimension} {spelling}: {body}"
+        );
+    }
+    for (dimension, bad) in [
+        ("id_card", "110105194912310021"),
+        ("imei", "490154203237519"),
+    ] {
+        let body = app
+            .check(&json!({"lists": ["black"], "subjects": {dimension: bad, "uid": "u"}}))
+            .await;
+        assert_eq!(body["invalid"][0]["dimension"], dimension, "{body}");
+        let res = app
+            .post(
+                "/v1/lists/black/entries",
+                &json!({"entries": [{"dimension": dimension, "value": bad}]}),
+            )
+            .await;
+        let message = expect_error(res, 400, "invalid_value").await;
+        assert!(message.contains("check digit"), "{message}");
+    }
+}
+
+async fn spellings_under_rules_2(redis: &Backend) {
+    spellings_cannot_dodge_a_list(&app_on(redis).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spellings_under_rules_2_on_the_embedded_store() {
+    spellings_cannot_dodge_a_list(&spawn_app(common::test_settings()).await).await;
+}
+
+/// A keyspace made before rules 2 (its meta without `rules`) keeps rules 1 exactly: it records
+/// `rules = 1`, phones are matched as typed, no check digit is asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_made_before_rules_2_keeps_rules_1() {
+    let redis = RedisServer::start();
+    let settings = common::redis_settings(&redis);
+    let app = spawn_app(settings.clone()).await;
+    app.stop().await;
+    let meta = format!("{}meta", settings.key_prefix);
+    let _: i64 = ::redis::cmd("HDEL")
+        .arg(&meta)
+        .arg("rules")
+        .query(&mut redis.conn())
+        .unwrap();
+    let app = spawn_app(settings.clone()).await;
+    assert_eq!(
+        common::keyspace_meta(&redis, &settings.key_prefix)
+            .get("rules")
+            .map(String::as_str),
+        Some("1")
+    );
+    let res = app
+        .post(
+            "/v1/lists/black/entries",
+            &json!({"entries": [
+                {"dimension": "phone", "value": "13800138000"},
+                {"dimension": "id_card", "value": "110105194912310021"},
+                {"dimension": "imei", "value": "490154203237519"}
+            ]}),
+        )
+        .await;
+    assert_eq!(res.status(), 200, "rules 1 accept what they always did");
+    for (dimension, spelling, hit) in [
+        ("phone", "138 0013 8000", true),
+        ("phone", "+8613800138000", false),
+        ("id_card", "110105194912310021", true),
+        ("imei", "49-015420-323751-9", true),
+        ("imei", "49015420323751", false),
+    ] {
+        let body = app
+            .check(&json!({"lists": ["black"], "subjects": {dimension: spelling}}))
+            .await;
+        assert_eq!(
+            body["hits"].as_array().unwrap().len(),
+            usize::from(hit),
+            "{dimension} {spelling}: {body}"
+        );
+    }
+    app.stop().await;
+}
+
 macro_rules! on_a_node_and_a_cluster {
     ($($case:ident),* $(,)?) => {
         mod one_node {
@@ -836,4 +952,5 @@ on_a_node_and_a_cluster!(
     every_bad_request_is_a_4xx_and_changes_nothing,
     values_are_normalised_before_matching,
     a_bad_value_does_not_void_the_check,
+    spellings_under_rules_2,
 );

@@ -1231,7 +1231,7 @@ async fn the_seeds_examples(app: &TestApp) {
     let res = evaluate(app, &example).await;
     assert_eq!(
         res,
-        json!({"hits": [{"list": "black", "dimension": "phone", "value": "13800000000",
+        json!({"hits": [{"list": "black", "dimension": "phone", "value": "+8613800000000",
                          "expires_at": null}],
                "features": {"logins_1h": 4}, "rules": {"too_many_logins": true},
                "degraded": false})

@@ -3,7 +3,7 @@
 //!
 //! | dimension  | shown                                  | example            |
 //! |------------|----------------------------------------|--------------------|
-//! | phone      | first 3 and last 4 digits (+ kept)     | `138****0000`      |
+//! | phone      | first 3 and last 4 digits (+ kept); a valid E.164 number (rules 2) its country code, then the national number's first 3 and last 4 | `138****0000`, `+86138****0000` |
 //! | id_card    | first 4 and last 4                     | `1101**********002X` |
 //! | imei       | first 6 (part of the model code), last 2 | `490154*******18` |
 //! | wifi_mac   | the vendor (OUI) half                  | `aa:bb:cc:**:**:**` |
@@ -63,7 +63,18 @@ pub fn mask_value(dimension: &Dimension, value: &Value) -> String {
         },
         (Dimension::Phone, Value::Text(s)) => {
             let (plus, digits) = s.strip_prefix('+').map_or(("", s.as_str()), |d| ("+", d));
-            format!("{plus}{}", keep_ends(digits, 3, 4))
+            // A valid E.164 number: its country code shown, its national number as a
+            // national number's mask (so `+8613800000000` shows what `13800000000` did).
+            let code = (!plus.is_empty())
+                .then(|| phonenumber::parse(None, s).ok())
+                .flatten()
+                .filter(phonenumber::is_valid)
+                .map(|n| n.code().value().to_string())
+                .filter(|c| digits.starts_with(c.as_str()));
+            match code {
+                Some(c) => format!("+{c}{}", keep_ends(&digits[c.len()..], 3, 4)),
+                None => format!("{plus}{}", keep_ends(digits, 3, 4)),
+            }
         }
         (Dimension::IdCard, Value::Text(s)) => keep_ends(s, 4, 4),
         (Dimension::Imei, Value::Text(s)) => keep_ends(s, 6, 2),
@@ -78,14 +89,19 @@ mod tests {
     use super::*;
 
     fn m(d: Dimension, raw: &str) -> String {
-        mask_value(&d, &Value::parse_entry(&d, raw).unwrap())
+        let v = Value::parse_entry_with(&d, raw, crate::domain::Norm::V1).unwrap();
+        mask_value(&d, &v)
     }
 
     #[test]
     fn masks() {
         use Dimension::*;
         assert_eq!(m(Phone, "13800000000"), "138****0000");
-        assert_eq!(m(Phone, "+86 138 0000 1234"), "+861******1234");
+        assert_eq!(m(Phone, "+86 138 0000 1234"), "+86138****1234");
+        assert_eq!(m(Phone, "+861380000"), "+861**0000", "not a valid number");
+        // Rules 2 write every valid phone in E.164: the national number's mask after +86.
+        let e164 = Value::parse_entry(&Phone, "13800001234").unwrap();
+        assert_eq!(mask_value(&Phone, &e164), "+86138****1234");
         assert_eq!(m(IdCard, "11010519491231002X"), "1101**********002X");
         assert_eq!(m(Imei, "490154203237518"), "490154*******18");
         assert_eq!(m(WifiMac, "AA-BB-CC-DD-EE-FF"), "aa:bb:cc:**:**:**");

@@ -182,11 +182,13 @@ pub(super) fn phone_e164(region: Region, fallback: String) -> String {
         .ok()
         .filter(phonenumber::is_valid)
         .or_else(|| {
-            // `8613800138000`: the country code typed without its `+`.
-            (!fallback.starts_with('+'))
+            // `8613800138000`: the region's own country code typed without its `+` (only
+            // that one: `14323636831` is not read as the US number +1 432…).
+            let code = calling_code(region)?.to_string();
+            (!fallback.starts_with('+') && fallback.starts_with(&code))
                 .then(|| phonenumber::parse(None, format!("+{fallback}")).ok())
                 .flatten()
-                .filter(phonenumber::is_valid)
+                .filter(|n| phonenumber::is_valid(n) && n.code().value().to_string() == code)
         });
     match parsed {
         Some(n) => e164(&n),
@@ -212,10 +214,15 @@ pub(super) fn segment_e164(digits: String, region: Region) -> String {
     {
         return format!("+{rest}");
     }
-    let code = phonenumber::metadata::DATABASE
-        .by_id(region.as_ref())
-        .map_or(86, |m| m.country_code());
+    let code = calling_code(region).unwrap_or(86);
     format!("+{code}{digits}")
+}
+
+/// The calling code of a region (`CN` → 86).
+fn calling_code(region: Region) -> Option<u16> {
+    phonenumber::metadata::DATABASE
+        .by_id(region.as_ref())
+        .map(|m| m.country_code())
 }
 
 /// The ISO 7064 MOD 11-2 check character of an ID card's first 17 digits.
@@ -303,5 +310,259 @@ pub(super) fn imei_v2(digits: String) -> Result<String, &'static str> {
         }
         14..=16 => Ok(digits[..14].to_owned()),
         _ => Err("expected 14-16 digits after removing spaces and -"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::domain::{Dimension, Value};
+
+    fn sg() -> Norm {
+        PhoneRegions::new("SG", &BTreeMap::new())
+            .unwrap()
+            .norm(2, &Sandbox::default())
+    }
+
+    fn check(norm: Norm, dimension: Dimension, raw: &str) -> Option<String> {
+        Value::parse_check_with(&dimension, raw, norm)
+            .ok()
+            .map(|v| v.to_string())
+    }
+
+    fn entry(norm: Norm, dimension: Dimension, raw: &str) -> Option<String> {
+        Value::parse_entry_with(&dimension, raw, norm)
+            .ok()
+            .map(|v| v.to_string())
+    }
+
+    /// The table: every spelling of one device, card or phone is one value under
+    /// rules 2, and the bad ones are refused.
+    #[test]
+    fn the_spellings_of_one_identity_are_one_value() {
+        let n = Norm::LATEST;
+        for phone in [
+            "13800138000",
+            "+86 138 0013 8000",
+            "+86-138-0013-8000",
+            "8613800138000",
+            "008613800138000",
+            "+86 (138) 0013-8000",
+        ] {
+            assert_eq!(
+                check(n, Dimension::Phone, phone).as_deref(),
+                Some("+8613800138000"),
+                "{phone}"
+            );
+        }
+        for card in [
+            "11010519491231002X",
+            "11010519491231002x",
+            " 110105491231002 ",
+        ] {
+            assert_eq!(
+                check(n, Dimension::IdCard, card).as_deref(),
+                Some("11010519491231002X"),
+                "{card}"
+            );
+        }
+        assert_eq!(check(n, Dimension::IdCard, "110105194912310021"), None);
+        // Other forms keep rules 1: a passport number.
+        assert_eq!(
+            check(n, Dimension::IdCard, "e12345678").as_deref(),
+            Some("E12345678")
+        );
+        // 15 digits that are no date: another form, kept.
+        assert_eq!(
+            check(n, Dimension::IdCard, "110105491331002").as_deref(),
+            Some("110105491331002")
+        );
+        for imei in [
+            "490154203237518",
+            "49-015420-323751-8",
+            "49015420323751",
+            "4901542032375182",
+        ] {
+            assert_eq!(
+                check(n, Dimension::Imei, imei).as_deref(),
+                Some("49015420323751"),
+                "{imei}"
+            );
+        }
+        assert_eq!(check(n, Dimension::Imei, "490154203237519"), None);
+        // Segments: the region's calling code in front, a `00` read as `+`.
+        assert_eq!(
+            entry(n, Dimension::Phone, "170*").as_deref(),
+            Some("+86170*")
+        );
+        assert_eq!(
+            entry(n, Dimension::Phone, "0086170*").as_deref(),
+            Some("+86170*")
+        );
+        assert_eq!(
+            entry(n, Dimension::Phone, "+65 9*").as_deref(),
+            Some("+659*")
+        );
+        assert_eq!(
+            entry(sg(), Dimension::Phone, "9*").as_deref(),
+            Some("+659*")
+        );
+    }
+
+    /// Rules 1 are exactly the old rules: nothing canonicalised, nothing refused that was
+    /// accepted.
+    #[test]
+    fn rules_1_are_unchanged() {
+        let n = Norm::V1;
+        for (d, raw, want) in [
+            (Dimension::Phone, "13800138000", Some("13800138000")),
+            (Dimension::Phone, "008613800138000", Some("008613800138000")),
+            (
+                Dimension::Phone,
+                "+86 138-0013-8000",
+                Some("+8613800138000"),
+            ),
+            (Dimension::Phone, "1234", None),
+            (
+                Dimension::IdCard,
+                "110105194912310021",
+                Some("110105194912310021"),
+            ),
+            (
+                Dimension::IdCard,
+                "110105491231002",
+                Some("110105491231002"),
+            ),
+            (Dimension::Imei, "490154203237519", Some("490154203237519")),
+            (
+                Dimension::Imei,
+                "4901542032375182",
+                Some("4901542032375182"),
+            ),
+        ] {
+            assert_eq!(check(n, d.clone(), raw).as_deref(), want, "{d} {raw}");
+        }
+        assert_eq!(entry(n, Dimension::Phone, "170*").as_deref(), Some("170*"));
+    }
+
+    /// A number the parser cannot make valid keeps its rules-1 form, and is counted.
+    #[test]
+    fn an_invalid_number_keeps_its_digits_and_is_counted() {
+        let before = phones_not_e164();
+        assert_eq!(
+            check(Norm::LATEST, Dimension::Phone, "12345").as_deref(),
+            Some("12345")
+        );
+        assert!(phones_not_e164() > before);
+    }
+
+    #[test]
+    fn regions_are_checked() {
+        assert!(parse_region("sg").is_ok());
+        assert!(parse_region("XX").is_err());
+        assert!(PhoneRegions::new("CN", &BTreeMap::from([("intl".into(), "ZZ".into())])).is_err());
+        let regions =
+            PhoneRegions::new("CN", &BTreeMap::from([("intl".into(), "SG".into())])).unwrap();
+        assert_eq!(regions.of(&"intl".parse().unwrap()), Region::SG);
+        assert_eq!(regions.of(&Sandbox::default()), Region::CN);
+    }
+
+    /// An independent check digit: Σ aᵢ·2^(17−i) mod 11 (the weights as powers of two, not
+    /// the table), then (12 − s) mod 11, 10 written X.
+    fn check_digit_by_powers(body: &str) -> char {
+        let s: u64 = body
+            .bytes()
+            .enumerate()
+            .map(|(i, b)| u64::from(b - b'0') * ((1u64 << (17 - i)) % 11))
+            .sum::<u64>()
+            % 11;
+        match (12 - s) % 11 {
+            10 => 'X',
+            d => char::from(b'0' + d as u8),
+        }
+    }
+
+    /// Luhn the long way: double every second digit from the right as a number, add its
+    /// decimal digits.
+    fn luhn_by_digit_sums(s: &str) -> bool {
+        let total: u32 = s
+            .chars()
+            .rev()
+            .enumerate()
+            .map(|(i, c)| {
+                let d = c.to_digit(10).unwrap() * if i % 2 == 1 { 2 } else { 1 };
+                d.to_string()
+                    .chars()
+                    .map(|c| c.to_digit(10).unwrap())
+                    .sum::<u32>()
+            })
+            .sum();
+        total % 10 == 0
+    }
+
+    proptest! {
+        /// Every spelling of a valid CN mobile number is one E.164 string, and read in SG it
+        /// is not that string (regions do not leak into each other).
+        #[test]
+        fn every_spelling_of_a_number_is_one_e164(
+            prefix in prop::sample::select(vec!["130", "135", "138", "139", "150", "158", "186", "189"]),
+            rest in "[0-9]{8}",
+            sep in prop::sample::select(vec!["", " ", "-"]),
+            form in 0usize..5,
+        ) {
+            let national = format!("{prefix}{rest}");
+            let want = format!("+86{national}");
+            let spaced = format!("{prefix}{sep}{}{sep}{}", &rest[..4], &rest[4..]);
+            let typed = match form {
+                0 => spaced,
+                1 => format!("+86{sep}{spaced}"),
+                2 => format!("0086{sep}{spaced}"),
+                3 => format!("86{spaced}"),
+                _ => format!("+86 ({prefix}) {}-{}", &rest[..4], &rest[4..]),
+            };
+            prop_assert_eq!(check(Norm::LATEST, Dimension::Phone, &typed), Some(want.clone()));
+            prop_assert_ne!(check(sg(), Dimension::Phone, &national), Some(want));
+        }
+
+        /// A 15-digit card with a valid date becomes the 18-character form whose check digit
+        /// an independent computation gives; that form is accepted as it is, and any other
+        /// last character is refused.
+        #[test]
+        fn id_cards_convert_and_check(
+            region in "[1-6][0-9]{5}",
+            yy in 0u32..100,
+            mm in 1u32..=12,
+            dd in 1u32..=28,
+            seq in "[0-9]{3}",
+            wrong in 0u8..11,
+        ) {
+            let old = format!("{region}{yy:02}{mm:02}{dd:02}{seq}");
+            let body = format!("{region}19{yy:02}{mm:02}{dd:02}{seq}");
+            let full = format!("{body}{}", check_digit_by_powers(&body));
+            prop_assert_eq!(check(Norm::LATEST, Dimension::IdCard, &old), Some(full.clone()));
+            prop_assert_eq!(check(Norm::LATEST, Dimension::IdCard, &full), Some(full.clone()));
+            let other = b"0123456789X"[wrong as usize] as char;
+            if other != full.chars().last().unwrap() {
+                let bad = format!("{body}{other}");
+                prop_assert_eq!(check(Norm::LATEST, Dimension::IdCard, &bad), None);
+            }
+        }
+
+        /// An IMEI passes when Luhn passes (checked another way), and the IMEI, its body and
+        /// its IMEISV are one value.
+        #[test]
+        fn imeis_are_luhn_checked_and_keyed_by_their_body(body in "[0-9]{14}", last in 0u8..10, sv in "[0-9]{2}") {
+            let imei = format!("{body}{last}");
+            let ok = check(Norm::LATEST, Dimension::Imei, &imei);
+            if luhn_by_digit_sums(&imei) {
+                prop_assert_eq!(ok, Some(body.clone()));
+            } else {
+                prop_assert_eq!(ok, None);
+            }
+            prop_assert_eq!(check(Norm::LATEST, Dimension::Imei, &body), Some(body.clone()));
+            prop_assert_eq!(check(Norm::LATEST, Dimension::Imei, &format!("{body}{sv}")), Some(body.clone()));
+        }
     }
 }

@@ -1543,7 +1543,8 @@ mod tests {
         assert_eq!(of("ip", "10.1.0.1"), None);
         assert_eq!(of("ip", "2001:db8::/32").as_deref(), Some("6/32"));
         assert_eq!(of("phone", "+86 170*").as_deref(), Some("phone/6"));
-        assert_eq!(of("phone", "170*").as_deref(), Some("phone/3"));
+        // Rules 2: `170*` is `+86170*`.
+        assert_eq!(of("phone", "170*").as_deref(), Some("phone/6"));
         assert_eq!(of("phone", "17012345678"), None);
         assert_eq!(of("email", "@a.example.com").as_deref(), Some("email/3"));
         assert_eq!(of("email", "j@a.example.com"), None);

@@ -600,6 +600,9 @@ impl MemoryStore {
     /// are refused. (Tests reopen a data directory in the same process.)
     pub fn close(&self) {
         if let Some(d) = &self.durable {
+            // Under the state's lock: a write either is applied and queued before the close
+            // (and committed by it) or finds the record closed and changes nothing.
+            let _state = self.lock();
             d.close();
         }
     }

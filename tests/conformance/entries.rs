@@ -529,7 +529,7 @@ async fn multi_valued_subjects(h: &Harness) {
         hits(h, &q).await,
         vec![
             triple("black", "ip", "172.16.0.1"),
-            triple("black", "phone", "13900000000"),
+            triple("black", "phone", "+8613900000000"),
             triple("grey", "wifi_mac", "aa:bb:cc:dd:ee:ff"),
         ]
     );
@@ -615,7 +615,7 @@ async fn audit_trail_masks_values(h: &Harness) {
         &black,
         &Dimension::Phone,
         &sandbox("loan"),
-        &Value::Text("13800000000".into()),
+        &Value::Text("+8613800000000".into()),
     );
     let tail = h.store.audit_tail(2).await.unwrap();
     assert_eq!(tail.len(), 2);
@@ -626,7 +626,7 @@ async fn audit_trail_masks_values(h: &Harness) {
         assert_eq!(rec.get("list"), Some("black"));
         assert_eq!(rec.get("dimension"), Some("phone"));
         assert_eq!(rec.get("sandbox"), Some("loan"));
-        assert_eq!(rec.get("value"), Some("138****0000"));
+        assert_eq!(rec.get("value"), Some("+86138****0000"));
         assert_eq!(rec.get("fingerprint"), Some(key.fingerprint().as_str()));
         assert!(rec.get("at").and_then(|t| t.parse::<i64>().ok()).is_some());
         assert!(

@@ -39,46 +39,44 @@ pub(crate) async fn phone_segments(h: &Harness) {
         .prefix_lengths(&[(black.clone(), sandbox("default"))])
         .await
         .unwrap();
+    // Rules 2 (every keyspace the suite makes): segments and phones in E.164, so a segment
+    // typed without a country code is the region's (CN: `170*` is `+86170*`).
     assert_eq!(
         registered,
-        vec![lengths(PrefixKind::PhoneSegment, &[3, 4, 6])],
+        vec![lengths(PrefixKind::PhoneSegment, &[6, 7])],
         "one registry member per segment length in use"
     );
 
     assert_eq!(
         hits(h, &phone_check("170-3123-4567")).await,
         vec![
-            triple("black", "phone", "170*"),
-            triple("black", "phone", "1703*")
+            triple("black", "phone", "+86170*"),
+            triple("black", "phone", "+861703*")
         ],
         "every segment the phone starts with"
     );
-    assert_eq!(
-        hits(h, &phone_check("17012345678")).await,
-        vec![
-            triple("black", "phone", "170*"),
-            triple("black", "phone", "17012345678")
-        ],
-        "the exact entry and the segment"
-    );
+    for spelling in ["17012345678", "+8617012345678", "008617012345678"] {
+        assert_eq!(
+            hits(h, &phone_check(spelling)).await,
+            vec![
+                triple("black", "phone", "+86170*"),
+                triple("black", "phone", "+8617012345678")
+            ],
+            "{spelling}: the exact entry and the segment, however it is spelled"
+        );
+    }
     assert_eq!(
         hits(h, &phone_check("+86 171 0000 0000")).await,
         vec![triple("black", "phone", "+86171*")]
     );
-    for miss in [
-        "17112345678",
-        "+8617012345678",
-        "17212345678",
-        "16212345678",
-        "1700",
-    ] {
+    for miss in ["17212345678", "16212345678", "+6591234567", "1700"] {
         let Ok(q) = try_query("default", &["black"], &[("phone", &[miss])]) else {
             assert_eq!(miss, "1700", "only the short one is no phone");
             continue;
         };
         assert!(
             hits(h, &q).await.is_empty(),
-            "{miss}: a + is significant, sandboxes are apart"
+            "{miss}: other numbers, another country, sandboxes apart"
         );
     }
     assert_eq!(
@@ -87,12 +85,13 @@ pub(crate) async fn phone_segments(h: &Harness) {
             &query("other", &["black"], &[("phone", &["16212345678"])])
         )
         .await,
-        vec![triple("black", "phone", "162*")]
+        vec![triple("black", "phone", "+86162*")]
     );
 
     // A segment is looked up as itself, never by a phone inside it.
     for (raw, listed) in [
         ("170*", true),
+        ("+86 170*", true),
         ("1703 *", true),
         ("17*", false),
         ("1701*", false),
@@ -121,7 +120,7 @@ pub(crate) async fn phone_segments(h: &Harness) {
     assert_eq!(removed, 1);
     assert_eq!(
         hits(h, &phone_check("17031234567")).await,
-        vec![triple("black", "phone", "1703*")]
+        vec![triple("black", "phone", "+861703*")]
     );
     h.lists
         .upsert(
@@ -348,13 +347,14 @@ pub(crate) async fn audit_masks_segments_and_addresses(h: &Harness) {
 
 pub(crate) async fn segment_and_domain_probes_count_against_the_limit(h: &Harness) {
     // 19 segment lengths in each of 4 lists: 64 phones fan out to 64 x 4 x 20 = 5,120
-    // lookups, over the 4,096 a check may make.
+    // lookups, over the 4,096 a check may make. (With their `+`: under rules 2 a segment
+    // without one gets the region's calling code, and 19 digits with it is the most.)
     for name in ["black", "grey", "white", "other"] {
         let segments: Vec<NewEntry> = (1..=19)
             .map(|n| {
                 new(
                     "phone",
-                    &format!("{}*", "1".repeat(n)),
+                    &format!("+{}*", "1".repeat(n)),
                     "default",
                     Expiry::Never,
                 )
@@ -362,7 +362,7 @@ pub(crate) async fn segment_and_domain_probes_count_against_the_limit(h: &Harnes
             .collect();
         h.lists.upsert(&list(name), segments, "t").await.unwrap();
     }
-    let phones: Vec<String> = (0..64).map(|i| format!("1111{i:016}")).collect();
+    let phones: Vec<String> = (0..64).map(|i| format!("+1111{i:016}")).collect();
     let refs: Vec<&str> = phones.iter().map(String::as_str).collect();
     let q = query(
         "default",
@@ -374,10 +374,10 @@ pub(crate) async fn segment_and_domain_probes_count_against_the_limit(h: &Harnes
         matches!(err, ListsError::Invalid(ref v) if v.code == "too_many_lookups"),
         "{err:?}"
     );
-    let one = query("default", &["black"], &[("phone", &["11110000000"])]);
+    let one = query("default", &["black"], &[("phone", &["+11110000000"])]);
     assert_eq!(
         hits(h, &one).await.len(),
         4,
-        "1*, 11*, 111*, 1111* and no longer segment"
+        "+1*, +11*, +111*, +1111* and no longer segment"
     );
 }
