@@ -122,7 +122,7 @@ fn check_on(c: &mut Criterion, group_name: &str, data_dir: Option<std::path::Pat
         "490154203237526",
         "10.9.8.7",
         "11-22-33-44-55-66",
-        "110105194912310037",
+        "110105194912310038",
     );
 
     let (base, client, handle) = rt.block_on(async {

@@ -10,7 +10,13 @@
 //!   candidate not chosen (measured, not used: see `store::fingerprint`).
 //! * `fingerprint/*`: the three hash functions alone over the subject's 7 canonical byte
 //!   strings, so their difference is not lost in the normalisation's noise.
-//! * `normalise/dimension/*`: each dimension alone (keyed).
+//! * `normalise/dimension/*`: each dimension alone (keyed), and the phone typed without its
+//!   country code (`phone_national`) and one the parser cannot make valid
+//!   (`phone_not_valid`: two parses, then the digits-only form).
+//! * `normalise/rules1/*`: the subject and each dimension under rules 1, what keyspaces made
+//!   before issue 29 use (no phone parser, no check digits): the before of rules 2's after.
+//!
+//! Everything else runs under rules 2, a new keyspace's.
 //!
 //! `cargo bench --bench normalise`
 
@@ -20,7 +26,7 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use namelist::domain::{Dimension, ListName, Sandbox, Value};
+use namelist::domain::{Dimension, ListName, Norm, Sandbox, Value};
 use namelist::store::layout::{canonical, write_canonical};
 use namelist::store::{EntryKey, Hashing, Layout};
 
@@ -43,19 +49,20 @@ fn key_of(
     sandbox: &Sandbox,
     dim: &Dimension,
     raw: &str,
+    norm: Norm,
 ) -> EntryKey {
-    let value = Value::parse_check(dim, raw).expect("valid subject value");
+    let value = Value::parse_check_with(dim, raw, norm).expect("valid subject value");
     layout.entry_key(list, dim, sandbox, &value)
 }
 
-/// The subject through `layout`, as a check computes it.
-fn subject(layout: &Layout, list: &ListName, sandbox: &Sandbox) -> [EntryKey; 7] {
+/// The subject through `layout`, as a check computes it under `norm`.
+fn subject(layout: &Layout, list: &ListName, sandbox: &Sandbox, norm: Norm) -> [EntryKey; 7] {
     let mut keys = [EntryKey {
         bucket: 0,
         field: 0,
     }; 7];
     for (slot, (dim, raw)) in keys.iter_mut().zip(SUBJECT.iter()) {
-        *slot = key_of(layout, list, sandbox, dim, black_box(raw));
+        *slot = key_of(layout, list, sandbox, dim, black_box(raw), norm);
     }
     keys
 }
@@ -79,11 +86,15 @@ fn normalise(c: &mut Criterion) {
     let sandbox: Sandbox = "loan".parse().expect("sandbox");
     let blake_key = [0x5a_u8; 32];
 
+    let v2 = Norm::LATEST;
     c.bench_function("normalise/subject_7_dimensions", |b| {
-        b.iter(|| black_box(subject(&keyed, &list, &sandbox)))
+        b.iter(|| black_box(subject(&keyed, &list, &sandbox, v2)))
+    });
+    c.bench_function("normalise/rules1/subject_7_dimensions", |b| {
+        b.iter(|| black_box(subject(&keyed, &list, &sandbox, Norm::V1)))
     });
     c.bench_function("normalise/subject_7_dimensions_unkeyed", |b| {
-        b.iter(|| black_box(subject(&unkeyed, &list, &sandbox)))
+        b.iter(|| black_box(subject(&unkeyed, &list, &sandbox, v2)))
     });
     c.bench_function("normalise/subject_7_dimensions_blake3", |b| {
         let mut buf = Vec::with_capacity(128);
@@ -129,9 +140,37 @@ fn normalise(c: &mut Criterion) {
     group.finish();
 
     let mut group = c.benchmark_group("normalise/dimension");
+    let phones = [
+        ("phone_national", "13800000000"),
+        ("phone_not_valid", "12345678"),
+    ];
+    let cases = SUBJECT
+        .iter()
+        .map(|(d, raw)| (d.as_str().to_owned(), d.clone(), *raw))
+        .chain(
+            phones
+                .iter()
+                .map(|(name, raw)| (name.to_string(), Dimension::Phone, *raw)),
+        );
+    for (name, dim, raw) in cases {
+        group.bench_function(&name, |b| {
+            b.iter(|| black_box(key_of(&keyed, &list, &sandbox, &dim, black_box(raw), v2)))
+        });
+    }
+    group.finish();
+    let mut group = c.benchmark_group("normalise/rules1");
     for (dim, raw) in SUBJECT.iter() {
         group.bench_function(dim.as_str(), |b| {
-            b.iter(|| black_box(key_of(&keyed, &list, &sandbox, dim, black_box(raw))))
+            b.iter(|| {
+                black_box(key_of(
+                    &keyed,
+                    &list,
+                    &sandbox,
+                    dim,
+                    black_box(raw),
+                    Norm::V1,
+                ))
+            })
         });
     }
     group.finish();

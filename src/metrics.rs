@@ -158,6 +158,9 @@ pub struct Metrics {
     pub entries_removed: IntCounter,
     /// Expired fields deleted by lazy expiry.
     pub expired_reclaimed: IntCounter,
+    /// Phones read under rules 2 that the parser could not make valid (kept as typed):
+    /// brought up to `domain::rules::phones_not_e164` at every scrape, under its lock.
+    phones_not_e164: (IntCounter, std::sync::Mutex<()>),
     /// Checks answered fail-open from the cache alone.
     pub degraded_answers: IntCounter,
     /// Checks refused (fail-closed) because the store could not answer.
@@ -394,6 +397,13 @@ impl Metrics {
                 "namelist_expired_reclaimed_total",
                 "Expired fields deleted by lazy expiry",
             ),
+            phones_not_e164: (
+                counter(
+                    "namelist_phones_not_e164_total",
+                    "Phones read under normalisation rules 2 that are not valid numbers in their region or country code, kept in their digits-only form",
+                ),
+                std::sync::Mutex::new(()),
+            ),
             degraded_answers: counter(
                 "namelist_degraded_answers_total",
                 "Checks answered fail-open from the cache because the store did not answer in time",
@@ -610,6 +620,7 @@ impl Metrics {
             Box::new(self.entries_written.clone()),
             Box::new(self.entries_removed.clone()),
             Box::new(self.expired_reclaimed.clone()),
+            Box::new(self.phones_not_e164.0.clone()),
             Box::new(self.degraded_answers.clone()),
             Box::new(self.refused_answers.clone()),
             Box::new(self.subscription_up.clone()),
@@ -644,6 +655,11 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        {
+            let _one_at_a_time = self.phones_not_e164.1.lock();
+            let c = &self.phones_not_e164.0;
+            c.inc_by(crate::domain::rules::phones_not_e164().saturating_sub(c.get()));
+        }
         let mut buf = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)

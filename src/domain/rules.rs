@@ -29,8 +29,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use phonenumber::PhoneNumber;
 use phonenumber::country::Id as Region;
-use phonenumber::{Mode, PhoneNumber};
 
 use super::Sandbox;
 
@@ -199,8 +199,16 @@ pub(super) fn phone_e164(region: Region, fallback: String) -> String {
     }
 }
 
+/// `+`, the country code, the national number with its leading zeros (what the crate's E.164
+/// formatter writes, without its formatting machinery: a third of the cost).
 fn e164(n: &PhoneNumber) -> String {
-    n.format().mode(Mode::E164).to_string()
+    let national = n.national();
+    format!(
+        "+{}{}{}",
+        n.code().value(),
+        "0".repeat(usize::from(national.zeros())),
+        national.value()
+    )
 }
 
 /// A segment's prefix under rules 2 (`digits`: its rules-1 form, `+` kept): with `+` as
@@ -456,6 +464,24 @@ mod tests {
             Some("12345")
         );
         assert!(phones_not_e164() > before);
+    }
+
+    /// The hand-written E.164 is the crate's formatter's, leading zeros included (Italy).
+    #[test]
+    fn e164_is_the_crates() {
+        for (region, raw) in [
+            (Region::CN, "13800138000"),
+            (Region::IT, "0612345678"),
+            (Region::SG, "91234567"),
+            (Region::US, "2015550123"),
+        ] {
+            let n = phonenumber::parse(Some(region), raw).unwrap();
+            assert_eq!(
+                e164(&n),
+                n.format().mode(phonenumber::Mode::E164).to_string(),
+                "{raw}"
+            );
+        }
     }
 
     #[test]

@@ -642,7 +642,7 @@ async fn audit_trail_masks_values(h: &Harness) {
                     "{:016x}",
                     h.store
                         .layout()
-                        .audit_value(&Dimension::Phone, &Value::Text("13800000000".into()))
+                        .audit_value(&Dimension::Phone, &Value::Text("+8613800000000".into()))
                 )
                 .as_str()
             )
