@@ -246,7 +246,7 @@ pub fn id_card_check(body: &[u8; 17]) -> u8 {
 
 /// Whether `yymmdd` or `yyyymmdd` digits are a calendar date (leap years included).
 fn valid_date(year: u32, month: u32, day: u32) -> bool {
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let leap = (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400);
     let days = match month {
         1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
         4 | 6 | 9 | 11 => 30,
@@ -307,7 +307,7 @@ pub fn luhn_ok(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// An IMEI under rules 2 (`digits`: 14–16 digits): the 14-digit body.
@@ -525,7 +525,7 @@ mod tests {
                     .sum::<u32>()
             })
             .sum();
-        total % 10 == 0
+        total.is_multiple_of(10)
     }
 
     proptest! {
