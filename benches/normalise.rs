@@ -12,7 +12,9 @@
 //!   strings, so their difference is not lost in the normalisation's noise.
 //! * `normalise/dimension/*`: each dimension alone (keyed), and the phone typed without its
 //!   country code (`phone_national`) and one the parser cannot make valid
-//!   (`phone_not_valid`: two parses, then the digits-only form).
+//!   (`phone_not_valid`). Each repeats one value, so a phone is answered from the memory of
+//!   recent phones (`domain::rules`); `phone_never_seen` is a new number each time (the
+//!   parser's cost: what a new identity pays).
 //! * `normalise/rules1/*`: the subject and each dimension under rules 1, what keyspaces made
 //!   before issue 29 use (no phone parser, no check digits): the before of rules 2's after.
 //!
@@ -157,6 +159,24 @@ fn normalise(c: &mut Criterion) {
             b.iter(|| black_box(key_of(&keyed, &list, &sandbox, &dim, black_box(raw), v2)))
         });
     }
+    // A phone never seen before (a new number each time: past the memory of recent phones),
+    // the cost a new identity pays; the cases above repeat one value, so they measure a
+    // phone seen again.
+    group.bench_function("phone_never_seen", |b| {
+        let mut n = 0u64;
+        b.iter(|| {
+            n += 7_919;
+            let raw = format!("139{:08}", n % 100_000_000);
+            black_box(key_of(
+                &keyed,
+                &list,
+                &sandbox,
+                &Dimension::Phone,
+                black_box(&raw),
+                v2,
+            ))
+        })
+    });
     group.finish();
     let mut group = c.benchmark_group("normalise/rules1");
     for (dim, raw) in SUBJECT.iter() {

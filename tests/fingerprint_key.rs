@@ -336,3 +336,62 @@ async fn wait_for(path: &Path) {
     }
     panic!("{} was not written", path.display());
 }
+
+/// A keyed snapshot of the build before data directories (format 2, its key beside it as
+/// `<snapshot>.key`) is imported once under the deprecated `snapshot_path`: its key is copied
+/// into the data directory, its entries answer under rules 1 (they were hashed so), and the
+/// snapshot and its key file are left as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_snapshot_of_the_build_before_is_imported_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("lists.snapshot");
+    let old_key = dir.path().join("lists.snapshot.key");
+    std::fs::copy(common::key_file(), &old_key).unwrap();
+    let key = common::test_key();
+    let layout = namelist::store::Layout::new("any:", 64, common::keyed());
+    let value =
+        Value::parse_entry_with(&Dimension::Phone, "13800000004", namelist::domain::Norm::V1)
+            .unwrap();
+    let list: ListName = "black".parse().unwrap();
+    let entry = layout.entry_key(&list, &Dimension::Phone, &Sandbox::default(), &value);
+    // The snapshot of that build: version, format, key id, buckets, entries, registries,
+    // definitions.
+    type Registries = Vec<((ListName, Sandbox), Vec<PrefixLen>)>;
+    type Definitions = Vec<(String, String, u64, String, String)>;
+    let old = postcard::to_stdvec(&(
+        2u32,
+        2u32,
+        key.id().to_owned(),
+        64u32,
+        vec![(entry, 0u32)],
+        Registries::new(),
+        Definitions::new(),
+    ))
+    .unwrap();
+    std::fs::write(&snapshot, &old).unwrap();
+    let mut settings = test_settings();
+    settings.fingerprint_key_file = None;
+    settings.snapshot_path = Some(snapshot.clone());
+    let app = spawn_app(settings.clone()).await;
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"phone": "138 0000 0004"}}))
+        .await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    app.stop().await;
+    assert_eq!(
+        std::fs::read(dir.path().join("fingerprint.key")).unwrap(),
+        std::fs::read(&old_key).unwrap(),
+        "the snapshot's key, copied"
+    );
+    assert_eq!(std::fs::read(&snapshot).unwrap(), old, "left as it was");
+    // Again, from the data directory alone.
+    settings.snapshot_path = None;
+    settings.data_dir = Some(dir.path().to_owned());
+    std::fs::remove_file(&snapshot).unwrap();
+    let app = spawn_app(settings).await;
+    let body = app
+        .check(&json!({"lists": ["black"], "subjects": {"phone": "13800000004"}}))
+        .await;
+    assert_eq!(body["hits"].as_array().unwrap().len(), 1, "{body}");
+    app.stop().await;
+}
