@@ -41,7 +41,6 @@ pub(super) const ID_REGIONS: [u32; 16] = [
 pub(super) const ID_FIRST_DAY: i64 = -7305;
 /// Birth dates 1950-01-01 ..= 2007-12-31.
 pub(super) const ID_DAYS: u64 = 21_184;
-pub(super) const ID_WEIGHTS: [u32; 17] = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2];
 pub(super) const UID_SPACE: u64 = 9_000_000_000; // 10-digit numeric ids
 pub(super) const DEVICE_SPACE: u64 = u64::MAX;
 pub(super) const CUSTOM_SPACE: u64 = 10_000_000_000; // 10-digit unique suffix
@@ -152,15 +151,9 @@ pub fn luhn_check_digit(body: &[u8]) -> u8 {
     b'0' + ((10 - sum % 10) % 10) as u8
 }
 
-/// The check character of a mainland resident id card (GB 11643) for its first 17 digits.
-pub fn id_card_check_char(body: &[u8]) -> u8 {
-    let sum: u32 = body
-        .iter()
-        .zip(ID_WEIGHTS)
-        .map(|(&c, w)| u32::from(c - b'0') * w)
-        .sum();
-    b"10X98765432"[(sum % 11) as usize]
-}
+/// The check character of a mainland resident id card (GB 11643) for its first 17 digits:
+/// the service's own (rules 2 refuse a card without it).
+pub use namelist::domain::rules::id_card_check as id_card_check_char;
 
 /// (year, month, day) of a day number since 1970-01-01 (proleptic Gregorian).
 pub(super) fn civil_from_days(z: i64) -> (i64, u32, u32) {
