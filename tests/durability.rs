@@ -55,11 +55,8 @@ fn seeded(seed: u64) -> impl FnMut() -> u64 {
 }
 
 fn start(data: &Path, logs: &Path) -> ServiceProcess {
-    ServiceProcess::builder()
-        .env("NAMELIST_DATA_DIR", data)
-        .env("NAMELIST_EXPECTED_ENTRIES", "40000")
+    builder(data)
         .env("NAMELIST_WORKERS", "2")
-        .env("NAMELIST_LOG_FORMAT", "text")
         .log_dir(logs)
         .start_blocking()
 }
