@@ -23,7 +23,7 @@
 //!   bucket read costs Redis ~9 `HGET`s (`dump`), and with uniform traffic a bucket fetched
 //!   into a tier holding a fraction c of the keyspace serves c/(1-c) lookups before it is
 //!   evicted: at 20x the budget, 0.05; a filter read every `ttl / 2` serves every absent
-//!   lookup in its bucket meanwhile. (README, *Local tier*, has the measurements.)
+//!   lookup in its bucket meanwhile. (docs/design/tier.md and docs/performance.md have the measurements.)
 //! * **Exact in place.** Every write's message carries the new codes (`Invalidation::Changes`)
 //!   and is applied to the copy in place. A bucket being read when a change arrives gets the
 //!   change logged and applied on top of what the read returns, so a read that raced a write

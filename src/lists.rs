@@ -307,7 +307,7 @@ pub struct Hit {
 pub struct ListSummary {
     pub list: String,
     pub sandbox: String,
-    /// Approximate: entries written minus entries deleted (see the README).
+    /// Approximate: entries written minus entries deleted (docs/behaviour.md, *Operators' reads*).
     pub entries: i64,
     /// Unix ms of the last upsert or delete in this scope.
     pub last_change: i64,

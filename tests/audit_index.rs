@@ -270,7 +270,7 @@ async fn records_written_before_the_index_are_found_by_who_and_list_after_open()
     assert_eq!(found.len(), 5);
     let (found, _) = search(&store, &[("list", "grey"), ("sandbox", "loan")]).await;
     assert_eq!(found.len(), 13, "who, list and the filters after them");
-    // They have no value fingerprint: a search by value does not find them (README).
+    // They have no value fingerprint: a search by value does not find them (docs/behaviour.md).
     let (found, _) = search(&store, &[("dimension", "uid"), ("value", "x")]).await;
     assert!(found.is_empty());
 

@@ -1,5 +1,6 @@
 //! README's error table and `ErrorCode` say the same: every code the table names exists,
-//! with exactly the statuses it gives, and every code answered over HTTP is in the table.
+//! with exactly the statuses it gives, and every code answered over HTTP is in the table; and
+//! `docs/api.md` is a copy of the HTTP contract.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -65,5 +66,27 @@ fn readme_error_table_matches_error_code() {
                 "{code} is answered over HTTP but not in README's table"
             );
         }
+    }
+}
+
+/// `docs/api.md` is the HTTP contract (`../shared/API.md`, outside the repository) byte for
+/// byte, so the repository carries the contract it is tested against. Where the contract is
+/// not beside the checkout (a clone elsewhere), `NAMELIST_API_CONTRACT` names it; without
+/// either there is nothing to compare and the test says so.
+#[test]
+fn docs_api_is_the_contract() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let contract = std::env::var_os("NAMELIST_API_CONTRACT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("../shared/API.md"));
+    let ours = std::fs::read_to_string(root.join("docs/api.md")).expect("docs/api.md");
+    match std::fs::read_to_string(&contract) {
+        Ok(theirs) => assert!(
+            ours == theirs,
+            "docs/api.md differs from {}: copy it again (cp {} docs/api.md)",
+            contract.display(),
+            contract.display()
+        ),
+        Err(e) => eprintln!("{}: {e}; docs/api.md not compared", contract.display()),
     }
 }

@@ -12,8 +12,8 @@
 //!   is back as a replica, writes to its shard are acknowledged again within 4 s;
 //! * every acknowledged write is present afterwards, with its audit record.
 //!
-//! It prints the degraded window, the refusal latency (max, p99) and the rejoin time (README,
-//! *Failover*): `cargo nextest run --release --test failover --no-capture`.
+//! It prints the degraded window, the refusal latency (max, p99) and the rejoin time (docs/performance.md,
+//! *Failover and faults*): `cargo nextest run --release --test failover --no-capture`.
 
 mod common;
 

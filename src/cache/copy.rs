@@ -20,7 +20,7 @@ use crate::store::ExpiryCode;
 /// allocator's size classes (a 2,400 B copy of 200 entries takes a 2,560 B block). Measured:
 /// 50,000 copies of 300 words in a moka cache under mimalloc took 620 B of resident memory
 /// each beyond their words; the service's idle resident memory at 10M entries is ~780 B a
-/// bucket beyond 12 B an entry (README, *Load*). It was 224 until 2026-11-25, which let the
+/// bucket beyond 12 B an entry (docs/performance.md, *Load*). It was 224 until 2026-11-25, which let the
 /// tier take ~20 % more memory than its budget.
 pub const COPY_OVERHEAD: usize = 640;
 

@@ -121,7 +121,7 @@ impl Pending {
     }
 }
 
-/// Statistics of the committer (for the README's figures and tests).
+/// Statistics of the committer (for docs/performance.md's figures and tests).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CommitStats {
     pub commits: u64,

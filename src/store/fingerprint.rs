@@ -38,7 +38,7 @@
 //! # Why SipHash-2-4
 //! It is a PRF with a 128-bit key designed for short inputs, which these are (30–70 bytes).
 //! Measured over the canonical bytes of a 7-dimension subject (`benches/normalise.rs`,
-//! `fingerprint/*`; README, *Latency*): SipHash-2-4 with 128-bit output 206–252 ns, keyed
+//! `fingerprint/*`; docs/performance.md, *Latency*): SipHash-2-4 with 128-bit output 206–252 ns, keyed
 //! BLAKE3 647–709 ns, the unkeyed xxh3-64 + crc32 of format 1 110–126 ns. BLAKE3 pays for a
 //! 64-byte block compression per input; its speed shows on long inputs only.
 
@@ -415,7 +415,7 @@ pub fn open_recorded(
                 Some(format!(
                     "UNKEYED FINGERPRINTS: {place} is layout format 1, whose fields, buckets and fingerprints are unkeyed hashes: \
                      anyone with a Redis dump, a log or the audit trail can recover phone and ID card numbers by brute force.{ignored} \
-                     Rebuild it keyed: README, *Fingerprint key*, rotation runbook (import into a new key prefix with a key)"
+                     Rebuild it keyed: docs/operations.md, *Rotating the key* (import into a new key prefix with a key)"
                 )),
             ))
         }
@@ -429,7 +429,7 @@ pub fn open_recorded(
         (FORMAT_KEYED, Some(recorded_id), Some(k)) if recorded_id != k.id() => Err(format!(
             "{place} was created with the fingerprint key of id {recorded_id}, but the configured key ({}) has id {}: \
              key ids differ. Configure the key the keyspace was made with; to change keys, import into a new key \
-             prefix with the new key (README, rotation runbook)",
+             prefix with the new key (docs/operations.md, *Rotating the key*)",
             k.source(),
             k.id()
         )),
@@ -455,7 +455,7 @@ pub fn for_new_keyspace(
             Some(format!(
                 "UNKEYED FINGERPRINTS: {place} is created in layout format 1 because NAMELIST_ALLOW_UNKEYED=true: \
                  its fields, buckets and fingerprints are unkeyed hashes from which phone and ID card numbers can be \
-                 recovered by brute force. For development only; see README, *Fingerprint key*"
+                 recovered by brute force. For development only; see docs/operations.md, *Fingerprint key*"
             )),
         )),
         None => Err(no_key_for_new(place)),

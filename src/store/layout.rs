@@ -35,13 +35,13 @@
 //! So an entry costs 16 B of listpack, plus the bucket's share of allocator rounding and of
 //! the key itself. With a mean of 200 entries a bucket is ~3.2 KB; jemalloc rounds it to the
 //! next size class (3 KiB, 3.5 KiB or 4 KiB), which adds ~1.3 B per entry, and the key, its
-//! object and dict entry add ~0.3 B per entry: ~17.6 B per entry (see README, measured).
+//! object and dict entry add ~0.3 B per entry: ~17.6 B per entry (docs/performance.md, *Memory per entry*).
 //!
 //! Why 200 and not more: a lookup of a field is a linear scan of its bucket's listpack
 //! (`lpFind`), and a check's misses scan the whole bucket. With 400 per bucket Redis spent 89 %
 //! of its CPU in that scan and a check's p99 at 5,000 misses/s on 2 cores was 2–11 ms; with
 //! 200 it is 1.7–2.6 ms (run-to-run noise: 3 processes on 2 cores), for +0.1 B per entry
-//! (README, *Load*). Fewer per bucket costs more memory: 100 gives ~17.9 B (more key
+//! (docs/performance.md, *Load*). Fewer per bucket costs more memory: 100 gives ~17.9 B (more key
 //! overhead, finer but proportionally larger rounding).
 //! Two different entries share a slot only if both their bucket and 64-bit field collide:
 //! about n²/2⁶⁵ over n entries in one bucket, i.e. never in practice.

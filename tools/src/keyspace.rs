@@ -1,6 +1,6 @@
 //! `namelist-tools keyspace create`: makes a new, empty keyspace at the prefix explicitly, the
-//! one way to replace a keyspace that instances saw vanish (see the service's README, *A lost
-//! keyspace*). Instances running on the lost one keep refusing writes until they restart.
+//! one way to replace a keyspace that instances saw vanish (see the service's docs/operations.md, *A
+//! lost keyspace*). Instances running on the lost one keep refusing writes until they restart.
 
 use anyhow::{Context, bail};
 
