@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 const READ: &str = "read-token-0123456789";
 const WRITE: &str = "write-token-0123456789";
 const ADMIN: &str = "admin-token-0123456789";
+const ENGINE: &str = "engine-token-0123456789";
 const PHONE: &str = "13812345678";
 const XSS: &str = "<img src=x onerror=alert(1)>";
 
@@ -34,7 +35,8 @@ fn tokens_file(dir: &std::path::Path) -> PathBuf {
         format!(
             "[[tokens]]\nname = \"risk-engine\"\nrole = \"read\"\ntoken = \"{READ}\"\n\n\
              [[tokens]]\nname = \"list-loader\"\nrole = \"write\"\ntoken = \"{WRITE}\"\n\n\
-             [[tokens]]\nname = \"platform-admin\"\nrole = \"admin\"\ntoken = \"{ADMIN}\"\n"
+             [[tokens]]\nname = \"platform-admin\"\nrole = \"admin\"\ntoken = \"{ADMIN}\"\n\n\
+             [[tokens]]\nname = \"risk-engine-2\"\nrole = \"engine\"\ntoken = \"{ENGINE}\"\n"
         ),
     )
     .unwrap();
@@ -929,6 +931,30 @@ async fn roles_decide_the_controls_and_parse_errors_point_at_their_column() {
         !displayed(&b, "page-edit").await,
         "#edit falls back to search"
     );
+
+    // The risk engine's token reads no lists and no audit trail: those pages are not
+    // offered, and a link to one falls back to search.
+    b.client
+        .execute("sessionStorage.clear();", vec![])
+        .await
+        .unwrap();
+    b.sign_in(&app, ENGINE).await;
+    for page in ["lists", "audit", "edit"] {
+        let link = b
+            .client
+            .find(Locator::Css(&format!("#nav a[data-page={page}]")))
+            .await
+            .unwrap();
+        assert!(
+            !link.is_displayed().await.unwrap(),
+            "an engine token is offered no {page} page"
+        );
+    }
+    b.open(&app, "audit?op=delete").await;
+    b.wait_for("the app", "return !document.getElementById('app').hidden")
+        .await;
+    assert!(!displayed(&b, "page-audit").await, "#audit falls back");
+    assert!(displayed(&b, "page-search").await);
 
     // An admin defines; a bad expression's error points at its column.
     b.client

@@ -202,9 +202,10 @@ async function start() {
   state.auth = me.auth;
   // The page's controls follow the token's permissions (a custom set included).
   state.perms = new Set(me.permissions || []);
-  document.body.classList.remove("role-read", "role-write", "role-admin", "can-lists");
+  document.body.classList.remove("role-read", "role-write", "role-admin", "can-lists", "can-audit", "can-check");
   document.body.classList.add(can("definitions") ? "role-admin" : can("entries") ? "role-write" : "role-read");
-  if (can("lists")) document.body.classList.add("can-lists");
+  // Pages a token may not use are not offered (their calls would only be refused).
+  for (const p of ["lists", "audit", "check"]) if (can(p)) document.body.classList.add("can-" + p);
   $("banner-noauth").hidden = me.auth;
   $("who").textContent = me.auth ? me.name + " (" + me.role + ")" : "no authentication";
   $("logout").hidden = !sessionStorage.getItem(TOKEN_KEY);
@@ -243,6 +244,8 @@ function route() {
   let page = PAGES.includes(wanted) ? wanted : "search";
   if (page === "edit" && !can("entries")) page = "search";
   if (page === "lists" && !can("lists")) page = "search";
+  if (page === "audit" && !can("audit")) page = "search";
+  if (page === "definitions" && !can("check")) page = "search";
   for (const p of PAGES) $("page-" + p).classList.toggle("current", p === page);
   for (const a of document.querySelectorAll("#nav a")) {
     a.classList.toggle("active", a.dataset.page === page);
@@ -371,6 +374,7 @@ function openSearch(params) {
 async function runSearch() {
   const q = $("search-q").value.trim();
   if (!q) return;
+  if (!can("lists")) return status("This token may not look identities up (it lacks the lists permission)", "error");
   const chosen = $("search-dim").value;
   const dimension = chosen === "auto" ? guessDimension(q, false) : chosen;
   const sandbox = $("search-sandbox").value.trim() || "default";
