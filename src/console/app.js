@@ -498,7 +498,7 @@ async function openList(list, sandbox) {
   const changes = $("list-changes").tBodies[0];
   changes.replaceChildren();
   $("list-holds").tBodies[0].replaceChildren();
-  state.holds = { list, sandbox, cursor: null, seen: new Set(), read: 0, imports: 0, shown: 0, started: false };
+  state.holds = { list, sandbox, cursor: null, seen: new Set(), read: 0, imports: 0, shown: 0 };
   if (!can("audit")) {
     changes.append(emptyRow(7, "This token may not read the audit trail"));
     $("list-holds-more").hidden = true;
@@ -535,7 +535,6 @@ async function loadHolds() {
     );
     if (state.holds !== h) return;
     h.cursor = cursor;
-    h.started = true;
     h.read += records.length;
     for (const r of records) {
       if (r.op === "import") { h.imports++; continue; }
@@ -1103,7 +1102,7 @@ async function loadHealth() {
     verdict = "Not well: the store does not answer (/readyz " + (ready ? "503" : "unreachable") + "); checks answer per the fail mode.";
     kind = "bad";
   } else if (lost) {
-    verdict = "Not well: the keyspace is lost (Redis restarted empty or was flushed); writes are refused until an operator acts.";
+    verdict = "Not well: the keyspace is lost (Redis restarted empty or was flushed); writes are refused (503 keyspace_lost) and checks answer per the fail mode.";
     kind = "bad";
   } else if (recentRefused > 0) {
     verdict = "Not well: " + recentRefused + " checks were refused (fail-closed) " + span + ": the store did not answer in time.";
