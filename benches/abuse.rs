@@ -1,10 +1,10 @@
 //! What one hostile client costs the risk engine (issue 24): the victim's check latency at a
 //! fixed rate, alone and under each attack of the issue's table, in one run.
 //!
-//! `tests/abuse` proves the behaviour (every victim check exact, Redis answering, bounded
+//! `tests/integration/abuse` proves the behaviour (every victim check exact, Redis answering, bounded
 //! memory and metrics); how fast the victim stays is a measurement, so it lives here.
 //!
-//! The scene is the test's (`tests/abuse/scene.rs`): its own `redis-server`, the release
+//! The scene is the test's (`tests/integration/abuse/scene.rs`): its own `redis-server`, the release
 //! `namelist` binary with a tokens file and every setting at its default (`RUST_LOG=warn`),
 //! the victim's list (a phone and a uid in sandbox `victim`). Then:
 //!
@@ -27,7 +27,7 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
-#[path = "../tests/abuse/scene.rs"]
+#[path = "../tests/integration/abuse/scene.rs"]
 mod scene;
 
 use std::sync::Arc;

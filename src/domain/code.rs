@@ -1,7 +1,7 @@
 //! The one table of stable error codes: for each, the HTTP statuses it is answered with and
 //! when. API.md makes these strings part of the contract, so a code is never renamed and its
 //! statuses never change; README's error table is checked against this one
-//! (`tests/error_codes.rs`). A call site names an `ErrorCode`, never a string.
+//! (`tests/integration/error_codes.rs`). A call site names an `ErrorCode`, never a string.
 
 use std::fmt;
 

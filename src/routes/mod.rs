@@ -99,9 +99,9 @@ fn guarded(route: actix_web::Route, def: RouteDef) -> actix_web::Route {
 
 /// Declares the API's routes once: `configure` mounts them (any other method on a path is a
 /// 405), each behind its gate (`gate`: token, permission, per-token limits, body, class
-/// budget), and `ROUTES` lists them, which `tests/openapi.rs` compares with the OpenAPI
+/// budget), and `ROUTES` lists them, which `tests/integration/openapi.rs` compares with the OpenAPI
 /// document both ways, the OpenAPI document takes each operation's "Needs" and error
-/// responses from, and `tests/auth.rs` compares with the README's table. A route added here
+/// responses from, and `tests/integration/auth.rs` compares with the README's table. A route added here
 /// and not documented fails those tests.
 macro_rules! api_routes {
     ($( $path:literal => [ $( $method:ident $handler:path, $need:expr, $class:ident );+ $(;)? ] ),* $(,)?) => {

@@ -3,7 +3,7 @@
 //! `/docs/` (Swagger UI, its assets compiled into the binary: no CDN, works offline). Neither
 //! needs a token. `namelist openapi` prints the same document.
 //!
-//! `ROUTES` (in `routes`) and the document must list the same routes: `tests/openapi.rs`
+//! `ROUTES` (in `routes`) and the document must list the same routes: `tests/integration/openapi.rs`
 //! compares them both ways, checks every `ErrorCode` is in the `ErrorCode` schema, and CI runs
 //! `openapi-spec-validator` on the document.
 //!

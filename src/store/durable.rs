@@ -10,7 +10,7 @@
 //! after the file's fsync), then answers every waiter. So a stream of small writes shares one
 //! fsync per commit (group commit): the more writers wait, the more each commit carries.
 //!
-//! What that means at the edges, chosen and tested (`tests/durability.rs`):
+//! What that means at the edges, chosen and tested (`tests/integration/durability.rs`):
 //! * `kill -9` at any moment loses nothing acknowledged: an acknowledgement follows the
 //!   commit. A write not yet acknowledged is there after a restart or not, whole (one
 //!   operation's rows are in one transaction).

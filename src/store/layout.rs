@@ -247,7 +247,7 @@
 //! tag, so the whole key is theirs: the same slot; a prefix holds no braces); it is never
 //! written, so that index never changes again.
 //!
-//! Memory, measured (`tests/audit_index.rs`, `measure_bytes_per_record`: 100,000 records of
+//! Memory, measured (`tests/integration/audit_index.rs`, `measure_bytes_per_record`: 100,000 records of
 //! a phone upsert with a reason under the default cap, 96,649 kept; `MEMORY USAGE … SAMPLES
 //! 0`; Redis 7.0): the stream 164 B a record (140 without the `vfp`), the index 425 B a record
 //! (3 members of 142 B: a part's set holds ~4,700 members, far past the 128 that Redis keeps
@@ -332,7 +332,7 @@
 //! (`lookup_everywhere`) are the same page of the index by sandbox.
 //!
 //! Cost per pair, `MEMORY USAGE … SAMPLES 0` over 20,000 pairs of 9–12-byte members (every
-//! key past its listpack limit; `tests/list_counts.rs` prints it): 61 B in `:n`, 69 B in
+//! key past its listpack limit; `tests/integration/list_counts.rs` prints it): 61 B in `:n`, 69 B in
 //! `:t`, 113 B in each index, 356 B in all; a member's bytes count about four times. A
 //! handful of pairs (listpacks) cost 1,120 B for 10. Nothing bounds the number of pairs but
 //! the entries written (a pair is a (list, sandbox) holding at least one): the bound is on

@@ -4,7 +4,7 @@
 //! (pub/sub between instances), `MetricStore` (velocity counts), `DefinitionStore` (metric and
 //! rule definitions) and `AuditReports` (what the bucket audit left); `Store` is all of them.
 //! One implementation per backend, `redis` and the embedded `memory`, and one conformance
-//! module per trait (`tests/conformance/`) that both must pass.
+//! module per trait (`tests/integration/conformance/`) that both must pass.
 //!
 //! A store knows nothing of normalisation, expiry semantics or caching: it moves fields and
 //! their raw expiry codes. Deciding what is listed is the service's job (`lists`), done once

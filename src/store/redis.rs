@@ -151,7 +151,7 @@ pub struct RedisStore {
     /// pipeline), on a connection of their own: Redis answers one connection's commands in
     /// order, so a reload of every bucket (start-up, a resubscription after a failover) on
     /// the checks' connection put each check's `HGET`s behind thousands of `DUMP`s, and
-    /// checks missed their deadline for seconds (`tests/failover.rs` with the tier on).
+    /// checks missed their deadline for seconds (`tests/integration/failover.rs` with the tier on).
     bulk: RedisConn,
     /// The operator lane's reads (`lane`): list counts, lookups, the audit trail. Redis
     /// answers one connection's commands in order, and an operator's call that its caller

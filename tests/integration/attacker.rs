@@ -8,7 +8,7 @@
 //! service's key the search finds exactly the two values, separately in the audit trail, in
 //! the logs and in the dump (so the search works, and the test can fail).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

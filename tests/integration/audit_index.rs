@@ -1,5 +1,5 @@
 //! The audit trail's index on Redis (`store::layout`, *Audit trail*), what only Redis shows
-//! (the behaviour on every backend is in `tests/conformance/operators.rs`):
+//! (the behaviour on every backend is in `tests/integration/conformance/operators.rs`):
 //!
 //! * what a search costs, counted by Redis itself (`INFO commandstats`): a search by `who`
 //!   reads the records it returns, not the trail, and a write stays one `MULTI`;
@@ -9,7 +9,7 @@
 //! * index members of records an older build trimmed away skipped by reads, and the index
 //!   built again at the next open.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -355,7 +355,7 @@ async fn members_of_records_trimmed_by_an_older_build_are_skipped_then_dropped()
 /// records were before the index (the stream's share of it). Also the Redis time of an append
 /// (the `EVAL`s' `usec` in `INFO commandstats`, trims included) against a plain
 /// `XADD … MAXLEN ~` of the same records, as before the index. What `layout`'s header and the
-/// README quote. `cargo nextest run --test audit_index --run-ignored only --no-capture`.
+/// README quote. `cargo nextest run --test integration audit_index:: --run-ignored only --no-capture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, printed: run it with --run-ignored only --no-capture"]
 async fn measure_bytes_per_record() {

@@ -4,7 +4,7 @@
 //! token's name in the audit trail, and a rotated tokens file taking effect without a
 //! restart.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

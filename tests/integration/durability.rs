@@ -12,7 +12,7 @@
 //!   count in the commit of the write that changes it, `EntryStore::counts_itself`);
 //! * every acknowledged rule definition is there.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::Path;

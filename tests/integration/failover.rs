@@ -13,9 +13,9 @@
 //! * every acknowledged write is present afterwards, with its audit record.
 //!
 //! It prints the degraded window, the refusal latency (max, p99) and the rejoin time (docs/performance.md,
-//! *Failover and faults*): `cargo nextest run --release --test failover --no-capture`.
+//! *Failover and faults*): `cargo nextest run --release --test integration failover:: --no-capture`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -6,7 +6,7 @@
 //! fits) a fail-open answer is exact, values never seen included, and `stale_ms` is the time
 //! since Redis went away; with the tier off there is nothing local to answer from.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,7 +75,7 @@ enum Tier {
 
 async fn setup(mode: FailMode, tier: Tier) -> (RedisServer, Arc<TestApp>) {
     // Persistent, as in production: a Redis restarted without its data is a lost keyspace,
-    // which the service refuses to take as empty lists (tests/keyspace_lost.rs).
+    // which the service refuses to take as empty lists (tests/integration/keyspace_lost.rs).
     let redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut settings = redis_settings(&redis);
     settings.fail_mode = mode;

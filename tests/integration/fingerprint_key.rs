@@ -2,9 +2,9 @@
 //! or refused without a key (unless `NAMELIST_ALLOW_UNKEYED=true`, said at ERROR level); a
 //! keyed keyspace opens with its key only; an unkeyed (format 1) one keeps working, loudly; a
 //! bad key file stops start-up. Also the embedded store's own key. The same for each tool that
-//! opens a keyspace, and `keygen` and `gen`, is `tools/tests/fingerprint_key.rs`.
+//! opens a keyspace, and `keygen` and `gen`, is `tools/tests/integration/fingerprint_key.rs`.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

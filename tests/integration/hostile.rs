@@ -17,7 +17,7 @@
 //! The tests of this file run one at a time (they time the server's cut-off of slow clients
 //! on a small machine).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! The HTTP contract of API.md on the real application (port 0) and a real `redis-server`:
 //! every endpoint, every error code, and the store left unchanged by every bad request.
 
-mod common;
+use crate::common;
 
 use common::{Backend, RedisCluster, RedisServer, TestApp, spawn_app};
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! pub/sub invalidation, long before the cache TTL would let it, and applied in place to the
 //! other's complete local copy (it keeps answering without Redis).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

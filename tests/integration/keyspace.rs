@@ -1,7 +1,7 @@
 //! Keyspace start-up rules: the bucket count and format recorded in `<prefix>meta`, the
 //! listpack limit check, and the embedded store's data directory across restarts.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

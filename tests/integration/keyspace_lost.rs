@@ -4,7 +4,7 @@
 //! same keyspace restored brings instances back by themselves; a new one needs the explicit
 //! `keyspace create` and is adopted on restart.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

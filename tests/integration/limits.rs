@@ -3,7 +3,7 @@
 //! and probes still answer, a request still sending its body holds no place, and the room
 //! comes back when the requests holding it end, also when their clients just vanish.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! deleted; `precedence` and `decision` on `/v1/check` and `/v1/evaluate` (and in a rule);
 //! every bad form of them a 400 naming the entry and the rule, with Redis unchanged.
 
-mod common;
+use crate::common;
 
 use common::{Backend, RedisCluster, RedisServer, TestApp, spawn_app};
 use serde_json::{Value, json};

@@ -1,8 +1,8 @@
 //! What operators see: request ids, and JSON log lines inside `request` and `store` spans with
 //! no raw identifier in them. (The last audit's findings as gauges on `/metrics` need
-//! `namelist-tools audit`: `tools/tests/audit.rs`.)
+//! `namelist-tools audit`: `tools/tests/integration/audit.rs`.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! method and no other; its `ErrorCode` schema holds every error code; `/docs/` serves Swagger
 //! UI from the binary. (CI validates the document with `openapi-spec-validator`: `.ci/test`.)
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
@@ -148,7 +148,7 @@ async fn every_error_code_is_in_the_document() {
         .map(|v| v.as_str().unwrap())
         .collect();
     let ours: BTreeSet<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
-    // README's table and ErrorCode agree (tests/error_codes.rs), so this is README's too.
+    // README's table and ErrorCode agree (tests/integration/error_codes.rs), so this is README's too.
     assert_eq!(listed, ours);
     // And every status a code is answered with appears on some operation.
     let mut statuses = BTreeSet::new();

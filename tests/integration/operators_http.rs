@@ -2,10 +2,10 @@
 //! filtered), `GET /v1/lists/-/lookup/{dimension}/{value}` and `GET /v1/audit`, on the
 //! embedded store, a Redis and a local cluster; every bad filter and cursor a 400 with its
 //! code, a cursor with nothing older an empty last page. (Roles:
-//! `tests/auth.rs`; no raw value in the logs: `tests/observability.rs`; the same behaviours
-//! on every backend without HTTP: `tests/conformance/operators.rs`.)
+//! `tests/integration/auth.rs`; no raw value in the logs: `tests/integration/observability.rs`; the same behaviours
+//! on every backend without HTTP: `tests/integration/conformance/operators.rs`.)
 
-mod common;
+use crate::common;
 
 use common::{
     RedisCluster, RedisServer, TestApp, cluster_settings, redis_settings, spawn_app, test_settings,

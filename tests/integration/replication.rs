@@ -10,7 +10,7 @@
 //! * a write names its connection (`CLIENT INFO`, which `WAIT` needs) only when it waits for
 //!   replicas: without, Redis is not asked for it (it cost 4–6 µs of Redis a write).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! no traffic it exits at once. Plain HTTP/1.1 over `std::net` sockets, so a request can be
 //! left half-sent while the signal arrives.
 
-mod common;
+use crate::common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;

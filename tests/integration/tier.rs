@@ -11,7 +11,7 @@
 //! * `EntryStore::get_buckets` reads what `HGET` reads: listpacks by `DUMP`, a bucket past the
 //!   listpack limit and a server refusing `DUMP` by `HGETALL`.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

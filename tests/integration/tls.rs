@@ -7,7 +7,7 @@
 //! rustls-native-certs, which reads `SSL_CERT_FILE`. This binary (each test file is its own
 //! process) points that variable at a CA of its own before any TLS configuration is built.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! APPROX_COUNT_DISTINCT. Then the seeds' examples, version bumps, replays and the listpack
 //! encoding of a long stream.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -20,7 +20,7 @@
 //! `an_update_answered_after_the_deadline_is_not_applied_twice` were written against bugs (see
 //! their docs) and guard their fixes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -18,8 +18,7 @@
 //! `redis-server`, and attacks 1–3 also on the embedded store. How fast the victim stays under
 //! each attack is measured by `cargo bench --bench abuse`, not asserted here.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 mod scene;
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The scene of issue 24's attacks, shared by `tests/abuse` (which asserts what the victim
+//! The scene of issue 24's attacks, shared by `tests/integration/abuse` (which asserts what the victim
 //! gets) and `benches/abuse.rs` (which measures how fast it gets it): the real binary with a
 //! tokens file (a victim, the victim's list loader, an attacker with a write token and one
 //! with a read token, an admin), and each attack as a loop that runs until told to stop.

@@ -4,7 +4,7 @@
 
 use namelist::store::AuditSummary;
 
-use crate::Harness;
+use crate::conformance::Harness;
 
 async fn a_summary_is_read_as_the_audit_left_it(h: &Harness) {
     assert_eq!(h.store.audit_summary().await.unwrap(), None, "no audit yet");

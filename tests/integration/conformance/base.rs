@@ -1,7 +1,7 @@
 //! `StoreBase`: what every store trait extends. The store names its backend, keeps the
 //! keyspace it was opened with and answers a ping.
 
-use crate::Harness;
+use crate::conformance::Harness;
 
 async fn the_store_names_itself_and_answers(h: &Harness) {
     h.store

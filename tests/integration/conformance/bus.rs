@@ -5,7 +5,7 @@
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::{EntryKey, Invalidation, PrefixLen, WriteBatch};
 
-use crate::{Harness, deadline, next_message};
+use crate::conformance::{Harness, deadline, next_message};
 
 /// What a message says, without `atomic` (whether it went out in one step with its write is
 /// the backend's business: one Redis node yes, a cluster or the embedded store no).

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use namelist::store::{DefinitionKind, Invalidation};
 
-use crate::{Harness, deadline, next_message};
+use crate::conformance::{Harness, deadline, next_message};
 
 /// Live definitions of a kind: id → (version, body).
 async fn live(h: &Harness, kind: DefinitionKind) -> BTreeMap<String, (u64, String)> {

@@ -14,7 +14,7 @@ use namelist::domain::{Dimension, Expiry, ListName, Sandbox, ValidationError, Va
 use namelist::lists::{CheckQuery, EntryRef, ListsError, NewEntry, RawCheck};
 use namelist::store::{Deadline, EntryKey, Hashing, WriteBatch};
 
-use crate::{Harness, Tier, deadline};
+use crate::conformance::{Harness, Tier, deadline};
 
 fn list(s: &str) -> ListName {
     s.parse().unwrap()

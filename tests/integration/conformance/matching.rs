@@ -1,6 +1,6 @@
 //! Conformance cases of issue 14: phone segments, e-mail addresses and domains, and
 //! allow-list precedence, on every backend the suite runs (the harness and the macro are in
-//! `tests/conformance/main.rs`). Segments and domains are ordinary fields in buckets, found by a
+//! `tests/integration/conformance/main.rs`). Segments and domains are ordinary fields in buckets, found by a
 //! probe per length in use: with a complete tier every check below is answered locally.
 
 use super::*;

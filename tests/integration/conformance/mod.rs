@@ -14,7 +14,7 @@
 //!   publish their changes, housekeeping nothing);
 //! * `metrics`: `MetricStore`, directly (each family's window, events applied once per entity,
 //!   the distinct cap); the velocity service's oracle over random streams stays in
-//!   `tests/velocity.rs`, on the embedded store, Redis and a cluster;
+//!   `tests/integration/velocity.rs`, on the embedded store, Redis and a cluster;
 //! * `definitions`: `DefinitionStore` (versions kept, bumped, never reused; kinds apart;
 //!   every change published);
 //! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it);
@@ -25,8 +25,7 @@
 //! With a complete tier, every check waits until the tier has read again what writes
 //! touched, and then must be answered without a single lookup sent to Redis.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -351,7 +350,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    super::$case(&crate::memory().await).await;
+                    super::$case(&crate::conformance::memory().await).await;
                 }
             )*
         }
@@ -361,9 +360,9 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let h = crate::durable().await;
+                    let h = crate::conformance::durable().await;
                     super::$case(&h).await;
-                    crate::reopens_the_same(&h);
+                    crate::conformance::reopens_the_same(&h);
                 }
             )*
         }
@@ -371,7 +370,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    super::$case(&crate::redis().await).await;
+                    super::$case(&crate::conformance::redis().await).await;
                 }
             )*
         }
@@ -380,7 +379,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    super::$case(&crate::redis_tier_partial().await).await;
+                    super::$case(&crate::conformance::redis_tier_partial().await).await;
                 }
             )*
         }
@@ -389,7 +388,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    super::$case(&crate::redis_tier_off().await).await;
+                    super::$case(&crate::conformance::redis_tier_off().await).await;
                 }
             )*
         }
@@ -398,7 +397,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    super::$case(&crate::redis_unkeyed().await).await;
+                    super::$case(&crate::conformance::redis_unkeyed().await).await;
                 }
             )*
         }
@@ -406,7 +405,7 @@ macro_rules! conformance {
         pub(crate) async fn all_on_cluster(cluster: &crate::common::RedisCluster) {
             $(
                 eprintln!("cluster: {}::{}", module_path!(), stringify!($case));
-                $case(&crate::on_cluster(cluster).await).await;
+                $case(&crate::conformance::on_cluster(cluster).await).await;
             )*
         }
     };

@@ -21,7 +21,7 @@ use namelist::lists::{
 };
 use namelist::store::{CountChange, CountsQuery, EntryStore, StoreBase};
 
-use crate::{Capped, Harness, with_audit_cap};
+use crate::conformance::{Capped, Harness, with_audit_cap};
 
 fn list(s: &str) -> ListName {
     s.parse().unwrap()
@@ -251,7 +251,7 @@ async fn change(h: &Harness, changes: &[(&str, &str, i64)], at_ms: i64) {
         })
         .collect();
     h.store
-        .count_changes(&changes, at_ms, crate::deadline())
+        .count_changes(&changes, at_ms, crate::conformance::deadline())
         .await
         .unwrap();
 }

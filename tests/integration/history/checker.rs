@@ -436,7 +436,7 @@ mod tests {
     //! Hand-written histories that break, or keep, each rule.
 
     use super::*;
-    use crate::model::{Answer, Check, FaultEvent, Sender, Write};
+    use crate::history::model::{Answer, Check, FaultEvent, Sender, Write};
 
     const MS: Micros = 1_000;
     const A: Instance = Instance {

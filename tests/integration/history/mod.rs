@@ -25,7 +25,7 @@
 //!   keeps the instances' logs, and fails.
 //!
 //! CI runs the named rows and a few fixed seeds (one node and cluster). More:
-//! `HISTORY_SEEDS=N cargo nextest run -p namelist --test history more_seeds` runs N more random
+//! `HISTORY_SEEDS=N cargo nextest run -p namelist --test integration history::more_seeds` runs N more random
 //! seeds (printed), alternating one node and cluster, and stops at the first that fails;
 //! `HISTORY_REPLAY=node:SEED` (or `cluster:SEED`) runs one again (the same schedule and the
 //! same clients' choices; the timing, and so the history, differ). `HISTORY_VERBOSE=1` prints
@@ -33,8 +33,6 @@
 //! `HISTORY_KEEP_LOGS=1` keeps the instances' logs of a run that passed too.
 
 mod checker;
-#[path = "../common/mod.rs"]
-mod common;
 mod model;
 mod scenario;
 mod schedule;

@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
 
-use crate::checker::{self, Rule};
 use crate::common::{RedisCluster, RedisServer, ServiceBuilder, ServiceProcess, key_file};
-use crate::model::{
+use crate::history::checker::{self, Rule};
+use crate::history::model::{
     Answer, Check, FaultEvent, History, Instance, Micros, Op, Outcome, Reply, Request, Sender,
     Staleness, Write, WriteKind,
 };
-use crate::schedule::{Fault, Rng, Schedule, Step, Topology, UIDS, background_value, uid};
+use crate::history::schedule::{Fault, Rng, Schedule, Step, Topology, UIDS, background_value, uid};
 
 /// A request's bound, past the service's own deadlines (a write's is 2 s by default).
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -618,11 +618,17 @@ pub async fn run(schedule: Schedule) -> CatchUps {
     let violations = checker::check(&history);
     if std::env::var_os("HISTORY_VERBOSE").is_some() {
         for (i, op) in history.ops.iter().enumerate() {
-            let (s, e) = (crate::model::rel(op.start, 0), crate::model::rel(op.end, 0));
+            let (s, e) = (
+                crate::history::model::rel(op.start, 0),
+                crate::history::model::rel(op.end, 0),
+            );
             eprintln!("  #{i:<5} {s} .. {e}  {op}");
         }
         for f in &history.faults {
-            let (s, e) = (crate::model::rel(f.start, 0), crate::model::rel(f.end, 0));
+            let (s, e) = (
+                crate::history::model::rel(f.start, 0),
+                crate::history::model::rel(f.end, 0),
+            );
             eprintln!("  fault  {s} .. {e}  {}", f.what);
         }
     }
@@ -715,13 +721,13 @@ fn report(
             .seed
             .map(|s| s.to_string())
             .unwrap_or_else(|| "none: a named schedule".into()),
-        crate::model::rel(steps_began, 0)
+        crate::history::model::rel(steps_began, 0)
     ));
     for f in &h.faults {
         out.push_str(&format!(
             "  {} .. {}  {}\n",
-            crate::model::rel(f.start, 0),
-            crate::model::rel(f.end, 0),
+            crate::history::model::rel(f.start, 0),
+            crate::history::model::rel(f.end, 0),
             f.what
         ));
     }
@@ -752,7 +758,7 @@ fn report(
     if let Some(seed) = schedule.seed {
         let topology = format!("{:?}", schedule.topology).to_lowercase();
         out.push_str(&format!(
-            "\nreplay: HISTORY_REPLAY={topology}:{seed} cargo nextest run -p namelist --test history more_seeds\n"
+            "\nreplay: HISTORY_REPLAY={topology}:{seed} cargo nextest run -p namelist --test integration history::more_seeds\n"
         ));
     }
     out

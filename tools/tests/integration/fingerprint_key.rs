@@ -3,12 +3,11 @@
 //! a key (unless `NAMELIST_ALLOW_UNKEYED=true`, then said at ERROR level); a keyed keyspace
 //! opens with its key only; an unkeyed (format 1) one keeps working, loudly; a bad key file is
 //! refused. Also `keygen`, and `gen` without a key. The service's side is the root's
-//! `tests/fingerprint_key.rs`.
+//! `tests/integration/fingerprint_key.rs`.
 
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

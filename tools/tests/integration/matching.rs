@@ -4,8 +4,7 @@
 //! and none of `gen`'s non-members; `audit` counts them as entries like any other.
 
 // The service crate's test helpers, shared by path.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;

@@ -8,8 +8,7 @@
 
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -879,7 +878,7 @@ async fn the_binary_sweeps_and_prints_one_json_line() {
     assert!(out.stdout.is_empty());
 }
 
-/// A timing, not a check: `cargo test --release --test sweep -- --ignored --nocapture`.
+/// A timing, not a check: `cargo test --release -p namelist-tools --test integration -- --ignored --nocapture sweep::timing`.
 /// 1,000,000 entries (5,000 buckets), 10% expired, swept unpaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]

@@ -6,8 +6,7 @@
 
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
