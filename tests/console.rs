@@ -337,7 +337,7 @@ async fn app_with_tokens(redis: Option<&RedisServer>) -> (TestApp, tempfile::Tem
     settings.audit_refresh_secs = 1;
     if let Some(r) = redis {
         // What `namelist-tools audit` leaves for every instance (its own test:
-        // tools/tests/audit.rs): read into /metrics, drawn by the Health page.
+        // tools/tests/integration/audit.rs): read into /metrics, drawn by the Health page.
         let mut conn = r.conn();
         let _: () = redis::cmd("HSET")
             .arg(format!("{}audit:last", settings.key_prefix))
