@@ -2,9 +2,9 @@
 //
 // Rules kept throughout: every value from the API is rendered with textContent (never
 // parsed as HTML), so a reason such as <img src=x onerror=alert(1)> stays text; the bearer token
-// lives in sessionStorage and travels only in the Authorization header. An identifier appears
-// in a request URL only in the lookup path of a search (`GET /v1/lists/-/lookup/…`, the one
-// lookup across lists the API offers); audit searches send theirs in a POST body. A page's
+// lives in sessionStorage and travels only in the Authorization header. An identifier never
+// appears in a request URL: searches and audit filters send it in a POST body
+// (`POST /v1/lists/-/lookup`, `POST /v1/audit`). A page's
 // query may sit in the address's fragment (`#search?value=…`), which browsers never send.
 // Times are shown in the browser's zone, with the zone.
 "use strict";
@@ -386,9 +386,8 @@ async function runSearch() {
   audit.replaceChildren();
   status("Searching…");
   try {
-    // The one URL that carries the identifier: the lookup path (the API has no POST form).
-    const found = await api("GET", "/v1/lists/-/lookup/" + encodeURIComponent(dimension) + "/" +
-      encodeURIComponent(q) + "?sandbox=" + encodeURIComponent(sandbox));
+    // The identifier in the body, never in a URL.
+    const found = await api("POST", "/v1/lists/-/lookup", { dimension, value: q, sandbox });
     // Why each hit is listed: the audit records of the entry that matched (a range, segment
     // or domain has its own), not of the value typed; and the typed value's own records.
     const trail = (filters) => can("audit")

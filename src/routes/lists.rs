@@ -54,6 +54,19 @@ struct RefItem {
     sandbox: Option<String>,
 }
 
+/// One identity to look up on every list of a sandbox (`POST /v1/lists/-/lookup`), in a body
+/// so that it stays out of URLs (and out of proxies' access logs).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LookupBody {
+    /// A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`.
+    dimension: String,
+    /// The value, as a check takes it (no ranges).
+    value: String,
+    /// The sandbox (default `default`).
+    sandbox: Option<String>,
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -306,13 +319,57 @@ pub async fn lookup_everywhere(
     let (dimension, value) = path.into_inner();
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
+    everywhere(lists, dimension, value, sandbox, "path", offload).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/lists/-/lookup",
+    tag = "lists",
+    summary = "One identity on every list of a sandbox, the identity in the body",
+    description = "The same answer as `GET /v1/lists/-/lookup/{dimension}/{value}`, with the identity kept out of the URL (the console uses it).",
+    request_body = LookupBody,
+    responses(
+        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
+        (status = 400, description = "A bad body, dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+/// `POST /v1/lists/-/lookup` with `{"dimension", "value", "sandbox"}`: as
+/// `lookup_everywhere`.
+pub async fn lookup_posted(
+    lists: web::Data<NameLists>,
+    body: JsonBody<LookupBody>,
+    offload: Offload,
+) -> Result<HttpResponse, ApiError> {
+    let LookupBody {
+        dimension,
+        value,
+        sandbox,
+    } = body.0;
+    let sandbox = Sandbox::parse_or_default(sandbox).map_err(|e| e.at("sandbox"))?;
+    everywhere(lists, dimension, value, sandbox, "body", offload).await
+}
+
+/// Looks the identity up on the operator lane; a bad dimension or value is reported `at`.
+async fn everywhere(
+    lists: web::Data<NameLists>,
+    dimension: String,
+    value: String,
+    sandbox: Sandbox,
+    at: &'static str,
+    offload: Offload,
+) -> Result<HttpResponse, ApiError> {
     offload
         .json(async move {
             lists
                 .lookup_everywhere(dimension, value, sandbox)
                 .await
                 .map_err(|e| match e {
-                    crate::lists::ListsError::Invalid(v) => ApiError::from(v.at("path")),
+                    crate::lists::ListsError::Invalid(v) => ApiError::from(v.at(at)),
                     other => ApiError::from(other),
                 })
         })

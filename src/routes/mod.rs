@@ -136,6 +136,7 @@ const DEFINITIONS: Need = Need::Permission(Permission::Definitions);
 
 api_routes! {
     "/v1/lists" => [GET lists::summaries, LISTS, Operator],
+    "/v1/lists/-/lookup" => [POST lists::lookup_posted, LISTS, Operator],
     "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, LISTS, Operator],
     "/v1/audit" => [GET audit::audit, AUDIT, Operator; POST audit::search, AUDIT, Operator],
     "/v1/whoami" => [GET console::whoami, Need::Token, Operator],

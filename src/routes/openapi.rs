@@ -235,6 +235,7 @@ impl Modify for Bearer {
     paths(
         super::lists::summaries,
         super::lists::lookup_everywhere,
+        super::lists::lookup_posted,
         super::audit::audit,
         super::audit::search,
         super::console::whoami,

@@ -92,6 +92,7 @@ fn request(r: &RouteDef) -> (String, Option<Value>) {
         }
         ("POST", "/v1/features") => Some(json!({"metrics": ["m1"], "fields": {"user": "u"}})),
         ("POST", "/v1/audit") => Some(json!({"limit": 5})),
+        ("POST", "/v1/lists/-/lookup") => Some(json!({"dimension": "uid", "value": "u1"})),
         (_, "/v1/lists/{list}/entries") => {
             Some(json!({"entries": [{"dimension": "uid", "value": "u1"}]}))
         }

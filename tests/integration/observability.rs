@@ -159,6 +159,24 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
         .unwrap();
     assert_eq!(res.status(), 200);
     assert!(!res.text().await.unwrap().contains(PHONE));
+    // The lookup with the identity in the body: answered, and refused for a bad value.
+    let res = client
+        .post(url("/v1/lists/-/lookup"))
+        .json(&json!({"dimension": "phone", "value": PHONE, "sandbox": "default"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["hits"].as_array().map(Vec::len), Some(1), "{body}");
+    let res = client
+        .post(url("/v1/lists/-/lookup"))
+        .json(&json!({"dimension": "imei", "value": "490154203237519"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400, "a bad Luhn digit");
+    assert!(!res.text().await.unwrap().contains("490154203237519"));
     let res = client
         .get(url(&format!("/v1/audit?value={PHONE}")))
         .send()
