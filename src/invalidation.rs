@@ -18,7 +18,7 @@
 //!
 //! # Catching up from the change log
 //! A resubscription need not read everything held again: every write leaves records in the
-//! change log (`store::changelog`: the audit trail, each record naming its bucket), so the
+//! change log (`store::redis::changelog`: the audit trail, each record naming its bucket), so the
 //! buckets written while nobody listened are known. `note_marks` notes where the log stands
 //! every `MARK_EVERY`; when the subscription breaks, the tier says until when it was known in
 //! sync (`LocalTier::lost_sync`, the last proof of delivery), and once subscribed again the

@@ -3,11 +3,11 @@
 //!
 //! * `domain`: parsed, normalised input types, and `ErrorCode`, the one table of error codes.
 //! * `store`: everything that knows what a key, field or value looks like: the storage layout
-//!   (`store::layout`), expiry codes (`store::expiry`), the Lua scripts (`store::scripts`), the
+//!   (`store::layout`), expiry codes (`store::expiry`), the Lua scripts (`store::redis::scripts`), the
 //!   store traits, one per concern (`StoreBase`; `EntryStore` for the lists and the tier,
 //!   `InvalidationBus`, `MetricStore` and `DefinitionStore` for velocity, `AuditReports`;
 //!   `Store` is all of them), their Redis and embedded backends, and the typed bulk operations
-//!   the tools use (`store::bulk`).
+//!   the tools use (`store::redis::bulk`).
 //! * `instrumented`: every store call the service makes, with its deadline, `store` span and
 //!   metrics (`Instrumented::call`).
 //! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
@@ -18,7 +18,7 @@
 //!
 //! The binary `src/main.rs` serves. The operator tools (import, gen, audit, sweep, keygen) are
 //! the workspace's other crate, `namelist-tools` in `tools/`, a client of this library that
-//! reaches Redis only through `store` (`store::bulk`).
+//! reaches Redis only through `store` (`store::redis::bulk`).
 
 pub mod audit_trail;
 pub mod auth;

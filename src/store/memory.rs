@@ -202,7 +202,7 @@ impl MetricState {
         }
     }
 
-    /// Applies one op with the semantics of the Lua script in `store::scripts`;
+    /// Applies one op with the semantics of the Lua script in `store::redis::scripts`;
     /// `duplicate`: its event was already applied, so only its read runs.
     fn apply(&mut self, op: &MetricOp, now: i64, duplicate: bool) -> MetricAnswer {
         let n = op.slots;

@@ -10,20 +10,12 @@
 //! their raw expiry codes. Deciding what is listed is the service's job (`lists`), done once
 //! for every backend.
 
-pub mod bulk;
-pub mod changelog;
-pub mod conn;
-pub mod dump;
 pub mod durable;
 pub mod expiry;
 pub mod fingerprint;
-pub mod heal;
 pub mod layout;
 pub mod memory;
 pub mod redis;
-pub mod replicas;
-pub mod scripts;
-pub mod worker_conn;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -227,7 +227,7 @@ async fn failover(write_replicas: u32) {
     // on the same clock as the test's own events below.
     // FAILOVER_LOG replaces the filter (e.g. `redis=debug` for the client's own log).
     let filter = std::env::var("FAILOVER_LOG")
-        .unwrap_or_else(|_| "namelist::store::heal=warn,failover=info".to_owned());
+        .unwrap_or_else(|_| "namelist::store::redis::heal=warn,failover=info".to_owned());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_test_writer()
@@ -564,7 +564,7 @@ async fn failover(write_replicas: u32) {
     }
     eprintln!(
         "cluster connections rebuilt after a total silence: {}",
-        namelist::store::heal::rebuilds()
+        namelist::store::redis::heal::rebuilds()
     );
     if !missing.is_empty() {
         eprintln!(

@@ -401,7 +401,7 @@ async fn redis_paused_answers_within_the_deadline() {
 }
 
 /// Checks on an HTTP worker read over that worker's own connection once it is up
-/// (`store::worker_conn`), not only the shared one: after a few checks, more than one
+/// (`store::redis::worker_conn`), not only the shared one: after a few checks, more than one
 /// connection has `HGET` as its last command. (With the per-worker path broken, only the
 /// shared connection would.) The outage tests above then cover its reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

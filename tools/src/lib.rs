@@ -1,7 +1,7 @@
 //! `namelist-tools`: the operator tools, a crate of their own over the `namelist` library
 //! (`src/main.rs` only parses arguments and dispatches). They share the service's
 //! normalisation and storage layout (one implementation, never a copy) and never speak to Redis
-//! on their own: every Redis call is a typed operation of `namelist::store` (`store::bulk`),
+//! on their own: every Redis call is a typed operation of `namelist::store` (`store::redis::bulk`),
 //! and this crate does not even depend on the `redis` crate. It is a library too, so that its
 //! tests and benches can drive the tools without the binary.
 //!

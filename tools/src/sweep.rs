@@ -28,7 +28,7 @@
 //! expiry code passed at the sweep's time. A field or value that is not what the layout
 //! writes (a canonical decimal i64 field, a canonical decimal u32 value) is counted as
 //! unparseable and left alone. If something expired: `MEMORY USAGE <key>
-//! SAMPLES 0`, one compare-and-delete script call (`store::scripts::COMPARE_AND_DELETE`:
+//! SAMPLES 0`, one compare-and-delete script call (`store::redis::scripts::COMPARE_AND_DELETE`:
 //! `HDEL` a field only if it still holds the value the scan saw, so an entry or id refreshed
 //! in between survives), and `MEMORY USAGE` again (a bucket emptied entirely is gone: its
 //! whole size is freed). The script is loaded with `SCRIPT LOAD` at the start (on a cluster,
@@ -74,15 +74,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use namelist::store::conn::ScanTarget;
+use namelist::store::redis::conn::ScanTarget;
 use serde::{Deserialize, Serialize};
 
 use crate::Global;
 use crate::pace::Pace;
 use crate::progress;
 use namelist::domain::now_ms;
-use namelist::store::bulk::{Bucket, BucketScan, CasOutcome, EventBucket};
 use namelist::store::redis::RedisStore;
+use namelist::store::redis::bulk::{Bucket, BucketScan, CasOutcome, EventBucket};
 use namelist::store::{Layout, StoreBase};
 
 /// Default of `--max-ops-per-sec`.

@@ -30,9 +30,9 @@ use serde::Serialize;
 
 use super::walk::SplitMix;
 use namelist::store::ExpiryCode;
-use namelist::store::bulk::ScratchValue;
 use namelist::store::layout::Layout;
 use namelist::store::redis::RedisStore;
+use namelist::store::redis::bulk::ScratchValue;
 
 /// 2100-01-01T00:00:00Z in Unix ms: "never" in the millisecond layouts.
 const NEVER_MS: i64 = 4_102_444_800_000;

@@ -25,9 +25,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use indicatif::ProgressBar;
 use namelist::domain::now_ms;
-use namelist::store::conn::ScanTarget;
 use namelist::store::layout::{AuditSummary, MAX_MEAN_FILL};
 use namelist::store::redis::RedisStore;
+use namelist::store::redis::conn::ScanTarget;
 use namelist::store::{Layout, StoreBase};
 use serde::Serialize;
 
@@ -677,7 +677,7 @@ mod tests {
     #[test]
     fn glob_escaping() {
         assert_eq!(
-            namelist::store::bulk::glob_escape("a*b?[c]\\"),
+            namelist::store::redis::bulk::glob_escape("a*b?[c]\\"),
             "a\\*b\\?\\[c\\]\\\\"
         );
     }

@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashSet};
 use anyhow::Context;
 use indicatif::ProgressBar;
 use namelist::store::Layout;
-use namelist::store::bulk::BucketProbe;
-use namelist::store::conn::ScanTarget;
 use namelist::store::redis::RedisStore;
+use namelist::store::redis::bulk::BucketProbe;
+use namelist::store::redis::conn::ScanTarget;
 
 use super::{Args, EncodingStats, MAX_LISTED_BUCKETS, ProblemBucket};
 use crate::pace::Pace;

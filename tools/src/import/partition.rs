@@ -10,7 +10,7 @@ use std::io::{BufWriter, Read, Seek, Write};
 use std::path::Path;
 
 use anyhow::Context;
-use namelist::store::bulk::BucketWrite;
+use namelist::store::redis::bulk::BucketWrite;
 
 /// One accepted row: where it goes and its expiry code. 16 bytes, spilled as such.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

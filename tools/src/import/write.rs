@@ -20,9 +20,9 @@ use anyhow::Context;
 use futures::StreamExt;
 use namelist::domain::now_ms;
 use namelist::store::InvalidationBus;
-use namelist::store::bulk::BucketWrite;
-use namelist::store::dump::DumpFormat;
 use namelist::store::redis::RedisStore;
+use namelist::store::redis::bulk::BucketWrite;
+use namelist::store::redis::dump::DumpFormat;
 use namelist::store::{
     AuditRecord, CountChange, Deadline, EntryStore, Invalidation, Layout, PrefixLen, Scope,
 };

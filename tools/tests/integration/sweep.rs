@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{RedisCluster, RedisServer};
 use namelist::domain::now_ms;
-use namelist::store::bulk::compare_and_delete;
 use namelist::store::expiry::EPOCH_2020_MS;
+use namelist::store::redis::bulk::compare_and_delete;
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{Deadline, EntryKey, EntryStore, ExpiryCode, Layout, StoreBase, WriteBatch};
 use namelist_tools::sweep::{self, Args, Position, SweepReport};

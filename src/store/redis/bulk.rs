@@ -16,16 +16,16 @@ use std::collections::BTreeMap;
 use redis::{FromRedisValue, RedisResult, ToRedisArgs, Value};
 use serde::Serialize;
 
-use super::StoreBase;
+use super::RedisStore;
 use super::conn::{Keyed, RedisConn, ScanTarget};
 use super::dump::{DumpError, DumpFormat};
-use super::expiry::ExpiryCode;
-use super::layout::{CLUSTER_SLOTS, Layout, PrefixLen, Scope, key_slot};
-use super::redis::RedisStore;
 use super::scripts::{
     self, COMPARE_AND_DELETE, COMPARE_AND_DELETE_SCRIPT, COUNT_EXPIRED_LUA, COUNT_EXPIRED_SCRIPT,
 };
 use crate::domain::now_ms;
+use crate::store::StoreBase;
+use crate::store::expiry::ExpiryCode;
+use crate::store::layout::{CLUSTER_SLOTS, Layout, PrefixLen, Scope, key_slot};
 
 /// A hash of this keyspace whose fields are signed decimal i64 and whose values are expiry
 /// codes: what the sweep reads a step at a time and deletes expired fields from.

@@ -31,8 +31,8 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Redis
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use super::Refusal;
-use super::layout::{AUDIT_PARTS, CLUSTER_SLOTS, Layout};
+use crate::store::Refusal;
+use crate::store::layout::{AUDIT_PARTS, CLUSTER_SLOTS, Layout};
 
 /// Probe period while every primary is healthy.
 pub const HEALTHY_PERIOD: Duration = Duration::from_millis(250);

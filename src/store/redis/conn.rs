@@ -46,9 +46,9 @@ use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
 
 use super::heal::HealingCluster;
-use super::layout::key_slot;
 use super::replicas::Topology;
-use super::{Deadline, Refusal, StoreError, StoreResult};
+use crate::store::layout::key_slot;
+use crate::store::{Deadline, Refusal, StoreError, StoreResult};
 
 /// Installs rustls's crypto provider once per process (for `rediss://`).
 fn install_tls_provider() {

@@ -42,9 +42,9 @@
 
 use redis::Value;
 
-use super::expiry::ExpiryCode;
-use super::redis::stream_id;
-use super::{AuditRecord, LogMark, LoggedChange, PartMark, Replay, StoreError, StoreResult};
+use super::stream_id;
+use crate::store::expiry::ExpiryCode;
+use crate::store::{AuditRecord, LogMark, LoggedChange, PartMark, Replay, StoreError, StoreResult};
 
 /// Records one replay reads at most, over every part: past this, reading every bucket again
 /// (paced) is the cheaper way back.

@@ -1,0 +1,450 @@
+//! `MetricStore` and `DefinitionStore` on Redis: one metric script call per event and slot, definitions.
+
+use super::*;
+
+/// Most ops in one metric script call without an event (id-less updates, reads): each call
+/// holds Redis for a bounded time. An event's ops on one slot are one call, however many.
+pub(super) const METRIC_OPS_PER_CALL: usize = 64;
+
+/// A bucket of event ids holding more than this many is warned about: past 512 Redis
+/// converts it to a hashtable, several times the memory (`dedupe_expected_ids` too small).
+pub(super) const EVENT_BUCKET_WARN: i64 = 400;
+
+/// One metric script call: which ops (in order), the event they share, if any.
+pub(super) struct MetricCall {
+    pub(super) ops: Vec<usize>,
+    pub(super) event: Option<EventMark>,
+}
+
+/// Groups ops into script calls: one per event and slot (one per event on a single node,
+/// where a script may touch keys of any slot), and id-less ones per slot in chunks of
+/// `METRIC_OPS_PER_CALL`.
+pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Vec<MetricCall> {
+    let mut calls: Vec<MetricCall> = Vec::new();
+    // (the event's (seq, hash), the slot on a cluster) → its open call.
+    type Group = (Option<(u32, i64)>, Option<u16>);
+    let mut open: HashMap<Group, usize> = HashMap::new();
+    for &i in idx {
+        let op = &ops[i];
+        let slot = cluster.then(|| key_slot(op.key.as_bytes()));
+        let group = (op.event.map(|e| (e.seq, e.hash)), slot);
+        match open.get(&group) {
+            Some(&c) if op.event.is_some() || calls[c].ops.len() < METRIC_OPS_PER_CALL => {
+                calls[c].ops.push(i);
+            }
+            _ => {
+                open.insert(group, calls.len());
+                calls.push(MetricCall {
+                    ops: vec![i],
+                    event: op.event,
+                });
+            }
+        }
+    }
+    calls
+}
+
+/// The metric script's family code (`scripts::METRIC_BODY`).
+pub(super) fn family_code(f: MetricFamily) -> &'static str {
+    match f {
+        MetricFamily::Sum => "s",
+        MetricFamily::Avg => "a",
+        MetricFamily::Min => "n",
+        MetricFamily::Max => "x",
+        MetricFamily::Distinct => "d",
+        MetricFamily::Approx => "p",
+    }
+}
+
+/// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op
+/// of `idx`, and the event bucket's length.
+pub(super) fn answers(
+    ops: &[MetricOp],
+    idx: &[usize],
+    v: &redis::Value,
+) -> StoreResult<(Vec<MetricAnswer>, i64)> {
+    let all = ints(v)?;
+    let short = || StoreError::corrupt("short metric reply".into());
+    let (&dup, rest) = all.split_first().ok_or_else(short)?;
+    let (&fill, mut rest) = rest.split_first().ok_or_else(short)?;
+    let mut out = Vec::with_capacity(idx.len());
+    for op in idx.iter().map(|&i| &ops[i]) {
+        let (&n, tail) = rest.split_first().ok_or_else(short)?;
+        let n = usize::try_from(n).map_err(|_| short())?;
+        let values = tail.get(..n).ok_or_else(short)?;
+        rest = &tail[n..];
+        out.push(answer(op, dup == 1, values));
+    }
+    Ok((out, fill))
+}
+
+/// One op's answer from the values it read.
+pub(super) fn answer(op: &MetricOp, duplicate: bool, rest: &[i64]) -> MetricAnswer {
+    if !op.read {
+        return MetricAnswer {
+            duplicate,
+            reading: None,
+        };
+    }
+    let reading = match op.family {
+        MetricFamily::Sum => {
+            let total: i128 = rest.iter().copied().map(i128::from).sum();
+            MetricReading::Sum(total.clamp(i64::MIN.into(), i64::MAX.into()) as i64)
+        }
+        MetricFamily::Avg => {
+            let (mut sum, mut count) = (0i128, 0i64);
+            for pair in rest.chunks(2) {
+                if let [f, value] = pair {
+                    if f % 2 == 0 {
+                        sum += i128::from(*value);
+                    } else {
+                        count += value;
+                    }
+                }
+            }
+            MetricReading::Avg {
+                sum: sum.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
+                count,
+            }
+        }
+        MetricFamily::Min => MetricReading::Extreme(rest.iter().copied().min()),
+        MetricFamily::Max => MetricReading::Extreme(rest.iter().copied().max()),
+        MetricFamily::Distinct | MetricFamily::Approx => MetricReading::Distinct {
+            count: rest.first().copied().unwrap_or(0),
+            capped: rest.get(1) == Some(&1),
+        },
+    };
+    MetricAnswer {
+        duplicate,
+        reading: Some(reading),
+    }
+}
+
+impl RedisStore {
+    /// The metric ops at `idx` that update, in calls of `metric_calls`: refused early or
+    /// written on the write path, then waited for. (index, answer) each.
+    pub(super) async fn metric_updates(
+        &self,
+        ops: &[MetricOp],
+        idx: Vec<usize>,
+        deadline: Deadline,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        if idx.is_empty() {
+            return Ok(Vec::new());
+        }
+        let topology = self.monitor.topology();
+        let calls = metric_calls(ops, &idx, self.conn.is_cluster());
+        let now = now_ms();
+        let script = &self.metric_scripts.write;
+        let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now);
+        let mut cmds: Vec<Keyed> = (0..calls.len()).map(cmd).collect();
+        // The keys of a call share its slot (on a cluster), so its routing key stands for it.
+        let mut session = self
+            .session(
+                &topology,
+                cmds.iter().map(|(route, _)| route.as_slice()),
+                self.write_replicas,
+                deadline,
+            )
+            .await?;
+        let r = async {
+            let mut out = Vec::with_capacity(idx.len());
+            let mut pending: Vec<usize> = (0..calls.len()).collect();
+            for attempt in 0..2 {
+                // Built once; only a retry after `NOSCRIPT` builds its calls again.
+                let batch = std::mem::take(&mut cmds);
+                let batch = if attempt == 0 {
+                    batch
+                } else {
+                    pending.iter().map(|&c| cmd(c)).collect()
+                };
+                let replies = session.commit(batch, false).await?;
+                let mut again = Vec::new();
+                for (&c, reply) in pending.iter().zip(replies) {
+                    match reply {
+                        Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
+                        // Only calls that did not run are sent again (each records its event).
+                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(c),
+                        Err(e) => return Err(unavailable(e)),
+                    }
+                }
+                if again.is_empty() {
+                    break;
+                }
+                self.load_scripts().await?;
+                pending = again;
+            }
+            Ok(out)
+        }
+        .await;
+        self.noted(r)
+    }
+
+    /// The metric ops at `idx` that only read, in calls of `metric_calls`, on the read path
+    /// (with the read-only script unless the call counts a HyperLogLog). (index, answer) each.
+    pub(super) async fn metric_reads(
+        &self,
+        ops: &[MetricOp],
+        idx: Vec<usize>,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        let calls = metric_calls(ops, &idx, self.conn.is_cluster());
+        let now = now_ms();
+        let mut out = Vec::with_capacity(idx.len());
+        let mut pending: Vec<usize> = (0..calls.len()).collect();
+        for attempt in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let cmds = pending
+                .iter()
+                .map(|&c| {
+                    // `PFCOUNT` is a write command (it caches the count in the HyperLogLog):
+                    // no `no-writes` script may call it.
+                    let approx = calls[c]
+                        .ops
+                        .iter()
+                        .any(|&i| ops[i].family == MetricFamily::Approx);
+                    let s = &self.metric_scripts;
+                    let script = if approx { &s.write } else { &s.read };
+                    self.metric_call_cmd(script, ops, &calls[c], now)
+                })
+                .collect();
+            let replies = self.conn.run(cmds).await.map_err(unavailable)?;
+            let mut again = Vec::new();
+            for (&c, reply) in pending.iter().zip(replies) {
+                match reply {
+                    Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
+                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(c),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+            if !again.is_empty() {
+                self.load_scripts().await?;
+            }
+            pending = again;
+        }
+        Ok(out)
+    }
+
+    /// The answers of one call's reply, by op index; warns (at most once a minute) when the
+    /// event's bucket is filling past what keeps it a listpack.
+    pub(super) fn call_answers(
+        &self,
+        ops: &[MetricOp],
+        call: &MetricCall,
+        v: &redis::Value,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        let (answers, fill) = answers(ops, &call.ops, v)?;
+        if fill > EVENT_BUCKET_WARN {
+            static LAST: AtomicI64 = AtomicI64::new(0);
+            let now = now_ms();
+            let last = LAST.load(Ordering::Relaxed);
+            if now - last > 60_000
+                && LAST
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                tracing::warn!(
+                    fill,
+                    buckets = self.layout.event_buckets(),
+                    "a bucket of event ids holds more than {EVENT_BUCKET_WARN} live ids: past \
+                     512 Redis keeps it as a hashtable, several times the memory. The keyspace \
+                     was sized (dedupe_expected_ids) for fewer ids than it remembers"
+                );
+            }
+        }
+        Ok(call.ops.iter().copied().zip(answers).collect())
+    }
+
+    /// Runs a definition script (sent whole: rare, and immune to a flushed script cache) on
+    /// the write path: `args`, then the channel and the `Definitions` message.
+    pub(super) async fn definition_call(
+        &self,
+        kind: DefinitionKind,
+        script: &str,
+        args: &[&str],
+        deadline: Deadline,
+    ) -> StoreResult<redis::Value> {
+        let key = self.layout.definitions_key(kind.as_str());
+        let topology = self.monitor.topology();
+        let mut session = self
+            .session(&topology, [key.as_bytes()], self.write_replicas, deadline)
+            .await?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script).arg(1).arg(&key);
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.arg(self.layout.channel())
+            .arg(Invalidation::Definitions.encode());
+        let r = async {
+            first(session.commit(vec![(key.into_bytes(), cmd)], false).await?)?.map_err(unavailable)
+        }
+        .await;
+        self.noted(r)
+    }
+
+    /// One metric call's `EVALSHA` of `script` (see `scripts::METRIC_BODY` for the
+    /// arguments), and the key it is routed by: the event's bucket, in the slot of the
+    /// call's keys on a cluster.
+    pub(super) fn metric_call_cmd(
+        &self,
+        script: &Script,
+        ops: &[MetricOp],
+        call: &MetricCall,
+        now_ms: i64,
+    ) -> Keyed {
+        let first = &ops[call.ops[0]].key;
+        let cluster = self.conn.is_cluster();
+        let route = match call.event {
+            Some(e) => self
+                .layout
+                .event_bucket_key(e.hash, cluster.then(|| key_slot(first.as_bytes()))),
+            None => first.clone(),
+        };
+        let mut keys: Vec<String> = vec![route];
+        let mut args: Vec<String> = Vec::with_capacity(5 + call.ops.len() * METRIC_OP_ARGS);
+        match call.event {
+            Some(e) => {
+                let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
+                args.push(e.hash.to_string());
+                args.push(until.to_string());
+            }
+            None => args.extend([String::new(), String::new()]),
+        }
+        args.push(ExpiryCode::script_now(now_ms).to_string());
+        args.push(call.ops.len().to_string());
+        args.push((rand::random::<u8>() % 8).to_string());
+        for &i in &call.ops {
+            let op = &ops[i];
+            let at = keys.len() + 1;
+            if op.family == MetricFamily::Approx {
+                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
+                keys.push(Layout::metric_sub_key(&op.key, sub));
+                if op.read {
+                    let lo = op.read_hi - op.slots + 1;
+                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+                }
+            } else {
+                keys.push(op.key.clone());
+            }
+            let (sub, value) = match op.update {
+                Some((sub, v)) => (sub.to_string(), v),
+                None => (String::new(), 0),
+            };
+            args.extend([
+                family_code(op.family).to_owned(),
+                at.to_string(),
+                (keys.len() + 1 - at).to_string(),
+                sub,
+                value.to_string(),
+                op.read_hi.to_string(),
+                op.slots.to_string(),
+                op.trim_hi.to_string(),
+                op.key_expire_at().unwrap_or(0).to_string(),
+                if op.read { "1" } else { "" }.to_owned(),
+                op.cap.to_string(),
+            ]);
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(&args);
+        (keys.swap_remove(0).into_bytes(), cmd)
+    }
+}
+
+#[async_trait]
+impl MetricStore for RedisStore {
+    async fn metric_ops(
+        &self,
+        ops: &[MetricOp],
+        deadline: Deadline,
+    ) -> StoreResult<Vec<MetricAnswer>> {
+        // A lost keyspace has no counts to read and keeps none written.
+        self.unless_lost(ops.iter().any(|o| o.update.is_some()))?;
+        // Updates are writes (their own connections, refusal, WAIT); reads stay on the read
+        // path. Both go at once.
+        let (updates, reads): (Vec<usize>, Vec<usize>) =
+            (0..ops.len()).partition(|&i| ops[i].update.is_some());
+        let (written, read) = futures::join!(
+            self.metric_updates(ops, updates, deadline),
+            self.metric_reads(ops, reads)
+        );
+        let mut out: Vec<Option<MetricAnswer>> = vec![None; ops.len()];
+        for (i, a) in written?.into_iter().chain(read?) {
+            if let Some(o) = out.get_mut(i) {
+                *o = Some(a);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| StoreError::unavailable("metric scripts not loaded".into())))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl DefinitionStore for RedisStore {
+    async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
+        let mut conn = self.operator_reads();
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(self.layout.definitions_key(kind.as_str()))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::new();
+        for (id, value) in all {
+            let mut parts = value.splitn(3, '\n');
+            let (Some(version), Some(fingerprint), Some(body)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(StoreError::corrupt(format!("definition {id}: {value:?}")));
+            };
+            if fingerprint.is_empty() {
+                continue; // deleted
+            }
+            let version = version.parse().map_err(|_| {
+                StoreError::corrupt(format!("definition {id}: version {version:?}"))
+            })?;
+            out.push(StoredDefinition {
+                id,
+                version,
+                body: body.to_owned(),
+            });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn put_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        fingerprint: &str,
+        body: &str,
+        deadline: Deadline,
+    ) -> StoreResult<u64> {
+        self.unless_lost(true)?;
+        let v = self
+            .definition_call(kind, PUT_DEFINITION, &[id, fingerprint, body], deadline)
+            .await?;
+        redis::from_redis_value(v)
+            .map_err(|e| StoreError::corrupt(format!("definition version: {e}")))
+    }
+
+    async fn delete_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        deadline: Deadline,
+    ) -> StoreResult<bool> {
+        self.unless_lost(true)?;
+        let v = self
+            .definition_call(kind, DELETE_DEFINITION, &[id], deadline)
+            .await?;
+        let n: i64 = redis::from_redis_value(v)
+            .map_err(|e| StoreError::corrupt(format!("definition delete: {e}")))?;
+        Ok(n == 1)
+    }
+}
