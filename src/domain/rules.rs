@@ -191,7 +191,8 @@ const RECENT_PHONES: u64 = 65_536;
 
 /// The E.164 form (`None`: not a valid number) of recently read phones, by region and
 /// rules-1 form: a phone seen again (a customer's next transaction) costs a lookup (~0.2 µs)
-/// instead of libphonenumber's parse and validation (~6 µs). The same function either way,
+/// instead of libphonenumber's parse and validation (~7 µs, ~22 µs for a number unlike the
+/// last ones: docs/performance.md). The same function either way,
 /// so the answer never depends on what is remembered; bounded at `RECENT_PHONES` entries of
 /// ~100 B (a flood of new numbers only evicts).
 static RECENT: std::sync::LazyLock<moka::sync::Cache<(Region, String), Option<String>>> =
