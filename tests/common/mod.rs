@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use namelist::config::{LogFormat, Settings};
 use namelist::lists::NameLists;
 use namelist::startup::Application;
+use namelist::store::redis::RedisOptions;
 use namelist::store::{FingerprintKey, Hashing};
 use secrecy::SecretString;
 
@@ -31,6 +32,26 @@ pub const TEST_KEY_HEX: &str = "3b9f1c7e2a6d4058b1e7c3a9f0d2846e5c1a7b3f9e0d2c4a
 /// The tests' fingerprint key.
 pub fn test_key() -> FingerprintKey {
     FingerprintKey::from_hex(TEST_KEY_HEX, "the tests' key").expect("a valid test key")
+}
+
+/// Options for a Redis store in tests: one node at `url` (or a cluster: set `cluster_nodes`),
+/// keyed with [`test_key`], 1 s to connect, 10 s per response, 1,000 audit records, no
+/// replicas waited for; a test changes what it needs with `..redis_options(url, prefix)`.
+pub fn redis_options(url: impl Into<String>, prefix: impl Into<String>) -> RedisOptions {
+    RedisOptions {
+        url: url.into(),
+        cluster_nodes: Vec::new(),
+        prefix: prefix.into(),
+        expected_entries: None,
+        default_expected_entries: 1_000_000,
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(10),
+        audit_max_len: 1_000,
+        write_replicas: 0,
+        fingerprint_key: Some(test_key()),
+        allow_unkeyed: false,
+        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+    }
 }
 
 /// The tests' hashing: keyed with [`test_key`].

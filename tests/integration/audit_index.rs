@@ -25,18 +25,9 @@ use common::{RedisServer, unique_prefix};
 
 async fn open(server: &RedisServer, prefix: &str) -> (Arc<RedisStore>, OpenReport) {
     let (store, report) = RedisStore::open(RedisOptions {
-        url: server.url(),
-        cluster_nodes: Vec::new(),
-        prefix: prefix.to_owned(),
         expected_entries: Some(64 * 400),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
-        response_timeout: Duration::from_secs(10),
         audit_max_len: 100_000,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(server.url(), prefix)
     })
     .await
     .unwrap();

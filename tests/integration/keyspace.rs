@@ -13,18 +13,10 @@ use serde_json::json;
 
 fn options(redis: &RedisServer, prefix: &str, expected: Option<u64>) -> RedisOptions {
     RedisOptions {
-        url: redis.url(),
-        cluster_nodes: Vec::new(),
-        prefix: prefix.into(),
         expected_entries: expected,
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(1),
         audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(redis.url(), prefix)
     }
 }
 

@@ -16,23 +16,16 @@ use namelist::store::redis::{Folded, OpenReport, RedisOptions, RedisStore};
 use namelist::store::{CountChange, CountsQuery, Deadline, EntryStore, Hashing, Layout, ListCount};
 
 fn options(urls: Vec<String>, cluster: bool, prefix: &str) -> RedisOptions {
+    let (url, cluster_nodes) = if cluster {
+        (String::new(), urls)
+    } else {
+        (urls[0].clone(), Vec::new())
+    };
     RedisOptions {
-        url: if cluster {
-            String::new()
-        } else {
-            urls[0].clone()
-        },
-        cluster_nodes: if cluster { urls } else { Vec::new() },
-        prefix: prefix.into(),
+        cluster_nodes,
         expected_entries: Some(64 * 200),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(5),
-        audit_max_len: 1000,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(url, prefix)
     }
 }
 

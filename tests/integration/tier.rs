@@ -400,18 +400,10 @@ async fn a_keyspace_outgrowing_a_complete_tier_turns_it_partial_while_checks_sta
 
 async fn open(url: String, prefix: &str) -> RedisStore {
     RedisStore::open(RedisOptions {
-        url,
-        cluster_nodes: Vec::new(),
-        prefix: prefix.into(),
         expected_entries: Some(64 * 200),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(url, prefix)
     })
     .await
     .unwrap()

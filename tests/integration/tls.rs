@@ -232,18 +232,10 @@ impl Drop for TlsRedis {
 
 fn options(url: String, prefix: &str) -> RedisOptions {
     RedisOptions {
-        url,
-        cluster_nodes: Vec::new(),
-        prefix: prefix.into(),
         expected_entries: Some(400 * 16),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(url, prefix)
     }
 }
 

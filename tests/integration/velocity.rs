@@ -48,18 +48,13 @@ async fn memory_store() -> Arc<dyn Store> {
 /// A Redis store on `url` (or the cluster `nodes`) at `prefix`.
 async fn redis_at(url: String, nodes: Vec<String>, prefix: &str, ids: u64) -> Arc<RedisStore> {
     let (store, _) = RedisStore::open(RedisOptions {
-        url,
         cluster_nodes: nodes,
-        prefix: prefix.to_owned(),
         expected_entries: Some(4000),
         default_expected_entries: 4000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(5),
         audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
         dedupe_expected_ids: ids,
+        ..common::redis_options(url, prefix)
     })
     .await
     .unwrap();

@@ -263,18 +263,11 @@ async fn memory() -> Harness {
 /// A fresh keyspace (prefix) on a shared cluster.
 async fn on_cluster(cluster: &RedisCluster) -> Harness {
     let opts = RedisOptions {
-        url: String::new(),
         cluster_nodes: cluster.urls(),
-        prefix: unique_prefix(),
         expected_entries: Some(64 * 400),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         audit_max_len: REDIS_AUDIT_MAX_LEN,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(String::new(), unique_prefix())
     };
     let (store, _) = RedisStore::open(opts.clone()).await.unwrap();
     let store = Arc::new(store);
@@ -304,18 +297,12 @@ async fn redis_unkeyed() -> Harness {
 async fn on_node(key: Option<FingerprintKey>, tier: Tier) -> Harness {
     let server = RedisServer::start();
     let opts = RedisOptions {
-        url: server.url(),
-        cluster_nodes: Vec::new(),
-        prefix: unique_prefix(),
         expected_entries: Some(64 * 400),
-        default_expected_entries: 1_000_000,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         audit_max_len: REDIS_AUDIT_MAX_LEN,
-        write_replicas: 0,
         allow_unkeyed: key.is_none(),
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
         fingerprint_key: key,
+        ..common::redis_options(server.url(), unique_prefix())
     };
     let (store, report) = RedisStore::open(opts.clone()).await.unwrap();
     assert_eq!(report.unkeyed.is_some(), report.format == 1);

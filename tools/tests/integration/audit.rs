@@ -24,18 +24,12 @@ const EXPIRED: u64 = 100;
 
 async fn open(server: &RedisServer, prefix: &str) -> RedisStore {
     let (store, _) = RedisStore::open(RedisOptions {
-        url: server.url(),
-        cluster_nodes: Vec::new(),
-        prefix: prefix.into(),
         expected_entries: Some(2000),
         default_expected_entries: 2000,
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(server.url(), prefix)
     })
     .await
     .expect("store opens");
@@ -447,18 +441,13 @@ async fn the_last_audit_is_exported_as_gauges() {
 
 async fn open_cluster(cluster: &RedisCluster, prefix: &str) -> RedisStore {
     let (store, _) = RedisStore::open(RedisOptions {
-        url: String::new(),
         cluster_nodes: cluster.urls(),
-        prefix: prefix.into(),
         expected_entries: Some(2000),
         default_expected_entries: 2000,
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 10,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(String::new(), prefix)
     })
     .await
     .expect("store opens on the cluster");

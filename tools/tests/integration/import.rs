@@ -31,18 +31,10 @@ async fn open(
 ) -> namelist::store::redis::RedisStore {
     let (store, _) =
         namelist::store::redis::RedisStore::open(namelist::store::redis::RedisOptions {
-            url: redis.url(),
-            cluster_nodes: Vec::new(),
-            prefix: prefix.into(),
             expected_entries: Some(expected),
             default_expected_entries: expected,
-            connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(30),
-            audit_max_len: 1000,
-            write_replicas: 0,
-            fingerprint_key: Some(common::test_key()),
-            allow_unkeyed: false,
-            dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+            ..common::redis_options(redis.url(), prefix)
         })
         .await
         .unwrap();

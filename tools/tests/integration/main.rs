@@ -10,5 +10,6 @@ mod audit;
 mod fingerprint_key;
 mod import;
 mod matching;
+mod shared;
 mod sweep;
 mod tools;

@@ -5,40 +5,16 @@
 
 // The service crate's test helpers, shared by path.
 use crate::common;
+use crate::shared::{Probe, check_all, tools};
 
-use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::process::Command;
 
-use common::{RedisServer, TestApp, redis_settings, spawn_app};
+use common::{RedisServer, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Value};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
-
-fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
-    let out = common::without_namelist_env(TOOLS)
-        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-        .args(["--redis-url", &redis.url(), "--prefix", prefix])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A gen row to check: (list, sandbox, dimension, the value to check, the value a hit shows).
-struct Probe {
-    list: String,
-    sandbox: String,
-    dimension: String,
-    check: String,
-    shown: String,
-}
 
 /// Every row of a gen file, with a value inside each segment or domain to check it by.
 fn probes(path: &Path) -> Vec<Probe> {
@@ -71,45 +47,6 @@ fn probes(path: &Path) -> Vec<Probe> {
             }
         })
         .collect()
-}
-
-/// Checks every probe (64 values a request); the probes whose value was not among the hits,
-/// and every hit.
-async fn check_all(app: &TestApp, rows: &[Probe]) -> (Vec<String>, Vec<Json>) {
-    let mut groups: BTreeMap<(&str, &str), Vec<&Probe>> = BTreeMap::new();
-    for r in rows {
-        groups.entry((&r.list, &r.sandbox)).or_default().push(r);
-    }
-    let (mut missing, mut all_hits) = (Vec::new(), Vec::new());
-    for ((list, sandbox), rows) in groups {
-        for chunk in rows.chunks(64) {
-            let mut subjects: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-            for r in chunk {
-                subjects.entry(&r.dimension).or_default().push(&r.check);
-            }
-            let body = app
-                .check(&json!({"sandbox": sandbox, "lists": [list], "subjects": subjects}))
-                .await;
-            assert_eq!(body["degraded"], false, "{body}");
-            let hits = body["hits"].as_array().unwrap();
-            let seen: HashSet<(&str, &str)> = hits
-                .iter()
-                .map(|h| {
-                    (
-                        h["dimension"].as_str().unwrap(),
-                        h["value"].as_str().unwrap(),
-                    )
-                })
-                .collect();
-            for r in chunk {
-                if !seen.contains(&(r.dimension.as_str(), r.shown.as_str())) {
-                    missing.push(format!("{list}/{sandbox}/{}={}", r.dimension, r.shown));
-                }
-            }
-            all_hits.extend(hits.iter().cloned());
-        }
-    }
-    (missing, all_hits)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,18 +31,12 @@ type Snapshot = BTreeMap<Vec<u8>, (String, BTreeMap<Vec<u8>, Vec<u8>>)>;
 
 async fn open(redis: &RedisServer, prefix: &str, expected: u64) -> RedisStore {
     let (store, _) = RedisStore::open(RedisOptions {
-        url: redis.url(),
-        cluster_nodes: Vec::new(),
-        prefix: prefix.into(),
         expected_entries: Some(expected),
         default_expected_entries: expected,
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(redis.url(), prefix)
     })
     .await
     .expect("opening the keyspace");
@@ -949,18 +943,13 @@ async fn timing_a_million_entries() {
 
 async fn open_cluster(cluster: &RedisCluster, prefix: &str, expected: u64) -> RedisStore {
     let (store, _) = RedisStore::open(RedisOptions {
-        url: String::new(),
         cluster_nodes: cluster.urls(),
-        prefix: prefix.into(),
         expected_entries: Some(expected),
         default_expected_entries: expected,
         connect_timeout: Duration::from_secs(2),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 100,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(String::new(), prefix)
     })
     .await
     .expect("opening the keyspace on the cluster");

@@ -7,34 +7,19 @@
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
 use crate::common;
+use crate::shared::{Probe, check_all, tools};
 
-use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::process::Command;
 
-use common::{RedisCluster, RedisServer, TestApp, cluster_settings, redis_settings, spawn_app};
+use common::{RedisCluster, RedisServer, cluster_settings, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Value};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
 
-fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
-    let out = Command::new(TOOLS)
-        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-        .args(["--redis-url", &redis.url(), "--prefix", prefix])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// (list, sandbox, dimension, raw value, what a hit must show).
-type Row = (String, String, String, String, String);
+/// A row of a gen file: where it is listed, the value to check, what a hit must show.
+type Row = Probe;
 
 /// Every row of a gen file.
 fn read_rows(path: &Path) -> Vec<Row> {
@@ -55,48 +40,15 @@ fn read_rows(path: &Path) -> Vec<Row> {
             } else {
                 sandbox
             };
-            (list.into(), sandbox.into(), dim.into(), probe, shown)
+            Probe {
+                list: list.into(),
+                sandbox: sandbox.into(),
+                dimension: dim.into(),
+                check: probe,
+                shown,
+            }
         })
         .collect()
-}
-
-/// Checks every row (64 values per request, grouped by list and sandbox); returns the rows
-/// whose expected value was not among the hits, and every hit seen.
-async fn check_all(app: &TestApp, rows: &[Row]) -> (Vec<String>, Vec<Json>) {
-    let mut groups: BTreeMap<(&str, &str), Vec<&Row>> = BTreeMap::new();
-    for r in rows {
-        groups.entry((&r.0, &r.1)).or_default().push(r);
-    }
-    let (mut missing, mut all_hits) = (Vec::new(), Vec::new());
-    for ((list, sandbox), rows) in groups {
-        for chunk in rows.chunks(64) {
-            let mut subjects: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-            for r in chunk {
-                subjects.entry(&r.2).or_default().push(&r.3);
-            }
-            let body = app
-                .check(&json!({"sandbox": sandbox, "lists": [list], "subjects": subjects}))
-                .await;
-            assert_eq!(body["degraded"], false);
-            let hits = body["hits"].as_array().unwrap();
-            let seen: HashSet<(&str, &str)> = hits
-                .iter()
-                .map(|h| {
-                    (
-                        h["dimension"].as_str().unwrap(),
-                        h["value"].as_str().unwrap(),
-                    )
-                })
-                .collect();
-            for r in chunk {
-                if !seen.contains(&(r.2.as_str(), r.4.as_str())) {
-                    missing.push(format!("{list}/{sandbox}/{}={}", r.2, r.4));
-                }
-            }
-            all_hits.extend(hits.iter().cloned());
-        }
-    }
-    (missing, all_hits)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +100,7 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let rows = read_rows(&members);
     assert_eq!(rows.len(), 60_000);
     assert!(
-        rows.iter().any(|r| r.4.contains('/')),
+        rows.iter().any(|r| r.shown.contains('/')),
         "the file has ranges"
     );
     let (missing, _) = check_all(&app, &rows).await;

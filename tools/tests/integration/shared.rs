@@ -1,0 +1,73 @@
+//! Helpers of the tools' tests that run `gen`/`import` and then check through the service.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde_json::{Value as Json, json};
+
+use crate::common::{self, RedisServer, TestApp};
+
+/// `namelist-tools` with the tests' key, on `redis` at `prefix`, and nothing else from this
+/// process's `NAMELIST_*` environment; its stdout (the run must succeed).
+pub fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
+    let out = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"))
+        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+        .args(["--redis-url", &redis.url(), "--prefix", prefix])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// One listed row to check: where, the value checked, and what a hit on it must show.
+#[derive(Clone)]
+pub struct Probe {
+    pub list: String,
+    pub sandbox: String,
+    pub dimension: String,
+    pub check: String,
+    pub shown: String,
+}
+
+/// Checks every row (64 values per request, grouped by list and sandbox); returns the rows
+/// whose expected value was not among the hits, and every hit seen.
+pub async fn check_all(app: &TestApp, rows: &[Probe]) -> (Vec<String>, Vec<Json>) {
+    let mut groups: BTreeMap<(&str, &str), Vec<&Probe>> = BTreeMap::new();
+    for r in rows {
+        groups.entry((&r.list, &r.sandbox)).or_default().push(r);
+    }
+    let (mut missing, mut all_hits) = (Vec::new(), Vec::new());
+    for ((list, sandbox), rows) in groups {
+        for chunk in rows.chunks(64) {
+            let mut subjects: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for r in chunk {
+                subjects.entry(&r.dimension).or_default().push(&r.check);
+            }
+            let body = app
+                .check(&json!({"sandbox": sandbox, "lists": [list], "subjects": subjects}))
+                .await;
+            assert_eq!(body["degraded"], false, "{body}");
+            let hits = body["hits"].as_array().unwrap();
+            let seen: HashSet<(&str, &str)> = hits
+                .iter()
+                .map(|h| {
+                    (
+                        h["dimension"].as_str().unwrap(),
+                        h["value"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            for r in chunk {
+                if !seen.contains(&(r.dimension.as_str(), r.shown.as_str())) {
+                    missing.push(format!("{list}/{sandbox}/{}={}", r.dimension, r.shown));
+                }
+            }
+            all_hits.extend(hits.iter().cloned());
+        }
+    }
+    (missing, all_hits)
+}
