@@ -24,6 +24,7 @@
 //! * [`Global`], here: the options every tool shares, and the store they open.
 
 pub mod audit;
+pub mod checkpoint;
 pub mod gen_data;
 pub mod import;
 pub mod keygen;

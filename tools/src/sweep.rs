@@ -67,7 +67,6 @@
 //! batch and writing the checkpoint).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -616,19 +615,9 @@ impl Checkpoint {
         Ok(Some(cp))
     }
 
-    /// Writes a temporary file next to `path`, syncs it and renames it over `path`.
+    /// Replaces the checkpoint at `path`, atomically and durably (`crate::checkpoint`).
     fn write(&self, path: &Path) -> anyhow::Result<()> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            serde_json::to_writer_pretty(&mut f, self)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().with_context(|| format!("writing checkpoint {}", path.display()))
+        crate::checkpoint::write(path, self)
     }
 
     fn remove(path: &Path) -> anyhow::Result<()> {

@@ -67,7 +67,8 @@ pub const DEFAULT_SEED: u64 = 20_240_601;
 /// The default `--mix`.
 pub const DEFAULT_MIX: &str =
     "phone=30,device=20,uid=15,imei=10,ip=10,wifi_mac=5,id_card=5,merchant=5";
-/// The header of both output files (CSV).
+/// The header of both output files (CSV): `import::COLUMNS` joined (the header test holds them
+/// equal).
 pub const CSV_HEADER: &str = "list,dimension,value,sandbox,expires_at,ttl_seconds,reason";
 
 /// Shortest generated expiry: one hour.

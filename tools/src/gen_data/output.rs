@@ -9,16 +9,8 @@ use flate2::write::GzEncoder;
 
 use super::{Format, Row, RowExpiry};
 
-/// The columns of both files, in order.
-pub(super) const HEADER: [&str; 7] = [
-    "list",
-    "dimension",
-    "value",
-    "sandbox",
-    "expires_at",
-    "ttl_seconds",
-    "reason",
-];
+/// The columns of both files, in order: the ones `import` reads.
+pub(super) use crate::import::COLUMNS as HEADER;
 
 pub(super) enum Encoder<W: Write> {
     Plain(W),

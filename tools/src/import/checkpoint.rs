@@ -15,7 +15,7 @@ use namelist::domain::now_ms;
 use namelist::store::{Hashing, Layout};
 use serde::{Deserialize, Serialize};
 
-use super::{Args, with_suffix};
+use super::Args;
 
 /// Identity of the input, so a checkpoint is never applied to another file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,10 +69,7 @@ struct Checkpoint {
 }
 
 fn save_checkpoint(path: &Path, cp: &Checkpoint) -> anyhow::Result<()> {
-    let tmp = with_suffix(path, ".tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(cp)?)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    crate::checkpoint::write(path, cp)
 }
 
 /// Where a run starts: from scratch, or from its checkpoint (`--resume`), and where it keeps

@@ -123,15 +123,7 @@ impl<'a> JsonRow<'a> {
     }
 }
 
-const COLUMNS: [&str; 7] = [
-    "list",
-    "dimension",
-    "value",
-    "sandbox",
-    "expires_at",
-    "ttl_seconds",
-    "reason",
-];
+use super::COLUMNS;
 
 /// Parsed names (lists, sandboxes, dimensions) by their raw text: a handful per file, so a
 /// short vector searched linearly beats hashing every row.

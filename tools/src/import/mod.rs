@@ -27,6 +27,19 @@
 
 mod checkpoint;
 mod input;
+
+/// The columns of an import file, in the order `gen` writes them: the CSV header (any order
+/// and a subset are read; an unknown column is refused) and the JSON Lines keys. `gen` and
+/// `import` both use this one list.
+pub const COLUMNS: [&str; 7] = [
+    "list",
+    "dimension",
+    "value",
+    "sandbox",
+    "expires_at",
+    "ttl_seconds",
+    "reason",
+];
 mod partition;
 mod write;
 
