@@ -5,16 +5,13 @@
 
 // The service crate's test helpers, shared by path.
 use crate::common;
-use crate::shared::{Probe, check_all, tools};
+use crate::shared::{Probe, check_all, generate, tools};
 
 use std::path::Path;
-use std::process::Command;
 
 use common::{RedisServer, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Value};
 use serde_json::Value as Json;
-
-const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
 
 /// Every row of a gen file, with a value inside each segment or domain to check it by.
 fn probes(path: &Path) -> Vec<Probe> {
@@ -56,9 +53,8 @@ async fn gen_import_check_audit_with_segments_addresses_and_domains() {
     let prefix = settings.key_prefix.clone();
     let dir = tempfile::tempdir().unwrap();
     let (members, non_members) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
-    let out = Command::new(TOOLS)
-        .args([
-            "gen",
+    let said = generate(
+        &[
             "--rows",
             "20000",
             "--non-member-rows",
@@ -69,20 +65,10 @@ async fn gen_import_check_audit_with_segments_addresses_and_domains() {
             "0.2",
             "--domain-share",
             "0.2",
-            "--quiet",
-        ])
-        .arg("--out")
-        .arg(&members)
-        .arg("--non-members")
-        .arg(&non_members)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &members,
+        &non_members,
     );
-    let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         said.contains("phone segments") && said.contains("email domains"),
         "{said}"

@@ -1,6 +1,7 @@
 //! Helpers of the tools' tests that run `gen`/`import` and then check through the service.
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
 
 use serde_json::{Value as Json, json};
 
@@ -21,6 +22,24 @@ pub fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// `namelist-tools gen ARGS --quiet --out MEMBERS --non-members NON_MEMBERS` (no store, so no
+/// key or environment); its stderr, the summary line (the run must succeed).
+pub fn generate(args: &[&str], members: &Path, non_members: &Path) -> String {
+    let out = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"))
+        .arg("gen")
+        .args(args)
+        .arg("--quiet")
+        .arg("--out")
+        .arg(members)
+        .arg("--non-members")
+        .arg(non_members)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    said
 }
 
 /// One listed row to check: where, the value checked, and what a hit on it must show.

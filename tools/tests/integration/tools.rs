@@ -7,10 +7,9 @@
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
 use crate::common;
-use crate::shared::{Probe, check_all, tools};
+use crate::shared::{Probe, check_all, generate, tools};
 
 use std::path::Path;
-use std::process::Command;
 
 use common::{RedisCluster, RedisServer, cluster_settings, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Value};
@@ -58,25 +57,10 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let prefix = settings.key_prefix.clone();
     let dir = tempfile::tempdir().unwrap();
     let (members, non_members) = (dir.path().join("m.csv"), dir.path().join("n.csv"));
-    let out = Command::new(TOOLS)
-        .args([
-            "gen",
-            "--rows",
-            "60000",
-            "--non-member-rows",
-            "100000",
-            "--quiet",
-        ])
-        .arg("--out")
-        .arg(&members)
-        .arg("--non-members")
-        .arg(&non_members)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    generate(
+        &["--rows", "60000", "--non-member-rows", "100000"],
+        &members,
+        &non_members,
     );
 
     let summary: Json = serde_json::from_str(&tools(
