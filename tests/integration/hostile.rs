@@ -649,6 +649,17 @@ fn endpoints(now: i64) -> Vec<Endpoint> {
             ],
         },
         Endpoint {
+            name: "lookup",
+            method: "POST",
+            path: "/v1/lists/-/lookup",
+            example: json!({"dimension": "uid", "value": "u-absent", "sandbox": "loan"}),
+            slots: vec![
+                slot("/dimension", &[Str], Num::Text),
+                slot("/value", &[Str], Num::Text),
+                slot("/sandbox", &[Str, Null], Num::Text),
+            ],
+        },
+        Endpoint {
             name: "events",
             method: "POST",
             path: "/v1/events",
