@@ -370,11 +370,14 @@ impl Run {
         let n = self.schedule.background;
         for from in (0..n).step_by(BULK) {
             let values: Vec<String> = (from..(from + BULK).min(n)).map(background_value).collect();
-            // Set-up, not the history: an upsert is idempotent, so one that timed out on a
-            // machine still busy starting the cluster is sent again (a few times at most).
-            let mut outcome = Outcome::Unknown;
-            for _ in 0..5 {
-                outcome = self
+            // Set-up, not the history: an upsert is idempotent, so one that was not acknowledged
+            // on a machine still busy starting the cluster (a `WAIT` for the replica past the
+            // write deadline is a 503) is sent again, for up to a minute.
+            let started = Instant::now();
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let outcome = self
                     .net
                     .write(
                         Sender::Driver,
@@ -386,9 +389,26 @@ impl Run {
                 if outcome == Outcome::Ok {
                     break;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                if started.elapsed() > Duration::from_secs(60) {
+                    let last =
+                        self.net
+                            .rec
+                            .ops
+                            .lock()
+                            .unwrap()
+                            .last()
+                            .map(|op| match &op.request {
+                                Request::Write(w) => w.detail.clone(),
+                                _ => String::new(),
+                            });
+                    panic!(
+                        "loading the background entries: {tries} tries in {:?}, the last {outcome:?} ({})",
+                        started.elapsed(),
+                        last.unwrap_or_default()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            assert_eq!(outcome, Outcome::Ok, "loading the background entries");
         }
     }
 
