@@ -13,8 +13,9 @@
 //! * `normalise/dimension/*`: each dimension alone (keyed), and the phone typed without its
 //!   country code (`phone_national`) and one the parser cannot make valid
 //!   (`phone_not_valid`). Each repeats one value, so a phone is answered from the memory of
-//!   recent phones (`domain::rules`); `phone_never_seen` is a new number each time (the
-//!   parser's cost: what a new identity pays).
+//!   recent phones (`domain::rules`); `phone_never_seen` is a new mobile number each time (the
+//!   fast path's cost: what a new identity pays), `phone_never_seen_fixed_line` a new fixed
+//!   line written with its national prefix (the phone crate's cost).
 //! * `normalise/rules1/*`: the subject and each dimension under rules 1, what keyspaces made
 //!   before issue 29 use (no phone parser, no check digits): the before of rules 2's after.
 //!
@@ -161,21 +162,34 @@ fn normalise(c: &mut Criterion) {
     }
     // A phone never seen before (a new number each time: past the memory of recent phones),
     // the cost a new identity pays; the cases above repeat one value, so they measure a
-    // phone seen again.
-    group.bench_function("phone_never_seen", |b| {
-        let mut n = 0u64;
-        b.iter(|| {
-            n += 7_919;
-            let raw = format!("139{:08}", n % 100_000_000);
-            black_box(key_of(
-                &keyed,
-                &list,
-                &sandbox,
-                &Dimension::Phone,
-                black_box(&raw),
-                v2,
-            ))
-        })
+    // phone seen again. `phone_never_seen`: mobile numbers of every CN prefix 130–199 (the
+    // engine's traffic; the fast path, `domain::phone`); `phone_never_seen_fixed_line`:
+    // Shenzhen fixed lines written with the national prefix (`0755…`, which the fast path
+    // leaves to the phone crate: what such numbers, or a client sending them, cost).
+    let mut never_seen = |name: &str, number: fn(u64) -> String| {
+        group.bench_function(name, |b| {
+            let mut n = 0u64;
+            b.iter(|| {
+                n = n
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let raw = number(n >> 20);
+                black_box(key_of(
+                    &keyed,
+                    &list,
+                    &sandbox,
+                    &Dimension::Phone,
+                    black_box(&raw),
+                    v2,
+                ))
+            })
+        });
+    };
+    never_seen("phone_never_seen", |r| {
+        format!("1{}{:08}", 30 + r % 70, (r / 70) % 100_000_000)
+    });
+    never_seen("phone_never_seen_fixed_line", |r| {
+        format!("0755{:08}", r % 100_000_000)
     });
     group.finish();
     let mut group = c.benchmark_group("normalise/rules1");

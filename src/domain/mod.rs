@@ -8,6 +8,7 @@ mod error;
 mod expiry;
 mod mask;
 mod names;
+mod phone;
 pub mod rules;
 mod value;
 

@@ -173,6 +173,11 @@ impl Rules {
 /// when the parser makes it a valid number in `region` (or in the region its country code
 /// names), else `fallback` itself, counted.
 pub(super) fn phone_e164(region: Region, fallback: String) -> String {
+    // The common spellings of a region's numbers: decided without the crate (~1 µs), and
+    // without the memory below, which only a number seen again would use.
+    if let Some(e164) = super::phone::e164(region, &typed_form(&fallback)) {
+        return e164;
+    }
     let key = (region, fallback);
     let known = RECENT.get(&key);
     let e164 = known.unwrap_or_else(|| {
@@ -189,22 +194,28 @@ pub(super) fn phone_e164(region: Region, fallback: String) -> String {
 /// Most phones remembered by `RECENT`.
 const RECENT_PHONES: u64 = 65_536;
 
-/// The E.164 form (`None`: not a valid number) of recently read phones, by region and
-/// rules-1 form: a phone seen again (a customer's next transaction) costs a lookup (~0.2 µs)
-/// instead of libphonenumber's parse and validation (~7 µs, ~22 µs for a number unlike the
-/// last ones: docs/performance.md). The same function either way,
+/// The E.164 form (`None`: not a valid number) of recently read phones the fast path
+/// (`domain::phone`) left to the crate, by region and rules-1 form: such a phone seen again
+/// costs a lookup (~0.2 µs) instead of libphonenumber's parse and validation (3 µs alone,
+/// ~22 µs with two workers taking turns at its regex cache's mutex: docs/performance.md).
+/// The same function either way,
 /// so the answer never depends on what is remembered; bounded at `RECENT_PHONES` entries of
 /// ~100 B (a flood of new numbers only evicts).
 static RECENT: std::sync::LazyLock<moka::sync::Cache<(Region, String), Option<String>>> =
     std::sync::LazyLock::new(|| moka::sync::Cache::new(RECENT_PHONES));
 
+/// What the parser is given for a phone's rules-1 form: `00` is the international prefix of
+/// most regions (CN included), so `0086…` is `+86…`.
+fn typed_form(fallback: &str) -> std::borrow::Cow<'_, str> {
+    match fallback.strip_prefix("00") {
+        Some(rest) if !rest.starts_with('0') => format!("+{rest}").into(),
+        _ => fallback.into(),
+    }
+}
+
 /// `phone_e164` without the memory.
 fn parse_e164(region: Region, fallback: &str) -> Option<String> {
-    // `00` is the international prefix of most regions (CN included): `0086…` is `+86…`.
-    let typed = match fallback.strip_prefix("00") {
-        Some(rest) if !rest.starts_with('0') => format!("+{rest}"),
-        _ => fallback.to_owned(),
-    };
+    let typed = typed_form(fallback);
     let parsed = phonenumber::parse(Some(region), &typed)
         .ok()
         .filter(phonenumber::is_valid)
