@@ -18,7 +18,6 @@ use crate::error::ApiError;
     responses(
         (status = 200, description = "Records with masked values and keyed fingerprints; `next_cursor` continues", body = AuditPage),
         (status = 400, description = "A bad filter (`invalid_filter`, `invalid_list`, `invalid_sandbox`, `unknown_dimension`, `invalid_value`) or cursor (`invalid_cursor`), an unknown parameter (`invalid_body`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -43,7 +42,6 @@ pub async fn audit(
         (status = 400, description = "A bad body, filter or cursor", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

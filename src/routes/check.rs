@@ -74,7 +74,6 @@ impl CheckBody {
         (status = 400, description = "A bad body, list or dimension; a bad value only with `strict`; over 64 values, 16 lists or 4,096 lookups", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

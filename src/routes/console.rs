@@ -11,7 +11,6 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
-use super::openapi::ErrorBody;
 use crate::auth::{Caller, Tokens};
 
 /// The console's Content-Security-Policy.
@@ -44,7 +43,6 @@ pub struct WhoAmI {
     summary = "The caller's token name and role, and whether auth is on",
     responses(
         (status = 200, description = "The caller", body = WhoAmI),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -164,7 +164,6 @@ fn new_entry(
         (status = 400, description = "A bad body, list, dimension, value, expiry or reason, or over 10,000 entries; nothing is written", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -201,7 +200,6 @@ pub async fn upsert(
         (status = 400, description = "A bad body, list, dimension or value, or over 10,000 entries; nothing is deleted", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -234,7 +232,6 @@ pub async fn remove(
     responses(
         (status = 200, description = "Listed, with its expiry, or not", body = ListedDoc),
         (status = 400, description = "A bad list, dimension, value or sandbox", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -277,7 +274,6 @@ pub async fn lookup(
     responses(
         (status = 200, description = "Approximate entry counts (kept on write), last change, hits since this instance started; `next_cursor`", body = ListsPage),
         (status = 400, description = "A bad filter (`invalid_list`, `invalid_sandbox`, `invalid_filter` for the limit) or cursor (`invalid_cursor`), an unknown parameter (`invalid_body`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -304,7 +300,6 @@ pub async fn summaries(
     responses(
         (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
         (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -334,7 +329,6 @@ pub async fn lookup_everywhere(
         (status = 400, description = "A bad body, dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -80,14 +80,28 @@ impl Class {
     }
 }
 
+/// What a route asks of the store, and so which 503s it can answer (the OpenAPI document's
+/// 503 line is derived from it: `openapi::Gates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreUse {
+    /// Nothing: only a full budget (`overloaded`).
+    None,
+    /// Reads: also `store_unavailable`.
+    Reads,
+    /// Writes: also `replicas_unavailable` (with `write_replicas`).
+    Writes,
+}
+
 /// One API route as mounted: the method, the path pattern (actix syntax: `{value:.*}` takes
-/// the rest of the path), what its caller needs and the budget it counts against.
+/// the rest of the path), what its caller needs, the budget it counts against and what it
+/// asks of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteDef {
     pub method: &'static str,
     pub path: &'static str,
     pub need: Need,
     pub class: Class,
+    pub store: StoreUse,
 }
 
 fn guarded(route: actix_web::Route, def: RouteDef) -> actix_web::Route {
@@ -104,10 +118,10 @@ fn guarded(route: actix_web::Route, def: RouteDef) -> actix_web::Route {
 /// responses from, and `tests/integration/auth.rs` compares with the README's table. A route added here
 /// and not documented fails those tests.
 macro_rules! api_routes {
-    ($( $path:literal => [ $( $method:ident $handler:path, $need:expr, $class:ident );+ $(;)? ] ),* $(,)?) => {
+    ($( $path:literal => [ $( $method:ident $handler:path, $need:expr, $class:ident, $store:ident );+ $(;)? ] ),* $(,)?) => {
         /// Every API route, in mounting order.
         pub const ROUTES: &[RouteDef] = &[
-            $( $( RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class }, )+ )*
+            $( $( RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class, store: StoreUse::$store }, )+ )*
         ];
 
         /// Mounts every API route with its gate, and the documentation (`openapi`).
@@ -116,7 +130,7 @@ macro_rules! api_routes {
                 let resource = web::resource($path)
                     $( .route(guarded(
                         web::method(actix_web::http::Method::$method).to($handler),
-                        RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class },
+                        RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class, store: StoreUse::$store },
                     )) )+
                     .default_service(web::to(method_not_allowed));
                 cfg.service(resource);
@@ -135,33 +149,34 @@ const EVENTS: Need = Need::Permission(Permission::Events);
 const DEFINITIONS: Need = Need::Permission(Permission::Definitions);
 
 api_routes! {
-    "/v1/lists" => [GET lists::summaries, LISTS, Operator],
-    "/v1/lists/-/lookup" => [POST lists::lookup_posted, LISTS, Operator],
-    "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, LISTS, Operator],
-    "/v1/audit" => [GET audit::audit, AUDIT, Operator; POST audit::search, AUDIT, Operator],
-    "/v1/whoami" => [GET console::whoami, Need::Token, Operator],
-    "/v1/lists/{list}/entries" => [POST lists::upsert, ENTRIES, Write; DELETE lists::remove, ENTRIES, Write],
-    "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, LISTS, Operator],
-    "/v1/check" => [POST check::check, CHECK, Engine],
-    "/v1/metrics" => [GET velocity::list_metrics, CHECK, Operator],
+    "/v1/lists" => [GET lists::summaries, LISTS, Operator, Reads],
+    "/v1/lists/-/lookup" => [POST lists::lookup_posted, LISTS, Operator, Reads],
+    "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, LISTS, Operator, Reads],
+    "/v1/audit" => [GET audit::audit, AUDIT, Operator, Reads; POST audit::search, AUDIT, Operator, Reads],
+    "/v1/whoami" => [GET console::whoami, Need::Token, Operator, None],
+    "/v1/lists/{list}/entries" => [POST lists::upsert, ENTRIES, Write, Writes; DELETE lists::remove, ENTRIES, Write, Writes],
+    "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, LISTS, Operator, Reads],
+    "/v1/check" => [POST check::check, CHECK, Engine, Reads],
+    "/v1/metrics" => [GET velocity::list_metrics, CHECK, Operator, Reads],
     "/v1/metrics/{id}" => [
-        PUT velocity::put_metric, DEFINITIONS, Operator;
-        GET velocity::get_metric, CHECK, Operator;
-        DELETE velocity::delete_metric, DEFINITIONS, Operator
+        PUT velocity::put_metric, DEFINITIONS, Operator, Writes;
+        GET velocity::get_metric, CHECK, Operator, Reads;
+        DELETE velocity::delete_metric, DEFINITIONS, Operator, Writes
     ],
-    "/v1/rules" => [GET velocity::list_rules, CHECK, Operator],
+    "/v1/rules" => [GET velocity::list_rules, CHECK, Operator, Reads],
     "/v1/rules/{id}" => [
-        PUT velocity::put_rule, DEFINITIONS, Operator;
-        GET velocity::get_rule, CHECK, Operator;
-        DELETE velocity::delete_rule, DEFINITIONS, Operator
+        PUT velocity::put_rule, DEFINITIONS, Operator, Writes;
+        GET velocity::get_rule, CHECK, Operator, Reads;
+        DELETE velocity::delete_rule, DEFINITIONS, Operator, Writes
     ],
-    "/v1/events" => [POST events::post_events, EVENTS, Write],
-    "/v1/features" => [POST events::post_features, CHECK, Engine],
-    // With an `event`, also `events` (checked by the handler, which sees the body).
-    "/v1/evaluate" => [POST events::post_evaluate, CHECK, Engine],
-    "/healthz" => [GET health::healthz, Need::Open, Probe],
-    "/readyz" => [GET health::readyz, Need::Open, Probe],
-    "/metrics" => [GET health::metrics, Need::Open, Probe],
+    "/v1/events" => [POST events::post_events, EVENTS, Write, Writes],
+    "/v1/features" => [POST events::post_features, CHECK, Engine, Reads],
+    // With an `event`, also `events` (checked by the handler, which sees the body), and a
+    // write.
+    "/v1/evaluate" => [POST events::post_evaluate, CHECK, Engine, Writes],
+    "/healthz" => [GET health::healthz, Need::Open, Probe, None],
+    "/readyz" => [GET health::readyz, Need::Open, Probe, None],
+    "/metrics" => [GET health::metrics, Need::Open, Probe, None],
 }
 
 /// The route of `method` and `path` pattern, if it is one.

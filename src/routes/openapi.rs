@@ -139,8 +139,9 @@ pub struct StatusDoc {
 }
 
 /// What every gated operation shares, taken from `ROUTES` (the one table of what each route
-/// needs and which budget it counts against), so no handler repeats it: its "Needs" line,
-/// and the answers of the gate (`gate`): 401, 403, 429 and the 503 of a full budget.
+/// needs, which budget it counts against and what it asks of the store), so no handler
+/// repeats it: its "Needs" line, the answers of the gate (`gate`: 401, 403, 429) and its 503s
+/// (a full budget, and the store's by `StoreUse`).
 struct Gates;
 
 impl Modify for Gates {
@@ -199,9 +200,26 @@ impl Modify for Gates {
                 "429".into(),
                 error("The token is over its `rate` or `max_concurrency` (`rate_limited`, with `Retry-After`)"),
             );
-            r.entry("503".into()).or_insert_with(|| {
-                error("This instance's budget for the route's class is full (`overloaded`, with `Retry-After`)")
-            });
+            r.insert(
+                "503".into(),
+                error(match route.store {
+                    super::StoreUse::None => {
+                        "This instance's budget for the route's class is full (`overloaded`, with `Retry-After`)"
+                    }
+                    super::StoreUse::Reads => {
+                        "`store_unavailable` (the store did not answer within the deadline) or \
+                         `overloaded` (this instance's budget for the route's class is full); with \
+                         `Retry-After`"
+                    }
+                    super::StoreUse::Writes => {
+                        "`store_unavailable` (the store did not answer within the deadline: the \
+                         write's outcome is unknown, retry it), `replicas_unavailable` (refused \
+                         unsent: a primary has too few online replicas), `keyspace_lost` (refused: \
+                         the keyspace is gone from Redis) or `overloaded` (this instance's budget \
+                         for the route's class is full); with `Retry-After`"
+                    }
+                }),
+            );
         }
     }
 }

@@ -47,7 +47,6 @@ fn rule_id(raw: String) -> Result<RuleId, ApiError> {
         (status = 400, description = "A bad id, expression (the message gives the column) or resolution", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -79,7 +78,6 @@ pub async fn put_metric(
         (status = 200, description = "The definition", body = MetricDef),
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -98,7 +96,6 @@ pub async fn get_metric(
     summary = "Every metric",
     responses(
         (status = 200, description = "Every definition", body = MetricsDoc),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -118,7 +115,6 @@ pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
         (status = 409, description = "A rule reads it (`metric_in_use`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -148,7 +144,6 @@ pub async fn delete_metric(
         (status = 400, description = "A bad id or expression, or a metric that is not defined", body = ErrorBody),
         (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -177,7 +172,6 @@ pub async fn put_rule(
         (status = 200, description = "The rule", body = RuleDef),
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -196,7 +190,6 @@ pub async fn get_rule(
     summary = "Every rule",
     responses(
         (status = 200, description = "Every rule", body = RulesDoc),
-        (status = 503, description = "`store_unavailable` (the store did not answer within the deadline) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -215,7 +208,6 @@ pub async fn list_rules(v: web::Data<Velocity>) -> HttpResponse {
         (status = 200, description = "Deleted", body = DeletedDoc),
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
-        (status = 503, description = "`store_unavailable`, `replicas_unavailable` (refused unsent: a primary has too few online replicas) or `overloaded`; with `Retry-After`", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

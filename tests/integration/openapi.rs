@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use common::{spawn_app, test_settings};
 use namelist::domain::ErrorCode;
-use namelist::routes::{Need, ROUTES};
+use namelist::routes::{Need, ROUTES, StoreUse};
 use serde_json::Value;
 
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
@@ -74,6 +74,21 @@ async fn the_document_lists_exactly_the_routed_routes() {
                 assert!(
                     op["description"].as_str().unwrap().starts_with(&needs),
                     "{method} {path}: {needs}"
+                );
+                // The 503 says what the route can meet: the store's codes only where it
+                // reads or writes, `replicas_unavailable` only where it writes.
+                let unavailable = op["responses"]["503"]["description"].as_str().unwrap();
+                let says = |code: &str| unavailable.contains(&format!("`{code}`"));
+                assert!(says("overloaded"), "{method} {path}: {unavailable}");
+                assert_eq!(
+                    says("store_unavailable"),
+                    route.store != StoreUse::None,
+                    "{method} {path}: {unavailable}"
+                );
+                assert_eq!(
+                    says("replicas_unavailable"),
+                    route.store == StoreUse::Writes,
+                    "{method} {path}: {unavailable}"
                 );
             }
         }
