@@ -29,12 +29,43 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::copy::BucketCopy;
-use super::recent::{Heard, RECENT_CAP};
+use super::lock::{Guard, Rank, Ranked};
 use super::{LocalTier, WriteMark};
 use crate::domain::now_ms;
 use crate::store::{EntryKey, LoggedChange, StoreError};
 
-pub(super) const STRIPES: usize = 256;
+const STRIPES: usize = 256;
+
+/// Reads in flight, and the changes heard meanwhile: one map per stripe of buckets, each
+/// under its stripe lock. The lock of a bucket's stripe is held while its copy is installed
+/// (`put`); every stripe lock, taken in ascending order, while copies move or are weighed
+/// again (`index_for`, `filters_for`).
+pub(super) struct Stripes(Box<[Ranked<HashMap<u32, Fetching>>]>);
+
+impl Stripes {
+    pub(super) fn new() -> Self {
+        Self(
+            (0..STRIPES)
+                .map(|i| Ranked::new(Rank::Stripe(i as u16), HashMap::new()))
+                .collect(),
+        )
+    }
+
+    /// The stripe of `bucket`, locked.
+    pub(super) fn lock(&self, bucket: u32) -> Guard<'_, HashMap<u32, Fetching>> {
+        self.0[bucket as usize % STRIPES].lock()
+    }
+
+    /// Every stripe, locked in ascending order: no `put` runs until they are dropped.
+    pub(super) fn lock_all(&self) -> Vec<Guard<'_, HashMap<u32, Fetching>>> {
+        self.0.iter().map(Ranked::lock).collect()
+    }
+
+    /// Whether some read is in flight.
+    pub(super) fn reading(&self) -> bool {
+        self.0.iter().any(|s| !s.lock().is_empty())
+    }
+}
 
 /// A read of one bucket in flight, and the changes heard meanwhile.
 #[derive(Default)]
@@ -57,12 +88,6 @@ pub(super) struct Read {
 }
 
 impl LocalTier {
-    pub(super) fn stripe(&self, bucket: u32) -> std::sync::MutexGuard<'_, HashMap<u32, Fetching>> {
-        self.stripes[bucket as usize % STRIPES]
-            .lock()
-            .expect("stripe lock")
-    }
-
     /// Changes heard from a write (`Invalidation::Changes`): applied to held copies and to
     /// reads in flight. Read again instead: the bucket of a field changed again within the
     /// conflict window by a non-atomic message, or changed to another code than this
@@ -72,43 +97,12 @@ impl LocalTier {
         if self.copies.is_none() || changes.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let mut conflicts = HashSet::new();
-        // A conflicting pair of changes leaves the copy known in sync only before the
-        // earlier of them (or, with no earlier one heard, the window before this one).
-        let mut since = now;
-        {
-            let window = self.settings.conflict_window;
-            let mut recent = self.recent.lock().expect("recent lock");
-            recent.prune(now, window);
-            for (k, code) in changes {
-                recent.seq += 1;
-                let heard = Heard {
-                    at: now,
-                    seq: recent.seq,
-                    code: *code,
-                };
-                let full = recent.heard.len() >= RECENT_CAP;
-                let previous = if full {
-                    None
-                } else {
-                    recent.heard.insert(*k, heard)
-                };
-                let close = previous.is_some_and(|h| now.saturating_duration_since(h.at) < window);
-                let not_own = recent.own.get(k).is_some_and(|(own, at)| {
-                    own != code && now.saturating_duration_since(*at) < window
-                });
-                if (!atomic && (full || close)) || not_own {
-                    conflicts.insert(k.bucket);
-                    let earlier = match (previous, recent.own.get(k)) {
-                        (Some(h), _) if close => h.at,
-                        (_, Some((_, at))) if not_own => *at,
-                        _ => now.checked_sub(window).unwrap_or(now),
-                    };
-                    since = since.min(earlier);
-                }
-            }
-        }
+        let (conflicts, since) = self.recent.hear(
+            changes,
+            atomic,
+            self.settings.conflict_window,
+            Instant::now(),
+        );
         self.apply_in_place(changes);
         if !conflicts.is_empty() {
             self.dirty(conflicts, since);
@@ -127,7 +121,7 @@ impl LocalTier {
         let now_ms = now_ms();
         let filters = self.filters.load();
         for (bucket, fields) in by_bucket {
-            let mut stripe = self.stripe(bucket);
+            let mut stripe = self.stripes.lock(bucket);
             if let Some(f) = stripe.get_mut(&bucket) {
                 f.log.extend_from_slice(&fields);
             }
@@ -166,7 +160,7 @@ impl LocalTier {
         let filters = self.filters.load();
         let generation = self.generation();
         for bucket in buckets {
-            let mut stripe = self.stripe(bucket);
+            let mut stripe = self.stripes.lock(bucket);
             let fetching = stripe.get_mut(&bucket).map(|f| f.poisoned = true).is_some();
             let filtered = filters.as_ref().is_some_and(|f| {
                 let had = f.stamp(bucket, generation).is_some();
@@ -184,9 +178,9 @@ impl LocalTier {
             };
             drop(stripe);
             if held || fetching {
-                self.enqueue(bucket);
+                self.queue.push(bucket);
             } else if filtered {
-                self.enqueue_filter(bucket);
+                self.queue.push_filter(bucket);
             }
         }
     }
@@ -194,7 +188,7 @@ impl LocalTier {
     /// Lazy expiry deleted `key` while it held `code`: drop it from the copy too, so that
     /// later checks do not ask for the same deletion again.
     pub fn forget_expired(&self, key: &EntryKey, code: u32) {
-        let _stripe = self.stripe(key.bucket);
+        let _stripe = self.stripes.lock(key.bucket);
         if let Some(copy) = self.get(key.bucket)
             && copy.get(key.field) == Some(code)
         {
@@ -255,7 +249,7 @@ impl LocalTier {
         use std::collections::hash_map::Entry;
         let mut owned = Vec::with_capacity(buckets.len());
         for &b in buckets {
-            match self.stripe(b).entry(b) {
+            match self.stripes.lock(b).entry(b) {
                 Entry::Vacant(e) => {
                     e.insert(Fetching::default());
                     owned.push(b);
@@ -282,7 +276,7 @@ impl LocalTier {
             Ok(all) => all,
             Err(e) => {
                 for &b in &read.buckets {
-                    self.stripe(b).remove(&b);
+                    self.stripes.lock(b).remove(&b);
                 }
                 self.fetch_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
@@ -303,7 +297,7 @@ impl LocalTier {
             self.held
                 .read_bytes
                 .fetch_add(copy.bytes() as u64, Ordering::Relaxed);
-            let mut stripe = self.stripe(b);
+            let mut stripe = self.stripes.lock(b);
             let fetching = stripe.remove(&b).expect("registered by begin_read");
             if !fetching.log.is_empty() {
                 copy = copy.with_changes(&fetching.log, now_ms);
@@ -322,9 +316,9 @@ impl LocalTier {
             drop(stripe);
             if fetching.poisoned {
                 if keep {
-                    self.enqueue(b);
+                    self.queue.push(b);
                 } else {
-                    self.enqueue_filter(b);
+                    self.queue.push_filter(b);
                 }
             }
         }
@@ -471,10 +465,7 @@ mod tests {
             t.lookup(&key(6), Instant::now()),
             Lookup::Local(Some(LATER - 1))
         );
-        assert!(
-            t.queue.lock().unwrap().queued.is_empty(),
-            "nothing to read again"
-        );
+        assert!(t.queue.lock().queued.is_empty(), "nothing to read again");
 
         // Again, atomically with its write: it cannot have overtaken another write.
         t.apply(&[(key(6), Some(LATER - 2))], true);
@@ -482,7 +473,7 @@ mod tests {
             t.lookup(&key(6), Instant::now()),
             Lookup::Local(Some(LATER - 2))
         );
-        assert!(t.queue.lock().unwrap().queued.is_empty());
+        assert!(t.queue.lock().queued.is_empty());
 
         // The same field again within the window, not atomically: the two messages may be out
         // of order.
@@ -494,14 +485,14 @@ mod tests {
             "the whole bucket"
         );
         assert!(
-            t.queue.lock().unwrap().queued.contains(&1),
+            t.queue.lock().queued.contains(&1),
             "queued to be read again"
         );
         let (code, _) = t.held(&key(5), Instant::now()).expect("kept for fail-open");
         assert_eq!(code, Some(LATER));
 
         // Read again: current again.
-        t.queue.lock().unwrap().queued.clear();
+        t.queue.lock().queued.clear();
         install(&t, vec![(5, LATER)]);
         assert_eq!(t.lookup(&key(6), Instant::now()), Lookup::Local(None));
 
@@ -509,12 +500,12 @@ mod tests {
         t.changed_unknown(&[key(7)]);
         assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Remote);
         // A read in flight when it arrives installs its result dirty.
-        t.queue.lock().unwrap().queued.clear();
+        t.queue.lock().queued.clear();
         let read = t.begin_read(&[1], HashSet::new());
         t.changed_unknown(&[key(7)]);
         t.finish_read(read, Ok(vec![vec![(5, LATER)]])).unwrap();
         assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Remote);
-        assert!(t.queue.lock().unwrap().queued.contains(&1));
+        assert!(t.queue.lock().queued.contains(&1));
     }
 
     #[test]

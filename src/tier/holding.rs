@@ -210,7 +210,7 @@ impl LocalTier {
             }
             Err(_) => {
                 self.overflowed.store(true, Ordering::Relaxed);
-                self.wake.notify_one();
+                self.queue.wake();
                 index.swap(bucket, None)
             }
         };
@@ -242,11 +242,7 @@ impl LocalTier {
         if index.is_on() == on {
             return;
         }
-        let _stripes: Vec<_> = self
-            .stripes
-            .iter()
-            .map(|s| s.lock().expect("stripe lock"))
-            .collect();
+        let _stripes = self.stripes.lock_all();
         index.on.store(on, Ordering::Release);
         if on {
             // One by one: the listener runs at once for each (`invalidate_all` would leave

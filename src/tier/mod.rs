@@ -23,11 +23,34 @@
 //! subscription (`clock`, `proven`, `lost_sync`, `resumed`, `resynced`, `invalidate_all`,
 //! `synced`, `is_trusted`: `trust`), the worker (`run`, `is_complete`, `wait_settled`,
 //! `wait_idle`: `worker`; `held_stats`, `filter_bytes`: `holding`).
+//!
+//! # Lock order
+//!
+//! Each part owns its locks (`lock::Ranked`: a std mutex with a rank). A thread takes one of
+//! them only while every tier lock it already holds ranks lower:
+//!
+//! 1. `sync` (`trust`: trust and generations);
+//! 2. `recent` (`recent`: changes heard lately, own writes);
+//! 3. the stripes (`coherence`: reads in flight), several only in ascending order
+//!    (`Stripes::lock_all`, while copies move between the cache and the index or are
+//!    weighed again);
+//! 4. `queue` (`worker`);
+//! 5. `hot` (`modes`: hot buckets read lately);
+//! 6. `sweep` (`sweep`).
+//!
+//! Only the stripes nest today: every other lock is taken alone and released before the next
+//! (a change is recorded under `recent`, applied under its bucket's stripe, then the bucket is
+//! queued), and none is held across an `.await` or a store call. Under a stripe lock, moka's
+//! eviction listener and the weigher touch only atomics, and waking the worker (`Notify`) takes
+//! no tier lock. Debug builds check the order on every lock (`lock`: a thread-local stack of
+//! the ranks held and a `debug_assert!`), so every test exercises it on the paths it runs;
+//! release builds keep only the ranks.
 
 mod coherence;
 mod copy;
 mod filter;
 mod holding;
+mod lock;
 mod modes;
 mod recent;
 mod registry;
@@ -38,9 +61,9 @@ mod testing;
 mod trust;
 mod worker;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -52,8 +75,10 @@ pub use registry::RegistryCache;
 pub use trust::LIVE_BOUND;
 
 use crate::store::EntryKey;
-use coherence::{Fetching, STRIPES};
+use coherence::Stripes;
 use holding::{Held, Index, SCALE_ONE};
+use lock::{Rank, Ranked};
+use modes::HotReads;
 use recent::Recent;
 use sweep::{Ring, Sweep};
 use trust::{NO_CLOCK, SyncState};
@@ -151,19 +176,20 @@ pub struct LocalTier {
     /// held is known in sync as of this instant, not as of now, and answers locally only
     /// while the proof is younger than `LIVE_BOUND`.
     proven_ns: AtomicU64,
-    sync: Mutex<SyncState>,
+    /// Trust and generations (`trust`).
+    sync: Ranked<SyncState>,
     held: Arc<Held>,
-    stripes: Box<[Mutex<HashMap<u32, Fetching>>]>,
-    queue: Mutex<Queue>,
-    /// Set (under the queue lock) while the worker holds a batch taken from it.
-    busy: AtomicBool,
-    wake: tokio::sync::Notify,
+    /// Reads in flight (`coherence`).
+    stripes: Stripes,
+    /// The worker's queue, and what wakes it (`worker`).
+    queue: Queue,
     sketch: sketch::Sketch,
     /// Hot buckets read lately, and when (see `heat_due`).
-    hot_reads: Mutex<HashMap<u32, Instant>>,
+    hot_reads: HotReads,
     /// Changes heard lately, and this instance's own acknowledged upserts.
-    recent: Mutex<Recent>,
-    sweep: Mutex<Sweep>,
+    recent: Recent,
+    /// The sweep's progress (`sweep`).
+    sweep: Ranked<Sweep>,
     /// Background reads done and failed, by reason, for the metrics.
     pub fetched: AtomicU64,
     pub fetch_errors: AtomicU64,
@@ -223,36 +249,35 @@ impl LocalTier {
             mode: AtomicU8::new(if on { Mode::Sizing } else { Mode::Off } as u8),
             trusted: AtomicBool::new(false),
             proven_ns: AtomicU64::new(NO_CLOCK),
-            sync: Mutex::new(SyncState {
-                trusted: false,
-                generation: 1,
-                broke_at: None,
-                ended: BTreeMap::new(),
-                began: Instant::now(),
-            }),
+            sync: Ranked::new(
+                Rank::Sync,
+                SyncState {
+                    trusted: false,
+                    generation: 1,
+                    broke_at: None,
+                    ended: BTreeMap::new(),
+                    began: Instant::now(),
+                },
+            ),
             held,
-            stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
-            queue: Mutex::new(Queue::default()),
-            busy: AtomicBool::new(false),
-            wake: tokio::sync::Notify::new(),
+            stripes: Stripes::new(),
+            queue: Queue::new(),
             sketch: sketch::Sketch::new(buckets),
-            hot_reads: Mutex::new(HashMap::new()),
-            recent: Mutex::new(Recent {
-                heard: HashMap::new(),
-                seq: 0,
-                own: HashMap::new(),
-                pruned: Instant::now(),
-            }),
-            sweep: Mutex::new(Sweep {
-                cursor: 0,
-                due: Vec::new(),
-                gathered_at: None,
-                gathered_gen: 0,
-                oldest: Duration::ZERO,
-                answering: None,
-                copies: Ring::default(),
-                filters: Ring::default(),
-            }),
+            hot_reads: HotReads::new(),
+            recent: Recent::new(),
+            sweep: Ranked::new(
+                Rank::Sweep,
+                Sweep {
+                    cursor: 0,
+                    due: Vec::new(),
+                    gathered_at: None,
+                    gathered_gen: 0,
+                    oldest: Duration::ZERO,
+                    answering: None,
+                    copies: Ring::default(),
+                    filters: Ring::default(),
+                },
+            ),
             settings,
             fetched: AtomicU64::new(0),
             fetch_errors: AtomicU64::new(0),
@@ -293,7 +318,7 @@ impl LocalTier {
                     Mode::Off | Mode::Sizing => false,
                 };
                 if wanted {
-                    self.enqueue(key.bucket);
+                    self.queue.push(key.bucket);
                 }
                 Lookup::Remote
             }
@@ -328,13 +353,7 @@ impl LocalTier {
     /// acknowledgement. `None` when nothing here knows the key: never "absent" by default.
     pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
         self.copies.as_ref()?;
-        let own = self
-            .recent
-            .lock()
-            .expect("recent lock")
-            .own
-            .get(key)
-            .copied();
+        let own = self.recent.own(key);
         let newer_own = |at: Instant| own.filter(|(_, acked)| *acked > at);
         if let Some(c) = self.get(key.bucket) {
             let at = self.synced_at(c.generation, c.dirty_since, c.fetched_at, now);
@@ -398,7 +417,7 @@ mod tests {
         t.wrote(&[key(other)], t.write_mark());
         assert_eq!(t.lookup(&key(other), Instant::now()), Lookup::Remote);
         {
-            let q = t.queue.lock().unwrap();
+            let q = t.queue.lock();
             assert!(q.queued.contains(&1) && q.filter_only.contains(&1));
         }
         let (batch, only) = t.next_batch(Instant::now());

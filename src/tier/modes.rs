@@ -21,13 +21,14 @@
 //! evicted: at 20x the budget, 0.05; a filter read every `ttl / 2` serves every absent
 //! lookup in its bucket meanwhile. (docs/design/tier.md and docs/performance.md have the measurements.)
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::copy::{self, BucketCopy};
 use super::holding::SCALE_ONE;
+use super::lock::{Rank, Ranked};
 use super::{LocalTier, Mode, filter};
 use crate::instrumented::Instrumented;
 use crate::store::{EntryStore, StoreError};
@@ -42,12 +43,17 @@ pub(super) const COMPLETE_SHARE: f64 = 0.9;
 /// `filter::MAX_BITS_PER_ENTRY`); the copies get the rest.
 pub(super) const FILTER_SHARE: f64 = 0.9;
 
-impl LocalTier {
-    /// Whether a hot bucket may be read now: at most once per `ttl / 2` each, so that one
-    /// the cache declines to admit (the budget full of hotter ones) is not read over and over.
-    pub(super) fn heat_due(&self, bucket: u32, now: Instant) -> bool {
-        let cooldown = self.settings.ttl / 2;
-        let mut hot = self.hot_reads.lock().expect("hot lock");
+/// Hot buckets read lately, and when (under the `hot` lock; see `LocalTier::heat_due`).
+pub(super) struct HotReads(Ranked<HashMap<u32, Instant>>);
+
+impl HotReads {
+    pub(super) fn new() -> Self {
+        Self(Ranked::new(Rank::HotReads, HashMap::new()))
+    }
+
+    /// Whether `bucket` was not read as hot within `cooldown`; if so, it is from `now`.
+    fn due(&self, bucket: u32, now: Instant, cooldown: Duration) -> bool {
+        let mut hot = self.0.lock();
         if hot.len() >= 4096 {
             hot.retain(|_, at| now.saturating_duration_since(*at) < cooldown);
         }
@@ -58,6 +64,14 @@ impl LocalTier {
                 true
             }
         }
+    }
+}
+
+impl LocalTier {
+    /// Whether a hot bucket may be read now: at most once per `ttl / 2` each, so that one
+    /// the cache declines to admit (the budget full of hotter ones) is not read over and over.
+    pub(super) fn heat_due(&self, bucket: u32, now: Instant) -> bool {
+        self.hot_reads.due(bucket, now, self.settings.ttl / 2)
     }
 
     /// Reads a sample of buckets, installs them, and chooses complete or partial mode from
@@ -213,11 +227,7 @@ impl LocalTier {
         // holds one, so none weighed at the old scale lands after) and one by one (the
         // listener keeps the counts at once; `invalidate_all` would leave them, and entries
         // inserted in its instant, to the cache's maintenance).
-        let _stripes: Vec<_> = self
-            .stripes
-            .iter()
-            .map(|s| s.lock().expect("stripe lock"))
-            .collect();
+        let _stripes = self.stripes.lock_all();
         let previous = self.held.scale.swap(scale, Ordering::Relaxed);
         self.filters.store(made.map(|(f, _)| Arc::new(f)));
         if scale > previous

@@ -15,36 +15,40 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::LocalTier;
+use super::lock::{Rank, Ranked};
 use crate::store::EntryKey;
 
 /// Field → time of the last change heard, kept for conflict detection; past this many,
 /// every change is treated as a conflict (read again) until old ones age out.
-pub(super) const RECENT_CAP: usize = 1_000_000;
+const RECENT_CAP: usize = 1_000_000;
 
 /// Changes heard lately, for conflict detection, and this instance's own upserts applied
-/// at their acknowledgement (see `LocalTier::wrote_acked`).
-pub(super) struct Recent {
+/// at their acknowledgement (see `LocalTier::wrote_acked`), under the `recent` lock.
+pub(super) struct Recent(Ranked<Heards>);
+
+/// What the `recent` lock guards.
+struct Heards {
     /// Field → the last change heard of it.
-    pub(super) heard: HashMap<EntryKey, Heard>,
+    heard: HashMap<EntryKey, Heard>,
     /// Changes heard so far: a write's mark (`write_mark`) is this count when it was sent.
-    pub(super) seq: u64,
+    seq: u64,
     /// Field → the code this instance wrote and had acknowledged, and when.
-    pub(super) own: HashMap<EntryKey, (Option<u32>, Instant)>,
+    own: HashMap<EntryKey, (Option<u32>, Instant)>,
     /// When old entries of both maps were last forgotten.
-    pub(super) pruned: Instant,
+    pruned: Instant,
 }
 
 #[derive(Clone, Copy)]
-pub(super) struct Heard {
-    pub(super) at: Instant,
-    pub(super) seq: u64,
-    pub(super) code: Option<u32>,
+struct Heard {
+    at: Instant,
+    seq: u64,
+    code: Option<u32>,
 }
 
-impl Recent {
+impl Heards {
     /// Forgets what is older than `window`, at most once per window: each map holds about
     /// two windows' worth of fields.
-    pub(super) fn prune(&mut self, now: Instant, window: Duration) {
+    fn prune(&mut self, now: Instant, window: Duration) {
         if self.heard.len() + self.own.len() > 1024
             && now.saturating_duration_since(self.pruned) >= window
         {
@@ -53,6 +57,127 @@ impl Recent {
             self.own
                 .retain(|_, (_, at)| now.saturating_duration_since(*at) < window);
             self.pruned = now;
+        }
+    }
+}
+
+impl Recent {
+    pub(super) fn new() -> Self {
+        Self(Ranked::new(
+            Rank::Recent,
+            Heards {
+                heard: HashMap::new(),
+                seq: 0,
+                own: HashMap::new(),
+                pruned: Instant::now(),
+            },
+        ))
+    }
+
+    /// Changes heard so far (a `WriteMark`'s `seq`).
+    pub(super) fn seq(&self) -> u64 {
+        self.0.lock().seq
+    }
+
+    /// The code this instance wrote to `key` and had acknowledged, and when, if within the
+    /// window.
+    pub(super) fn own(&self, key: &EntryKey) -> Option<(Option<u32>, Instant)> {
+        self.0.lock().own.get(key).copied()
+    }
+
+    /// Records `changes` heard at `now` (from `LocalTier::apply`) and returns the buckets of
+    /// those that conflict: a field changed again within `window` by a non-atomic message,
+    /// or changed to another code than this instance's own acknowledged upsert of it within
+    /// the window; with the time before which such a bucket was last known in sync (`now`
+    /// without conflicts).
+    pub(super) fn hear(
+        &self,
+        changes: &[(EntryKey, Option<u32>)],
+        atomic: bool,
+        window: Duration,
+        now: Instant,
+    ) -> (HashSet<u32>, Instant) {
+        let mut conflicts = HashSet::new();
+        // A conflicting pair of changes leaves the copy known in sync only before the
+        // earlier of them (or, with no earlier one heard, the window before this one).
+        let mut since = now;
+        let mut recent = self.0.lock();
+        recent.prune(now, window);
+        for (k, code) in changes {
+            recent.seq += 1;
+            let heard = Heard {
+                at: now,
+                seq: recent.seq,
+                code: *code,
+            };
+            let full = recent.heard.len() >= RECENT_CAP;
+            let previous = if full {
+                None
+            } else {
+                recent.heard.insert(*k, heard)
+            };
+            let close = previous.is_some_and(|h| now.saturating_duration_since(h.at) < window);
+            let not_own = recent.own.get(k).is_some_and(|(own, at)| {
+                own != code && now.saturating_duration_since(*at) < window
+            });
+            if (!atomic && (full || close)) || not_own {
+                conflicts.insert(k.bucket);
+                let earlier = match (previous, recent.own.get(k)) {
+                    (Some(h), _) if close => h.at,
+                    (_, Some((_, at))) if not_own => *at,
+                    _ => now.checked_sub(window).unwrap_or(now),
+                };
+                since = since.min(earlier);
+            }
+        }
+        (conflicts, since)
+    }
+
+    /// Records this instance's acknowledged upsert of `changes`, sent when `seq` changes had
+    /// been heard (`LocalTier::wrote_acked`), and returns the buckets it cannot be applied
+    /// to at once: a change of the field heard since with another code, or full maps.
+    pub(super) fn acknowledged(
+        &self,
+        changes: &[(EntryKey, Option<u32>)],
+        seq: u64,
+        window: Duration,
+        now: Instant,
+    ) -> HashSet<u32> {
+        let mut unsure = HashSet::new();
+        let mut recent = self.0.lock();
+        recent.prune(now, window);
+        let full = recent.heard.len() >= RECENT_CAP || recent.own.len() >= RECENT_CAP;
+        for (k, code) in changes {
+            let raced = recent
+                .heard
+                .get(k)
+                .is_some_and(|h| h.seq > seq && h.code != *code);
+            if full || raced {
+                unsure.insert(k.bucket);
+            }
+            // Unsure too: a message of an older write arriving after the bucket is read
+            // again must not take the field back behind this write.
+            if !full {
+                recent.own.insert(*k, (*code, now));
+            }
+        }
+        unsure
+    }
+
+    /// Remembers this instance's acknowledged write of `changes` at `now`
+    /// (`LocalTier::remember_own`).
+    pub(super) fn remember(
+        &self,
+        changes: &[(EntryKey, Option<u32>)],
+        window: Duration,
+        now: Instant,
+    ) {
+        let mut recent = self.0.lock();
+        recent.prune(now, window);
+        if recent.own.len() < RECENT_CAP {
+            for (k, code) in changes {
+                recent.own.insert(*k, (*code, now));
+            }
         }
     }
 }
@@ -71,7 +196,7 @@ impl LocalTier {
     /// Where the tier stands now: taken before this instance sends a write, for
     /// `wrote_acked`.
     pub fn write_mark(&self) -> WriteMark {
-        let seq = self.recent.lock().expect("recent lock").seq;
+        let seq = self.recent.seq();
         WriteMark {
             generation: self.generation(),
             seq,
@@ -98,26 +223,7 @@ impl LocalTier {
             return;
         }
         let now = Instant::now();
-        let mut unsure = HashSet::new();
-        {
-            let mut recent = self.recent.lock().expect("recent lock");
-            recent.prune(now, window);
-            let full = recent.heard.len() >= RECENT_CAP || recent.own.len() >= RECENT_CAP;
-            for (k, code) in changes {
-                let raced = recent
-                    .heard
-                    .get(k)
-                    .is_some_and(|h| h.seq > mark.seq && h.code != *code);
-                if full || raced {
-                    unsure.insert(k.bucket);
-                }
-                // Unsure too: a message of an older write arriving after the bucket is read
-                // again must not take the field back behind this write.
-                if !full {
-                    recent.own.insert(*k, (*code, now));
-                }
-            }
-        }
+        let unsure = self.recent.acknowledged(changes, mark.seq, window, now);
         let sure: Vec<_> = changes
             .iter()
             .filter(|(k, _)| !unsure.contains(&k.bucket))
@@ -136,14 +242,8 @@ impl LocalTier {
         if self.copies.is_none() || changes.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let mut recent = self.recent.lock().expect("recent lock");
-        recent.prune(now, self.settings.conflict_window);
-        if recent.own.len() < RECENT_CAP {
-            for (k, code) in changes {
-                recent.own.insert(*k, (*code, now));
-            }
-        }
+        self.recent
+            .remember(changes, self.settings.conflict_window, Instant::now());
     }
 }
 
@@ -159,7 +259,7 @@ mod tests {
     fn an_acknowledged_upsert_is_applied_at_once_without_a_read() {
         let t = tier(Duration::from_secs(3));
         install(&t, vec![(5, LATER)]);
-        let queued = |t: &LocalTier| t.queue.lock().unwrap().queued.contains(&1);
+        let queued = |t: &LocalTier| t.queue.lock().queued.contains(&1);
         // Acknowledged, nothing heard of the field meanwhile: local at once, nothing to read.
         let mark = t.write_mark();
         t.wrote_acked(&[(key(6), Some(LATER - 1))], mark);

@@ -4,7 +4,6 @@
 //! is kept under the `sweep` lock.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::copy::BucketCopy;
@@ -169,22 +168,11 @@ impl LocalTier {
     pub(super) fn next_batch(&self, now: Instant) -> (Vec<u32>, HashSet<u32>) {
         let mut batch = Vec::with_capacity(BATCH);
         let mut filter_only = HashSet::new();
-        {
-            let mut q = self.queue.lock().expect("queue lock");
-            while batch.len() < BATCH {
-                let Some(b) = q.urgent.pop_front() else { break };
-                q.queued.remove(&b);
-                if q.filter_only.remove(&b) {
-                    filter_only.insert(b);
-                }
-                batch.push(b);
-            }
-            self.busy.store(true, Ordering::Release);
-        }
+        self.queue.take(&mut batch, &mut filter_only);
         let Some(copies) = &self.copies else {
             return (batch, filter_only);
         };
-        let mut sweep = self.sweep.lock().expect("sweep lock");
+        let mut sweep = self.sweep.lock();
         match self.mode() {
             Mode::Complete => {
                 let generation = self.generation();

@@ -120,7 +120,7 @@ impl LocalTier {
     /// when what is held was known in sync, if it was trusted until now (what a catch-up
     /// from the change log must start before: `resumed`).
     pub fn lost_sync(&self) -> Option<Instant> {
-        let mut st = self.sync.lock().expect("sync lock");
+        let mut st = self.sync.lock();
         let mut broke = None;
         if st.trusted {
             st.trusted = false;
@@ -138,41 +138,41 @@ impl LocalTier {
     /// in the same generation: nothing else is read again.
     pub fn resumed(&self, touched: &BTreeSet<u32>) {
         let since = {
-            let st = self.sync.lock().expect("sync lock");
+            let st = self.sync.lock();
             st.broke_at.unwrap_or_else(Instant::now)
         };
         self.dirty(touched.iter().copied().collect(), since);
-        let mut st = self.sync.lock().expect("sync lock");
+        let mut st = self.sync.lock();
         st.broke_at = None;
         st.trusted = true;
         self.trusted.store(true, Ordering::Release);
         drop(st);
-        self.wake.notify_one();
+        self.queue.wake();
     }
 
     /// Subscribed (again): everything held may have changed unseen, so a new generation
     /// starts and the worker reads every held bucket again.
     pub fn resynced(&self) {
-        let mut st = self.sync.lock().expect("sync lock");
+        let mut st = self.sync.lock();
         let ended = st.broke_at.take().unwrap_or_else(Instant::now);
         self.new_generation(&mut st, ended);
         st.trusted = true;
         self.trusted.store(true, Ordering::Release);
         drop(st);
-        self.wake.notify_one();
+        self.queue.wake();
     }
 
     /// Whether the current generation began at or after `at` (every copy in it read since).
     pub fn generation_began_since(&self, at: Instant) -> bool {
-        self.sync.lock().expect("sync lock").began >= at
+        self.sync.lock().began >= at
     }
 
     /// Entries were written in bulk (import): anything held may be out of date.
     pub fn invalidate_all(&self) {
-        let mut st = self.sync.lock().expect("sync lock");
+        let mut st = self.sync.lock();
         self.new_generation(&mut st, Instant::now());
         drop(st);
-        self.wake.notify_one();
+        self.queue.wake();
     }
 
     pub(super) fn new_generation(&self, st: &mut SyncState, ended: Instant) {
@@ -201,7 +201,7 @@ impl LocalTier {
         if let Some(t) = dirty_since {
             return t;
         }
-        let st = self.sync.lock().expect("sync lock");
+        let st = self.sync.lock();
         if generation == st.generation {
             return if st.trusted {
                 self.proven_at(now)
@@ -215,7 +215,7 @@ impl LocalTier {
     /// When the tier as a whole was last known in sync (now, while trusted); `None` when off.
     pub fn synced(&self, now: Instant) -> Option<Instant> {
         self.copies.as_ref()?;
-        let st = self.sync.lock().expect("sync lock");
+        let st = self.sync.lock();
         Some(if st.trusted {
             self.proven_at(now)
         } else {

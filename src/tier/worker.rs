@@ -4,9 +4,11 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::lock::{Rank, Ranked};
+use super::sweep::BATCH;
 use super::{LocalTier, Mode};
 use crate::instrumented::Instrumented;
 use crate::metrics::{StoreOp, TierGauges};
@@ -19,17 +21,35 @@ pub(super) const ANSWERING_EVERY: Duration = Duration::from_secs(2);
 /// How long one background read may take.
 pub(super) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Default)]
+/// The worker's queue: buckets to read before the sweep's (under the `queue` lock), whether
+/// the worker holds a batch taken from it, and what wakes the worker.
 pub(super) struct Queue {
+    pending: Ranked<Pending>,
+    /// Set (under the queue lock) while the worker holds a batch taken from it.
+    busy: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+/// What the `queue` lock guards.
+#[derive(Default)]
+pub(super) struct Pending {
     pub(super) urgent: VecDeque<u32>,
     pub(super) queued: HashSet<u32>,
     /// Queued for their filter only (partial mode): the read is not kept as a copy.
     pub(super) filter_only: HashSet<u32>,
 }
 
-impl LocalTier {
-    pub(super) fn enqueue(&self, bucket: u32) {
-        let mut q = self.queue.lock().expect("queue lock");
+impl Queue {
+    pub(super) fn new() -> Self {
+        Self {
+            pending: Ranked::new(Rank::Queue, Pending::default()),
+            busy: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(super) fn push(&self, bucket: u32) {
+        let mut q = self.pending.lock();
         q.filter_only.remove(&bucket);
         if q.queued.insert(bucket) {
             q.urgent.push_back(bucket);
@@ -39,8 +59,8 @@ impl LocalTier {
     }
 
     /// Queues `bucket` to be read for its filter (not kept as a copy unless one is held).
-    pub(super) fn enqueue_filter(&self, bucket: u32) {
-        let mut q = self.queue.lock().expect("queue lock");
+    pub(super) fn push_filter(&self, bucket: u32) {
+        let mut q = self.pending.lock();
         if q.queued.insert(bucket) {
             q.filter_only.insert(bucket);
             q.urgent.push_back(bucket);
@@ -49,6 +69,64 @@ impl LocalTier {
         }
     }
 
+    /// Takes queued buckets into `batch` (up to `BATCH`), those queued for their filter only
+    /// into `filter_only` too; the worker is busy with them from now on.
+    pub(super) fn take(&self, batch: &mut Vec<u32>, filter_only: &mut HashSet<u32>) {
+        let mut q = self.pending.lock();
+        while batch.len() < BATCH {
+            let Some(b) = q.urgent.pop_front() else { break };
+            q.queued.remove(&b);
+            if q.filter_only.remove(&b) {
+                filter_only.insert(b);
+            }
+            batch.push(b);
+        }
+        self.busy.store(true, Ordering::Release);
+    }
+
+    /// Puts a failed `batch` back first, as it was queued, and the worker is no longer busy.
+    pub(super) fn put_back(&self, batch: &[u32], filter_only: &HashSet<u32>) {
+        let mut q = self.pending.lock();
+        for b in batch.iter().rev() {
+            if q.queued.insert(*b) {
+                q.urgent.push_front(*b);
+                if filter_only.contains(b) {
+                    q.filter_only.insert(*b);
+                }
+            }
+        }
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// The worker is done with the batch it took.
+    pub(super) fn done(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// Whether something is queued or the worker holds a batch.
+    pub(super) fn is_busy(&self) -> bool {
+        let q = self.pending.lock();
+        !q.urgent.is_empty() || self.busy.load(Ordering::Acquire)
+    }
+
+    /// Wakes the worker.
+    pub(super) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Waits for a wake-up.
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// The queue itself (tests).
+    #[cfg(test)]
+    pub(super) fn lock(&self) -> super::lock::Guard<'_, Pending> {
+        self.pending.lock()
+    }
+}
+
+impl LocalTier {
     /// Reads `buckets` from the store and installs them (with the changes heard meanwhile).
     /// Buckets already being read are skipped.
     pub(super) async fn fetch(
@@ -103,7 +181,7 @@ impl LocalTier {
             .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
         gauges.stale_seconds.set(stale);
         let (oldest, answering) = {
-            let mut sweep = self.sweep.lock().expect("sweep lock");
+            let mut sweep = self.sweep.lock();
             let answering = match (self.mode(), self.filters.load().as_ref()) {
                 (Mode::Partial, Some(f)) if self.is_trusted() => match sweep.answering {
                     Some((at, v)) if now.saturating_duration_since(at) < ANSWERING_EVERY => v,
@@ -156,8 +234,7 @@ impl LocalTier {
                 exported = now;
             }
             if !self.is_trusted() {
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
+                let _ = tokio::time::timeout(Duration::from_millis(100), self.queue.woken()).await;
                 continue;
             }
             if self.mode() == Mode::Sizing {
@@ -189,33 +266,21 @@ impl LocalTier {
             }
             let (batch, filter_only) = self.next_batch(now);
             if batch.is_empty() {
-                self.busy.store(false, Ordering::Release);
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(100), self.wake.notified()).await;
+                self.queue.done();
+                let _ = tokio::time::timeout(Duration::from_millis(100), self.queue.woken()).await;
                 continue;
             }
             let started = Instant::now();
             let fetched = self.fetch(&store, &batch, filter_only.clone()).await;
             if fetched.is_ok() {
-                self.busy.store(false, Ordering::Release);
+                self.queue.done();
             }
             match fetched {
                 Ok(()) => backoff = MIN_BACKOFF,
                 Err(e) => {
                     tracing::debug!(error = %e, buckets = batch.len(), "local tier read failed; retrying");
                     // Resume where it stopped: the failed buckets go first next time.
-                    {
-                        let mut q = self.queue.lock().expect("queue lock");
-                        for b in batch.iter().rev() {
-                            if q.queued.insert(*b) {
-                                q.urgent.push_front(*b);
-                                if filter_only.contains(b) {
-                                    q.filter_only.insert(*b);
-                                }
-                            }
-                        }
-                        self.busy.store(false, Ordering::Release);
-                    }
+                    self.queue.put_back(&batch, &filter_only);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;
@@ -259,12 +324,8 @@ impl LocalTier {
     pub async fn wait_idle(&self, limit: Duration) -> bool {
         let started = Instant::now();
         while started.elapsed() < limit {
-            let queued = !self.queue.lock().expect("queue lock").urgent.is_empty()
-                || self.busy.load(Ordering::Acquire);
-            let reading = self
-                .stripes
-                .iter()
-                .any(|s| !s.lock().expect("stripe lock").is_empty());
+            let queued = self.queue.is_busy();
+            let reading = self.stripes.reading();
             if !queued && !reading {
                 return true;
             }
