@@ -67,7 +67,7 @@ pub struct Settings {
     /// a second whatever the keyspace; a full pass takes `buckets / local_refresh_rate`
     /// seconds (at least `cache_ttl_ms / 2`). 0: every `cache_ttl_ms / 2`.
     pub local_refresh_rate: u64,
-    /// `open`: answer from the cache, flagged degraded, when the store is slow or down;
+    /// `open`: answer from the local tier, flagged degraded, when the store is slow or down;
     /// `closed`: answer 503.
     pub fail_mode: FailMode,
     /// Deadline of a check's (or a lookup's) store work.

@@ -40,10 +40,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use crate::cache::{LocalTier, RegistryCache};
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{Deadline, Invalidation, InvalidationBus, KeyspaceHealth, LogMark, Replay};
+use crate::tier::{LocalTier, RegistryCache};
 
 /// How often every instance checks that its keyspace is still there (besides every read of a
 /// check or of the tier, which carries the check).
@@ -119,7 +119,7 @@ pub async fn follow_log(
     metrics: Arc<Metrics>,
     lag: Duration,
 ) {
-    if tier.mode() == crate::cache::Mode::Off {
+    if tier.mode() == crate::tier::Mode::Off {
         return;
     }
     let mut tick = tokio::time::interval(MARK_EVERY);

@@ -10,7 +10,8 @@
 //!   the tools use (`store::redis::bulk`).
 //! * `instrumented`: every store call the service makes, with its deadline, `store` span and
 //!   metrics (`Instrumented::call`).
-//! * `cache`, `invalidation`: the local cache and its cross-instance invalidation.
+//! * `tier`, `invalidation`: the local tier (a cache of whole buckets) and its cross-instance
+//!   invalidation.
 //! * `lists`: the name-list service; `audit_trail`: the audit trail as operators read it.
 //! * `velocity`: velocity metrics and rules.
 //! * `lane`: the operator lane, a runtime of its own for operators' work.
@@ -22,7 +23,6 @@
 
 pub mod audit_trail;
 pub mod auth;
-pub mod cache;
 pub mod config;
 pub mod domain;
 pub mod error;
@@ -35,4 +35,5 @@ pub mod routes;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod tier;
 pub mod velocity;

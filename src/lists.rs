@@ -3,7 +3,7 @@
 //! Everything that decides *what is listed* lives here, once for every backend: expiry (an
 //! expired field answers "absent" and is deleted off the request path by compare-and-delete,
 //! so a refresh that raced it survives), IP ranges (one probe per registered prefix length),
-//! the local tier in front of the store (`cache`), the deadlines and the
+//! the local tier in front of the store (`tier`), the deadlines and the
 //! fail-open/fail-closed policy.
 //!
 //! A check asks the local tier first: a lookup whose bucket is held and in sync is answered
@@ -30,7 +30,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::cache::{LocalTier, Lookup, RegistryCache, TierSettings};
 use crate::domain::{
     Dimension, ErrorCode, Expiry, ListName, Norm, PhoneRegions, Rules, Sandbox, ValidationError,
     Value, mask_value, now_ms,
@@ -41,6 +40,7 @@ use crate::store::{
     AuditOp, AuditRecord, CountChange, CountsQuery, Deadline, EntryKey, EntryStore,
     InvalidationBus, PrefixKind, PrefixLen, Scope, StoreError, WriteBatch, code_is_live,
 };
+use crate::tier::{LocalTier, Lookup, RegistryCache, TierSettings};
 
 /// Most entries in one upsert or delete request.
 pub const MAX_ENTRIES_PER_REQUEST: usize = 10_000;

@@ -194,7 +194,7 @@ pub struct Metrics {
     pub write_refusals: IntCounterVec,
     /// The last audit (`namelist-tools audit`), as it left its summary in the store.
     pub audit: AuditGauges,
-    /// The local tier of whole buckets (`cache`), as its worker last exported it.
+    /// The local tier of whole buckets (`tier`), as its worker last exported it.
     pub tier: Arc<TierGauges>,
     /// Hits answered by checks and evaluations, by list and dimension (at most
     /// [`MAX_HIT_SERIES`] label pairs; later ones are counted under `list="other"`).
@@ -208,7 +208,7 @@ pub struct Metrics {
 /// callers, and every series costs memory in every scraper.
 pub const MAX_HIT_SERIES: usize = 1_000;
 
-/// The `mode` labels of `namelist_tier_mode` (`cache::Mode::label`).
+/// The `mode` labels of `namelist_tier_mode` (`tier::Mode::label`).
 pub const TIER_MODES: [&str; 4] = ["off", "sizing", "complete", "partial"];
 
 /// The local tier's state, exported every 250 ms by its worker.

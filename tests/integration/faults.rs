@@ -274,7 +274,7 @@ async fn outage(mode: FailMode, tier: Tier) {
                         // With filters, the listed value is answered if its bucket is held as
                         // a copy (it is hot), else missed; the values on no list come from
                         // their buckets' filters. (Which lookups a filter answered is not
-                        // visible here: `cache::tests` checks that one does.)
+                        // visible here: `tier::tests` checks that one does.)
                         if tier == Tier::Complete {
                             assert!(a.listed_hit, "the complete copy still reports the hit");
                         }

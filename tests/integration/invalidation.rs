@@ -130,7 +130,7 @@ async fn a_write_on_a_is_seen_through_b_s_filters_within_100ms() {
     let a = spawn_app(settings.clone()).await;
     settings.local_memory_mb = 0.05; // 500 copies would take ~320 KB
     let b = spawn_app(settings).await;
-    assert_eq!(b.lists.cache().mode(), namelist::cache::Mode::Partial);
+    assert_eq!(b.lists.cache().mode(), namelist::tier::Mode::Partial);
     // The worker makes the filters once the tier is partial: on a busy machine, a moment
     // after.
     let started = Instant::now();

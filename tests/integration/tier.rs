@@ -17,10 +17,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, TestApp, redis_settings, spawn_app};
-use namelist::cache::Mode;
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{EntryKey, EntryStore, Invalidation, Layout, StoreBase};
+use namelist::tier::Mode;
 use serde_json::json;
 
 async fn listed(app: &TestApp, device: &str) -> bool {
@@ -79,7 +79,7 @@ async fn copies_outlive_the_ttl_and_a_lost_invalidation_is_seen_by_the_safety_ne
         assert!(
             matches!(
                 app.lists.cache().lookup(&k, Instant::now()),
-                namelist::cache::Lookup::Local(None)
+                namelist::tier::Lookup::Local(None)
             ),
             "bucket {} not answered locally past the TTL",
             k.bucket

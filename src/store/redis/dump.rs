@@ -1,6 +1,6 @@
 //! Client-side bucket serialisation: `RESTORE` payloads for the bulk-load path of
 //! `namelist-tools import` (buckets that do not exist yet), and the reading of `DUMP`
-//! payloads for the service's local tier (`cache`), which fetches whole buckets.
+//! payloads for the service's local tier (`tier`), which fetches whole buckets.
 //!
 //! `HSET` into a listpack is bound by Redis's CPU (every insert scans the bucket, ~370k
 //! fields/s measured); `RESTORE` of a ready-made listpack is a memcpy plus validation (~22M

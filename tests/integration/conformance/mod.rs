@@ -31,7 +31,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use namelist::cache::Mode;
 use namelist::lists::{FailMode, ListSettings, NameLists};
 use namelist::metrics::Metrics;
 use namelist::store::durable::Durable;
@@ -40,6 +39,7 @@ use namelist::store::redis::{RedisOptions, RedisStore};
 use namelist::store::{
     Deadline, FingerprintKey, Invalidation, InvalidationStream, Layout, Store, StoreBase,
 };
+use namelist::tier::Mode;
 
 use common::{RedisCluster, RedisServer, unique_prefix};
 

@@ -1,6 +1,6 @@
 //! Which buckets are hot: a count-min sketch of bucket touches, halved as it fills, so that a
 //! bucket touched far more often than the average one is worth fetching whole (partial mode,
-//! see `cache`). Counts are approximate by design (racing increments may be lost, the sketch
+//! see `tier`). Counts are approximate by design (racing increments may be lost, the sketch
 //! only overestimates by collisions): the answer is a heuristic, never a correctness matter.
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

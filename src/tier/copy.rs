@@ -41,7 +41,7 @@ pub struct BucketCopy {
     bits: u32,
     /// When the read this copy comes from started: it is at least this fresh.
     pub fetched_at: Instant,
-    /// The tier's generation when that read started (see `cache`).
+    /// The tier's generation when that read started (see `tier`).
     pub generation: u64,
     /// Set when a change of unknown value reached this bucket: from then on the copy may be
     /// wrong and is used only for fail-open answers, until it is read again.
