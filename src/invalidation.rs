@@ -42,7 +42,9 @@ use futures::StreamExt;
 
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
-use crate::store::{Deadline, Invalidation, InvalidationBus, KeyspaceHealth, LogMark, Replay};
+use crate::store::{
+    Deadline, Invalidation, InvalidationBus, KeyspaceHealth, LogMark, Replay, Scope,
+};
 use crate::tier::{LocalTier, RegistryCache};
 
 /// How often every instance checks that its keyspace is still there (besides every read of a
@@ -397,7 +399,12 @@ async fn apply(tier: &LocalTier, registries: &RegistryCache, message: Invalidati
         Invalidation::Scopes(scopes) => {
             let scopes: Vec<_> = scopes
                 .into_iter()
-                .filter_map(|(l, s)| Some((l.parse().ok()?, s.parse().ok()?)))
+                .filter_map(|(l, s)| {
+                    Some(Scope {
+                        list: l.parse().ok()?,
+                        sandbox: s.parse().ok()?,
+                    })
+                })
                 .collect();
             registries.invalidate(&scopes).await;
         }

@@ -355,7 +355,10 @@ fn parse_cursor(cursor: &str) -> Option<Scope> {
 
 /// The scope of a list and a sandbox as the store gives them back.
 fn scope(list: &str, sandbox: &str) -> Option<Scope> {
-    Some((list.parse().ok()?, sandbox.parse().ok()?))
+    Some(Scope {
+        list: list.parse().ok()?,
+        sandbox: sandbox.parse().ok()?,
+    })
 }
 
 impl TryFrom<RawListsQuery> for ListsQuery {
@@ -659,9 +662,9 @@ impl NameLists {
         for e in &entries {
             let key = layout.entry_key(list, &e.dimension, &e.sandbox, &e.value);
             batch.entries.push((key, e.expiry.code()));
-            batch.scopes.push((list.clone(), e.sandbox.clone()));
+            let scope = Scope::new(list, &e.sandbox);
+            batch.scopes.push(scope.clone());
             if let Some(len) = PrefixLen::of(&e.value) {
-                let scope = (list.clone(), e.sandbox.clone());
                 if !batch.prefixes.contains(&(scope.clone(), len)) {
                     batch.prefixes.push((scope.clone(), len));
                 }
@@ -717,7 +720,7 @@ impl NameLists {
         let changes = deltas
             .into_iter()
             .map(|(sandbox, delta)| CountChange {
-                scope: (list.clone(), sandbox.clone()),
+                scope: Scope::new(list, sandbox),
                 delta,
             })
             .collect();
@@ -794,7 +797,7 @@ impl NameLists {
         let changes = by_scope
             .into_iter()
             .map(|(sandbox, delta)| CountChange {
-                scope: (list.clone(), sandbox.clone()),
+                scope: Scope::new(list, sandbox),
                 delta,
             })
             .collect();
@@ -827,7 +830,7 @@ impl NameLists {
         match codes.first().copied().flatten() {
             Some(code) if code_is_live(code, now_ms()) => Ok(Some(Expiry::from_code(code))),
             Some(code) => {
-                self.reclaim(key, code, || (list.clone(), entry.sandbox.clone()));
+                self.reclaim(key, code, || Scope::new(list, &entry.sandbox));
                 Ok(None)
             }
             None => Ok(None),
@@ -842,7 +845,7 @@ impl NameLists {
         if !outcome.hits.is_empty() {
             let mut hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
             for h in &outcome.hits {
-                *hits.entry((h.list.clone(), q.sandbox.clone())).or_default() += 1;
+                *hits.entry(Scope::new(&h.list, &q.sandbox)).or_default() += 1;
                 self.metrics.list_hit(h.list.as_str(), h.dimension.as_str());
             }
         }
@@ -973,11 +976,7 @@ impl NameLists {
         let needs_registry = q.subjects.iter().any(|(d, v)| {
             matches!(d, Dimension::Ip | Dimension::Phone | Dimension::Email) && !v.is_empty()
         });
-        let scopes: Vec<Scope> = q
-            .lists
-            .iter()
-            .map(|l| (l.clone(), q.sandbox.clone()))
-            .collect();
+        let scopes: Vec<Scope> = q.lists.iter().map(|l| Scope::new(l, &q.sandbox)).collect();
         // `None` for a scope whose registry is not known here (the store down, none cached).
         let registries: Vec<Option<Arc<Vec<PrefixLen>>>> = if needs_registry {
             match self
@@ -1124,7 +1123,7 @@ impl NameLists {
                 continue;
             };
             if !code_is_live(code, now_ms) {
-                self.reclaim(p.key, code, || (q.lists[p.list].clone(), q.sandbox.clone()));
+                self.reclaim(p.key, code, || Scope::new(&q.lists[p.list], &q.sandbox));
                 continue;
             }
             if reported.insert((p.list, p.dimension, p.key)) {

@@ -463,8 +463,23 @@ impl EntryKey {
     }
 }
 
-/// A (list, sandbox) pair: the scope of a prefix-length registry.
-pub type Scope = (ListName, Sandbox);
+/// A (list, sandbox) pair: the scope of a prefix-length registry, of a list's counts and
+/// hits. Serialised (the embedded store's snapshot, postcard) as the pair it once was: list,
+/// then sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Scope {
+    pub list: ListName,
+    pub sandbox: Sandbox,
+}
+
+impl Scope {
+    pub fn new(list: &ListName, sandbox: &Sandbox) -> Self {
+        Self {
+            list: list.clone(),
+            sandbox: sandbox.clone(),
+        }
+    }
+}
 
 /// What a registered length measures: the prefix bits of an IPv4 or IPv6 network, the
 /// characters of a phone segment (its `+` included), or the labels of an e-mail domain entry.
@@ -785,8 +800,11 @@ impl Layout {
             let s = sandbox.as_str();
             let min = match &query.after {
                 None => incl(Self::count_member(s, "")),
-                Some((al, r#as)) if s > r#as.as_str() => incl(Self::count_member(s, al.as_str())),
-                Some((al, _)) => excl(Self::count_member(s, al.as_str())),
+                Some(Scope {
+                    list: al,
+                    sandbox: r#as,
+                }) if s > r#as.as_str() => incl(Self::count_member(s, al.as_str())),
+                Some(Scope { list: al, .. }) => excl(Self::count_member(s, al.as_str())),
             };
             return CountRange {
                 by_sandbox: true,
@@ -809,7 +827,7 @@ impl Layout {
         let after = query
             .after
             .as_ref()
-            .map(|(l, s)| Self::count_member(l.as_str(), s.as_str()));
+            .map(|a| Self::count_member(a.list.as_str(), a.sandbox.as_str()));
         let min = match (from, after) {
             (Some(from), Some(after)) if after >= from => excl(after),
             (Some(from), _) => incl(from),
@@ -1371,6 +1389,17 @@ impl AuditRecord {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_scope_is_encoded_as_the_pair_it_was() {
+        // Embedded stores written when `Scope` was a `(ListName, Sandbox)` tuple still open.
+        let (list, sandbox): (super::ListName, super::Sandbox) =
+            ("black".parse().unwrap(), "loan".parse().unwrap());
+        let pair = postcard::to_stdvec(&(list.clone(), sandbox.clone())).unwrap();
+        let scope = super::Scope::new(&list, &sandbox);
+        assert_eq!(postcard::to_stdvec(&scope).unwrap(), pair);
+        assert_eq!(postcard::from_bytes::<super::Scope>(&pair).unwrap(), scope);
+    }
+
+    #[test]
     fn only_exact_bucket_keys_of_this_keyspace() {
         let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
         assert_eq!(l.parse_bucket_key(b"nl:b:0"), Some(0));
@@ -1736,7 +1765,10 @@ mod tests {
             let query = CountsQuery {
                 list: list.map(|l| l.parse().unwrap()),
                 sandbox: sandbox.map(|s| s.parse().unwrap()),
-                after: after.map(|(l, s)| (l.parse().unwrap(), s.parse().unwrap())),
+                after: after.map(|(l, s)| Scope {
+                    list: l.parse().unwrap(),
+                    sandbox: s.parse().unwrap(),
+                }),
                 limit: usize::MAX,
             };
             let by_list: std::collections::BTreeSet<Vec<u8>> =

@@ -982,7 +982,7 @@ impl EntryStore for MemoryStore {
                     if durable {
                         rows.push((Table::Registries, encode(&(&scope, len)), Some(Vec::new())));
                     }
-                    scopes.push((scope.0.to_string(), scope.1.to_string()));
+                    scopes.push((scope.list.to_string(), scope.sandbox.to_string()));
                 }
             }
             // Each scope of the batch counted (a refresh moves its last change too).
@@ -993,7 +993,9 @@ impl EntryStore for MemoryStore {
                 .enumerate()
                 .map(|(i, (k, c))| {
                     let scope = match batch.scopes.get(i) {
-                        Some((l, sb)) => st.scope_id(l.as_str(), sb.as_str(), durable, &mut rows),
+                        Some(sc) => {
+                            st.scope_id(sc.list.as_str(), sc.sandbox.as_str(), durable, &mut rows)
+                        }
                         None => NO_SCOPE,
                     };
                     if durable {
@@ -1173,8 +1175,8 @@ impl EntryStore for MemoryStore {
             let durable = self.durable.is_some();
             for c in changes {
                 st.add_count(
-                    c.scope.0.as_str(),
-                    c.scope.1.as_str(),
+                    c.scope.list.as_str(),
+                    c.scope.sandbox.as_str(),
                     c.delta,
                     at_ms,
                     durable,
@@ -1202,10 +1204,11 @@ impl EntryStore for MemoryStore {
                 // The lists of one sandbox, by the index (sandbox, list).
                 let s = sandbox.to_string();
                 let from = match &query.after {
-                    Some((al, r#as)) if s.as_str() > r#as.as_str() => {
-                        Included((s.clone(), al.to_string()))
-                    }
-                    Some((al, _)) => Excluded((s.clone(), al.to_string())),
+                    Some(Scope {
+                        list: al,
+                        sandbox: r#as,
+                    }) if s.as_str() > r#as.as_str() => Included((s.clone(), al.to_string())),
+                    Some(Scope { list: al, .. }) => Excluded((s.clone(), al.to_string())),
                     None => Included((s.clone(), String::new())),
                 };
                 st.counts_by_sandbox
@@ -1231,7 +1234,7 @@ impl EntryStore for MemoryStore {
                 let after = query
                     .after
                     .as_ref()
-                    .map(|(l, s)| (l.to_string(), s.to_string()));
+                    .map(|a| (a.list.to_string(), a.sandbox.to_string()));
                 let from = match (list, after) {
                     (Some(l), Some(a)) if a >= (l.to_string(), String::new()) => Excluded(a),
                     (Some(l), _) => Included((l.to_string(), String::new())),
@@ -1508,7 +1511,7 @@ mod tests {
             let batch = WriteBatch {
                 entries: vec![(key, 0)],
                 audit: vec![record],
-                scopes: vec![(list.clone(), sandbox.clone())],
+                scopes: vec![Scope::new(&list, &sandbox)],
                 ..WriteBatch::default()
             };
             store.write(batch, deadline).await.unwrap();

@@ -318,7 +318,7 @@ impl CountsQuery {
             && self
                 .after
                 .as_ref()
-                .is_none_or(|(l, s)| (list, sandbox) > (l.as_str(), s.as_str()))
+                .is_none_or(|a| (list, sandbox) > (a.list.as_str(), a.sandbox.as_str()))
     }
 }
 

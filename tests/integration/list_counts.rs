@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{RedisCluster, RedisServer, redis_settings, spawn_app, unique_prefix};
 use namelist::lists::{FailMode, ListSettings, ListsQuery, NameLists, RawListsQuery};
 use namelist::metrics::Metrics;
+use namelist::store::Scope;
 use namelist::store::redis::{Folded, OpenReport, RedisOptions, RedisStore};
 use namelist::store::{CountChange, CountsQuery, Deadline, EntryStore, Hashing, Layout, ListCount};
 
@@ -55,7 +56,10 @@ async fn all_counts(store: &RedisStore) -> Vec<ListCount> {
             return out;
         }
         let last = out.last().unwrap();
-        query.after = Some((last.list.parse().unwrap(), last.sandbox.parse().unwrap()));
+        query.after = Some(Scope::new(
+            &last.list.parse().unwrap(),
+            &last.sandbox.parse().unwrap(),
+        ));
     }
 }
 
@@ -63,7 +67,7 @@ fn changes(pairs: &[(String, String, i64)]) -> Vec<CountChange> {
     pairs
         .iter()
         .map(|(l, s, d)| CountChange {
-            scope: (l.parse().unwrap(), s.parse().unwrap()),
+            scope: Scope::new(&l.parse().unwrap(), &s.parse().unwrap()),
             delta: *d,
         })
         .collect()

@@ -328,7 +328,7 @@ impl RedisStore {
     ) -> RedisResult<()> {
         let cmds = prefixes
             .iter()
-            .map(|((list, sandbox), len)| {
+            .map(|(Scope { list, sandbox }, len)| {
                 let key = self.layout().registry_key(list, sandbox);
                 let mut c = redis::cmd("SADD");
                 c.arg(&key).arg(len.member());

@@ -324,7 +324,7 @@ impl EntryStore for RedisStore {
     async fn prefix_lengths(&self, scopes: &[Scope]) -> StoreResult<Vec<Vec<PrefixLen>>> {
         let cmds = scopes
             .iter()
-            .map(|(list, sandbox)| {
+            .map(|Scope { list, sandbox }| {
                 Self::keyed(self.layout.registry_key(list, sandbox), |c, key| {
                     c.arg("SMEMBERS").arg(key);
                 })
@@ -354,7 +354,7 @@ impl EntryStore for RedisStore {
         self.unless_lost(true)?;
         let mut registries = Vec::new();
         let mut scopes = Vec::new();
-        for ((list, sandbox), len) in &batch.prefixes {
+        for (Scope { list, sandbox }, len) in &batch.prefixes {
             registries.push(Self::keyed(
                 self.layout.registry_key(list, sandbox),
                 |c, key| {
@@ -697,7 +697,14 @@ impl EntryStore for RedisStore {
         self.unless_lost(true)?;
         let pairs: Vec<(&str, &str, i64, i64)> = changes
             .iter()
-            .map(|c| (c.scope.0.as_str(), c.scope.1.as_str(), c.delta, at_ms))
+            .map(|c| {
+                (
+                    c.scope.list.as_str(),
+                    c.scope.sandbox.as_str(),
+                    c.delta,
+                    at_ms,
+                )
+            })
             .collect();
         self.run_counts(self.count_calls(&pairs), deadline).await
     }

@@ -3,6 +3,7 @@
 //! expiry publishes nothing.
 
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
+use namelist::store::Scope;
 use namelist::store::{EntryKey, Invalidation, PrefixLen, WriteBatch};
 
 use crate::conformance::{Harness, deadline, next_message};
@@ -59,7 +60,7 @@ async fn writes_and_deletes_publish_their_changes(h: &Harness) {
         .write(
             WriteBatch {
                 entries: vec![(k1, never), (k2, later)],
-                prefixes: vec![((black.clone(), loan.clone()), range)],
+                prefixes: vec![(Scope::new(&black, &loan), range)],
                 ..WriteBatch::default()
             },
             deadline(),

@@ -4,6 +4,7 @@
 //! probe per length in use: with a complete tier every check below is answered locally.
 
 use super::*;
+use namelist::store::Scope;
 use namelist::store::{PrefixKind, PrefixLen};
 
 fn lengths(kind: PrefixKind, lens: &[u8]) -> Vec<PrefixLen> {
@@ -36,7 +37,7 @@ pub(crate) async fn phone_segments(h: &Harness) {
         .unwrap();
     let registered = h
         .store
-        .prefix_lengths(&[(black.clone(), sandbox("default"))])
+        .prefix_lengths(&[Scope::new(&black, &sandbox("default"))])
         .await
         .unwrap();
     // Rules 2 (every keyspace the suite makes): segments and phones in E.164, so a segment
@@ -159,7 +160,7 @@ pub(crate) async fn email_addresses_and_domains(h: &Harness) {
         .unwrap();
     let registered = h
         .store
-        .prefix_lengths(&[(black.clone(), sandbox("default"))])
+        .prefix_lengths(&[Scope::new(&black, &sandbox("default"))])
         .await
         .unwrap();
     assert_eq!(registered, vec![lengths(PrefixKind::EmailDomain, &[2, 3])]);

@@ -19,6 +19,7 @@ use namelist::domain::{Dimension, Expiry, ListName, Sandbox, Value, now_ms};
 use namelist::lists::{
     CheckQuery, EntryRef, ListSummary, ListsQuery, NewEntry, RawCheck, RawListsQuery,
 };
+use namelist::store::Scope;
 use namelist::store::{CountChange, CountsQuery, EntryStore, StoreBase};
 
 use crate::conformance::{Capped, Harness, with_audit_cap};
@@ -246,7 +247,7 @@ async fn change(h: &Harness, changes: &[(&str, &str, i64)], at_ms: i64) {
     let changes: Vec<CountChange> = changes
         .iter()
         .map(|(l, s, delta)| CountChange {
-            scope: (list(l), s.parse().unwrap()),
+            scope: Scope::new(&list(l), &s.parse().unwrap()),
             delta: *delta,
         })
         .collect();
@@ -337,7 +338,7 @@ async fn counts_page_through_every_filter_once_in_order(h: &Harness) {
             let query = CountsQuery {
                 list: list.map(|l| l.parse().unwrap()),
                 sandbox: sandbox.map(|s| s.parse().unwrap()),
-                after: after.map(|(l, s)| (l.parse().unwrap(), s.parse().unwrap())),
+                after: after.map(|(l, s)| Scope::new(&l.parse().unwrap(), &s.parse().unwrap())),
                 limit: 3,
             };
             let all: Vec<(String, String, i64)> = oracle

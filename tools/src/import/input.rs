@@ -273,7 +273,7 @@ impl Validator<'_> {
         }
         write_canonical(&mut self.canonical, list, dimension, sandbox, &value);
         let key = self.layout.key_of(&self.canonical);
-        let prefix = PrefixLen::of(&value).map(|len| ((list.clone(), sandbox.clone()), len));
+        let prefix = PrefixLen::of(&value).map(|len| (Scope::new(list, sandbox), len));
         match self
             .per_scope
             .get_mut(list)
@@ -464,7 +464,7 @@ fn read_rows(
         .into_iter()
         .flat_map(|(list, m)| {
             m.into_iter()
-                .map(move |(sandbox, n)| ((list.clone(), sandbox), n))
+                .map(move |(sandbox, n)| (Scope::new(&list, &sandbox), n))
         })
         .collect();
     Ok(out)

@@ -45,7 +45,7 @@ pub(super) async fn register_prefixes(
     let registered: Vec<(Scope, PrefixLen)> = prefixes.iter().cloned().collect();
     let mut scopes: Vec<(String, String)> = registered
         .iter()
-        .map(|((list, sandbox), _)| (list.to_string(), sandbox.to_string()))
+        .map(|(scope, _)| (scope.list.to_string(), scope.sandbox.to_string()))
         .collect();
     store
         .register_prefix_lengths(&registered)
