@@ -231,7 +231,7 @@ impl LocalTier {
 
     /// Moves the copies where `mode` keeps them, under every stripe lock (so no `put`, which
     /// holds one, sees the flag and the copies disagree). Complete: the index turns on and
-    /// the cache's copies are dropped (the sweep reads every bucket anyway). Partial: the index turns off
+    /// the cache's copies move into it. Partial: the index turns off
     /// and its copies go to the cache, which keeps what its budget admits. Meanwhile a
     /// lookup finding nothing goes to the store.
     pub(super) fn index_for(&self, mode: Mode) {
@@ -245,11 +245,15 @@ impl LocalTier {
         let _stripes = self.stripes.lock_all();
         index.on.store(on, Ordering::Release);
         if on {
-            // One by one: the listener runs at once for each (`invalidate_all` would leave
-            // the counts, and so `is_complete`, to the cache's next maintenance).
-            let held: Vec<u32> = copies.iter().map(|(b, _)| *b).collect();
-            for b in held {
+            // Moved, not dropped: the copies read to size the tier answer at once (dropped,
+            // `is_complete` counted them until the listener ran, and the worker read them
+            // all again). One by one: the listener runs at once for each (`invalidate_all`
+            // would leave the counts to the cache's next maintenance).
+            let held: Vec<(u32, Arc<BucketCopy>)> =
+                copies.iter().map(|(b, copy)| (*b, copy)).collect();
+            for (b, copy) in held {
                 copies.invalidate(&b);
+                self.put_arc(b, copy);
             }
             return;
         }
@@ -452,22 +456,19 @@ mod tests {
         if t.get(held).is_some() {
             assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(None));
         }
-        // A copy installed while partial is in the cache only; complete again, the cache is
-        // emptied and the bucket read again into the index.
+        // A copy installed while partial is in the cache only; complete again, the cache's
+        // copies move into the index, counted there at once (not at the cache's next
+        // maintenance), and answer as they did.
         let read = t.begin_read(&[held], HashSet::new());
         t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
+        let (_, before) = assert_copies_in_one_place(&t);
         t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
         t.index_for(Mode::Complete);
-        // Released at once, not at the cache's next maintenance: until then the tier would
-        // count itself loaded (`is_complete`) with an empty index.
-        assert_eq!(t.held.bytes.load(Ordering::Relaxed), 0);
-        assert_eq!(t.held.current(), 0);
-        assert_eq!(assert_copies_in_one_place(&t), (0, 0));
-        assert_eq!(t.lookup(&key, Instant::now()), Lookup::Remote);
-        let read = t.begin_read(&[held], HashSet::new());
-        t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
-        assert_eq!(assert_copies_in_one_place(&t), (1, 0));
+        let (indexed, cached) = assert_copies_in_one_place(&t);
+        assert_eq!((indexed, cached), (before, 0), "every copy moved");
+        assert_eq!(t.held.current(), before as u64);
+        assert!(t.held.bytes.load(Ordering::Relaxed) <= (budget - index_bytes) as i64);
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
     }
 }

@@ -285,7 +285,7 @@ impl LocalTier {
     }
 
     pub fn mode(&self) -> Mode {
-        Mode::from_u8(self.mode.load(Ordering::Relaxed))
+        Mode::from_u8(self.mode.load(Ordering::Acquire))
     }
 
     pub(super) fn generation(&self) -> u64 {

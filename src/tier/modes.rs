@@ -115,7 +115,7 @@ impl LocalTier {
     /// bytes for all of them).
     pub(super) fn set_mode(&self, mode: Mode, mean: f64, entries: f64, projected: f64) {
         let s = &self.settings;
-        let previous = Mode::from_u8(self.mode.swap(mode as u8, Ordering::Relaxed));
+        let previous = self.mode();
         if previous != mode || (mode == Mode::Partial && self.filters_outgrown(entries)) {
             // Filters first: copies the index hands to the cache are then weighed with the
             // filters' room already charged.
@@ -123,6 +123,9 @@ impl LocalTier {
             if previous != mode {
                 self.index_for(mode);
             }
+            // Published once the copies are where the mode keeps them: `is_complete` (and so
+            // `wait_settled`) never counts copies on their way to the index as loaded.
+            self.mode.store(mode as u8, Ordering::Release);
             let refresh = self.refresh_period();
             let per_refresh = f64::from(self.buckets) / refresh.as_secs_f64();
             tracing::info!(
