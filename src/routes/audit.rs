@@ -4,8 +4,8 @@ use actix_web::{HttpResponse, web};
 
 use super::gate::Offload;
 use super::json::JsonBody;
-use super::openapi::ErrorBody;
 use super::query::Query;
+use super::schemas::ErrorBody;
 use crate::audit_trail::{AuditPage, AuditQuery, AuditSearch, AuditTrail, RawAuditQuery};
 use crate::error::ApiError;
 

@@ -6,7 +6,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
 use super::json::JsonBody;
-use super::openapi::ErrorBody;
+use super::schemas::ErrorBody;
 use crate::domain::{Rules, ValidationError};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, CheckQuery, NameLists, RawCheck};

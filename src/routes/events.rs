@@ -14,7 +14,7 @@ use serde_json::{Value as Json, json};
 
 use super::check::CheckBody;
 use super::json::{JsonBody, decode, decode_part, describe};
-use super::openapi::{ErrorBody, EvaluateDoc, FeaturesDoc};
+use super::schemas::{ErrorBody, EvaluateDoc, FeaturesDoc};
 use crate::auth::{Caller, Permission};
 use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError, shown_key};
 use crate::error::ApiError;

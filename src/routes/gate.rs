@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use super::json::read_body;
 use super::limits::{ClassPermit, Limits};
-use super::{Need, RouteDef};
+use super::table::{Need, RouteDef};
 use crate::auth::{Caller, Denied, Tokens};
 use crate::error::ApiError;
 use crate::lane::OperatorLane;

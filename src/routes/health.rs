@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
-use super::openapi::StatusDoc;
+use super::schemas::StatusDoc;
 use crate::lists::NameLists;
 use crate::metrics::Metrics;
 

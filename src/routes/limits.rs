@@ -1,7 +1,7 @@
 //! Limits on the work one instance takes on at once, so that many or slow clients cannot
 //! exhaust its memory or its attention, and one kind of work cannot take another's room:
 //!
-//! - **class budgets**: each route belongs to a class (`routes::Class`) with a budget of its
+//! - **class budgets**: each route belongs to a class (`routes::table::Class`) with a budget of its
 //!   own: the risk engine's calls (`check`, `features`, `evaluate`) at most
 //!   `max_in_flight_requests`, writes (entries, events) at most `max_in_flight_writes`,
 //!   operators' calls (lists, lookups, audit, definitions) at most `max_in_flight_operator`.
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use actix_web::web;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::Class;
+use super::table::Class;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 

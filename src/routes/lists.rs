@@ -8,8 +8,8 @@ use serde_json::json;
 
 use super::gate::Offload;
 use super::json::JsonBody;
-use super::openapi::{ErrorBody, ListedDoc, RemovedDoc, WrittenDoc};
 use super::query::Query;
+use super::schemas::{ErrorBody, ListedDoc, RemovedDoc, WrittenDoc};
 use crate::auth::Caller;
 use crate::domain::{
     Dimension, ErrorCode, Expiry, ListName, Rules, Sandbox, ValidationError, Value, now_ms,

@@ -1,5 +1,22 @@
 //! HTTP routes (actix-web). `configure` mounts every route; handlers live in one module per
 //! resource and only translate between HTTP and the services.
+//!
+//! Layering: each module imports only modules of `routes` below it, so none imports one above
+//! it and no two import each other (a module's own `tests` aside):
+//!
+//! ```text
+//! routes (this module)   everything: it mounts the table and observes every request
+//! openapi                table, schemas, and the handlers (its `paths`)
+//! handlers               gate, query, json, schemas (and events: check's body)
+//!   audit check console events health lists velocity
+//! gate                   table, limits, json
+//! query                  json
+//! json                   limits
+//! limits                 table
+//! table                  nothing of routes: handler names are tokens of `route_table!`,
+//!                        resolved only where this module mounts them
+//! schemas                nothing of routes
+//! ```
 
 pub mod audit;
 pub mod check;
@@ -12,7 +29,11 @@ pub mod limits;
 pub mod lists;
 pub mod openapi;
 pub mod query;
+pub mod schemas;
+pub mod table;
 pub mod velocity;
+
+pub use self::table::{Class, Need, ROUTES, RouteDef, StoreUse, route_def};
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,84 +46,10 @@ use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpResponse, web};
 use tracing::Instrument;
 
-use crate::auth::Permission;
+use self::table::{AUDIT, CHECK, DEFINITIONS, ENTRIES, EVENTS, LISTS};
 use crate::domain::ErrorCode;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-
-/// What a route needs of its caller (see `auth` for what each permission means).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
-    /// No token: probes, scrapers, the API's own description.
-    Open,
-    /// Any valid token.
-    Token,
-    /// A token holding this permission.
-    Permission(Permission),
-}
-
-impl Need {
-    /// As the OpenAPI document and the README say it.
-    pub fn describe(self) -> String {
-        match self {
-            Need::Open => "no token".to_owned(),
-            Need::Token => "any token".to_owned(),
-            Need::Permission(p) => format!("permission `{}`", p.as_str()),
-        }
-    }
-}
-
-/// Which budget of the instance a route's requests share (see `limits`): the risk engine's
-/// per-request calls, writes, and operators' reads and definitions never wait for each
-/// other's room, and operators' work runs on its own lane (`lane`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Class {
-    /// Probes and `/metrics`: no budget, no token.
-    Probe,
-    /// `check`, `features`, `evaluate`: `max_in_flight_requests`.
-    Engine,
-    /// Entries and events: `max_in_flight_writes`.
-    Write,
-    /// Lists, lookups, audit, definitions, whoami: `max_in_flight_operator`, on the operator
-    /// lane.
-    Operator,
-}
-
-impl Class {
-    /// The `class` label of the budget metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            Class::Probe => "probe",
-            Class::Engine => "engine",
-            Class::Write => "write",
-            Class::Operator => "operator",
-        }
-    }
-}
-
-/// What a route asks of the store, and so which 503s it can answer (the OpenAPI document's
-/// 503 line is derived from it: `openapi::Gates`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreUse {
-    /// Nothing: only a full budget (`overloaded`).
-    None,
-    /// Reads: also `store_unavailable`.
-    Reads,
-    /// Writes: also `replicas_unavailable` (with `write_replicas`).
-    Writes,
-}
-
-/// One API route as mounted: the method, the path pattern (actix syntax: `{value:.*}` takes
-/// the rest of the path), what its caller needs, the budget it counts against and what it
-/// asks of the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteDef {
-    pub method: &'static str,
-    pub path: &'static str,
-    pub need: Need,
-    pub class: Class,
-    pub store: StoreUse,
-}
 
 fn guarded(route: actix_web::Route, def: RouteDef) -> actix_web::Route {
     match def.need {
@@ -111,19 +58,10 @@ fn guarded(route: actix_web::Route, def: RouteDef) -> actix_web::Route {
     }
 }
 
-/// Declares the API's routes once: `configure` mounts them (any other method on a path is a
-/// 405), each behind its gate (`gate`: token, permission, per-token limits, body, class
-/// budget), and `ROUTES` lists them, which `tests/integration/openapi.rs` compares with the OpenAPI
-/// document both ways, the OpenAPI document takes each operation's "Needs" and error
-/// responses from, and `tests/integration/auth.rs` compares with the README's table. A route added here
-/// and not documented fails those tests.
-macro_rules! api_routes {
+/// Mounts every route of the table (`table::route_table!`) with its gate, any other method
+/// on a path answering 405, then the documentation (`openapi`) and the console.
+macro_rules! mount_routes {
     ($( $path:literal => [ $( $method:ident $handler:path, $need:expr, $class:ident, $store:ident );+ $(;)? ] ),* $(,)?) => {
-        /// Every API route, in mounting order.
-        pub const ROUTES: &[RouteDef] = &[
-            $( $( RouteDef { method: stringify!($method), path: $path, need: $need, class: Class::$class, store: StoreUse::$store }, )+ )*
-        ];
-
         /// Mounts every API route with its gate, and the documentation (`openapi`).
         pub fn configure(cfg: &mut web::ServiceConfig) {
             $(
@@ -141,48 +79,7 @@ macro_rules! api_routes {
     };
 }
 
-const CHECK: Need = Need::Permission(Permission::Check);
-const LISTS: Need = Need::Permission(Permission::Lists);
-const AUDIT: Need = Need::Permission(Permission::Audit);
-const ENTRIES: Need = Need::Permission(Permission::Entries);
-const EVENTS: Need = Need::Permission(Permission::Events);
-const DEFINITIONS: Need = Need::Permission(Permission::Definitions);
-
-api_routes! {
-    "/v1/lists" => [GET lists::summaries, LISTS, Operator, Reads],
-    "/v1/lists/-/lookup" => [POST lists::lookup_posted, LISTS, Operator, Reads],
-    "/v1/lists/-/lookup/{dimension}/{value:.*}" => [GET lists::lookup_everywhere, LISTS, Operator, Reads],
-    "/v1/audit" => [GET audit::audit, AUDIT, Operator, Reads; POST audit::search, AUDIT, Operator, Reads],
-    "/v1/whoami" => [GET console::whoami, Need::Token, Operator, None],
-    "/v1/lists/{list}/entries" => [POST lists::upsert, ENTRIES, Write, Writes; DELETE lists::remove, ENTRIES, Write, Writes],
-    "/v1/lists/{list}/entries/{dimension}/{value:.*}" => [GET lists::lookup, LISTS, Operator, Reads],
-    "/v1/check" => [POST check::check, CHECK, Engine, Reads],
-    "/v1/metrics" => [GET velocity::list_metrics, CHECK, Operator, Reads],
-    "/v1/metrics/{id}" => [
-        PUT velocity::put_metric, DEFINITIONS, Operator, Writes;
-        GET velocity::get_metric, CHECK, Operator, Reads;
-        DELETE velocity::delete_metric, DEFINITIONS, Operator, Writes
-    ],
-    "/v1/rules" => [GET velocity::list_rules, CHECK, Operator, Reads],
-    "/v1/rules/{id}" => [
-        PUT velocity::put_rule, DEFINITIONS, Operator, Writes;
-        GET velocity::get_rule, CHECK, Operator, Reads;
-        DELETE velocity::delete_rule, DEFINITIONS, Operator, Writes
-    ],
-    "/v1/events" => [POST events::post_events, EVENTS, Write, Writes],
-    "/v1/features" => [POST events::post_features, CHECK, Engine, Reads],
-    // With an `event`, also `events` (checked by the handler, which sees the body), and a
-    // write.
-    "/v1/evaluate" => [POST events::post_evaluate, CHECK, Engine, Writes],
-    "/healthz" => [GET health::healthz, Need::Open, Probe, None],
-    "/readyz" => [GET health::readyz, Need::Open, Probe, None],
-    "/metrics" => [GET health::metrics, Need::Open, Probe, None],
-}
-
-/// The route of `method` and `path` pattern, if it is one.
-pub fn route_def(method: &str, path: &str) -> Option<&'static RouteDef> {
-    ROUTES.iter().find(|r| r.method == method && r.path == path)
-}
+table::route_table!(mount_routes);
 
 /// Any path that is not a route.
 pub async fn not_found() -> Result<HttpResponse, ApiError> {

@@ -3,140 +3,25 @@
 //! `/docs/` (Swagger UI, its assets compiled into the binary: no CDN, works offline). Neither
 //! needs a token. `namelist openapi` prints the same document.
 //!
-//! `ROUTES` (in `routes`) and the document must list the same routes: `tests/integration/openapi.rs`
+//! `ROUTES` (in `table`) and the document must list the same routes: `tests/integration/openapi.rs`
 //! compares them both ways, checks every `ErrorCode` is in the `ErrorCode` schema, and CI runs
 //! `openapi-spec-validator` on the document.
 //!
-//! The response shapes that handlers build with `json!` are described by the `*Doc` types
-//! below, which exist only for this document; the request bodies and the other responses are
-//! the handlers' own types.
-
-use std::borrow::Cow;
+//! The response shapes that handlers build with `json!` are described by the `*Doc` types of
+//! `schemas`, which exist only for this document; the request bodies and the other responses
+//! are the handlers' own types.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, web};
-use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
+use super::schemas::{ErrorBody, ErrorDetail};
+use super::table::{Need, ROUTES, StoreUse};
+use super::{audit, check, console, events, health, lists, velocity};
 use crate::domain::ErrorCode;
-
-impl PartialSchema for ErrorCode {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .description(Some(
-                "A stable, machine-readable error code (README, \"Errors\"): never renamed, its \
-                 statuses never change.",
-            ))
-            .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
-            .into()
-    }
-}
-
-impl ToSchema for ErrorCode {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ErrorCode")
-    }
-}
-
-/// Every error: `{"error": {"code": "...", "message": "..."}}`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ErrorDetail {
-    code: ErrorCode,
-    /// What was wrong and where (never a personal value).
-    message: String,
-}
-
-/// `{"written": n}`
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WrittenDoc {
-    written: usize,
-}
-
-/// `{"removed": n}`: entries that were present and not yet expired.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct RemovedDoc {
-    removed: usize,
-}
-
-/// One entry looked up: `listed`, and its expiry when listed (`null`: never expires).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ListedDoc {
-    listed: bool,
-    #[schema(required = false)]
-    expires_at: Option<i64>,
-}
-
-/// `{"deleted": id}`
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DeletedDoc {
-    deleted: String,
-}
-
-/// `{"metrics": [...]}`
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct MetricsDoc {
-    metrics: Vec<crate::velocity::model::MetricDef>,
-}
-
-/// `{"rules": [...]}`
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct RulesDoc {
-    rules: Vec<crate::velocity::model::RuleDef>,
-}
-
-/// Feature values by metric id (`null`: AVG/MIN/MAX with nothing seen); `capped` names the
-/// distinct counts read at their member cap.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct FeaturesDoc {
-    #[schema(value_type = Object)]
-    values: serde_json::Value,
-    #[schema(required = false)]
-    capped: Option<Vec<String>>,
-}
-
-/// `POST /v1/evaluate`: the check's answer, the features and each rule's outcome.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EvaluateDoc {
-    #[schema(required = false)]
-    hits: Option<Vec<crate::lists::Hit>>,
-    degraded: bool,
-    #[schema(required = false)]
-    stale_ms: Option<u64>,
-    #[schema(required = false)]
-    decision: Option<String>,
-    #[schema(value_type = Object)]
-    features: serde_json::Value,
-    #[schema(value_type = Object)]
-    rules: serde_json::Value,
-}
-
-/// `{"status": "ok"}`, or `/readyz`'s `{"status": "ready"|"unavailable", "store": kind}`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct StatusDoc {
-    status: String,
-    #[schema(required = false)]
-    store: Option<String>,
-}
 
 /// What every gated operation shares, taken from `ROUTES` (the one table of what each route
 /// needs, which budget it counts against and what it asks of the store), so no handler
@@ -162,8 +47,8 @@ impl Modify for Gates {
                 .build()
                 .into()
         };
-        for route in super::ROUTES {
-            if route.need == super::Need::Open {
+        for route in ROUTES {
+            if route.need == Need::Open {
                 continue;
             }
             let path = route.path.replace(":.*}", "}");
@@ -203,15 +88,15 @@ impl Modify for Gates {
             r.insert(
                 "503".into(),
                 error(match route.store {
-                    super::StoreUse::None => {
+                    StoreUse::None => {
                         "This instance's budget for the route's class is full (`overloaded`, with `Retry-After`)"
                     }
-                    super::StoreUse::Reads => {
+                    StoreUse::Reads => {
                         "`store_unavailable` (the store did not answer within the deadline) or \
                          `overloaded` (this instance's budget for the route's class is full); with \
                          `Retry-After`"
                     }
-                    super::StoreUse::Writes => {
+                    StoreUse::Writes => {
                         "`store_unavailable` (the store did not answer within the deadline: the \
                          write's outcome is unknown, retry it), `replicas_unavailable` (refused \
                          unsent: a primary has too few online replicas), `keyspace_lost` (refused: \
@@ -251,30 +136,30 @@ impl Modify for Bearer {
                        with the codes of the `ErrorCode` schema; 503s carry `Retry-After`."
     ),
     paths(
-        super::lists::summaries,
-        super::lists::lookup_everywhere,
-        super::lists::lookup_posted,
-        super::audit::audit,
-        super::audit::search,
-        super::console::whoami,
-        super::lists::upsert,
-        super::lists::remove,
-        super::lists::lookup,
-        super::check::check,
-        super::velocity::list_metrics,
-        super::velocity::put_metric,
-        super::velocity::get_metric,
-        super::velocity::delete_metric,
-        super::velocity::list_rules,
-        super::velocity::put_rule,
-        super::velocity::get_rule,
-        super::velocity::delete_rule,
-        super::events::post_events,
-        super::events::post_features,
-        super::events::post_evaluate,
-        super::health::healthz,
-        super::health::readyz,
-        super::health::metrics,
+        lists::summaries,
+        lists::lookup_everywhere,
+        lists::lookup_posted,
+        audit::audit,
+        audit::search,
+        console::whoami,
+        lists::upsert,
+        lists::remove,
+        lists::lookup,
+        check::check,
+        velocity::list_metrics,
+        velocity::put_metric,
+        velocity::get_metric,
+        velocity::delete_metric,
+        velocity::list_rules,
+        velocity::put_rule,
+        velocity::get_rule,
+        velocity::delete_rule,
+        events::post_events,
+        events::post_features,
+        events::post_evaluate,
+        health::healthz,
+        health::readyz,
+        health::metrics,
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
     modifiers(&Bearer, &Gates),

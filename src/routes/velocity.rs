@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::gate::Offload;
 use super::json::JsonBody;
-use super::openapi::{DeletedDoc, ErrorBody, MetricsDoc, RulesDoc};
+use super::schemas::{DeletedDoc, ErrorBody, MetricsDoc, RulesDoc};
 use crate::domain::{MetricId, RuleId};
 use crate::error::ApiError;
 use crate::velocity::Velocity;
