@@ -115,7 +115,14 @@ impl LocalTier {
     /// bytes for all of them).
     pub(super) fn set_mode(&self, mode: Mode, mean: f64, entries: f64, projected: f64) {
         let s = &self.settings;
-        let previous = self.mode();
+        // Complete is published only once the copies are in the index (below): `is_complete`
+        // (and so `wait_settled`) must never count copies on their way there as loaded. Any
+        // other mode at once, as the index stops taking copies before they leave it.
+        let previous = if mode == Mode::Complete {
+            self.mode()
+        } else {
+            Mode::from_u8(self.mode.swap(mode as u8, Ordering::AcqRel))
+        };
         if previous != mode || (mode == Mode::Partial && self.filters_outgrown(entries)) {
             // Filters first: copies the index hands to the cache are then weighed with the
             // filters' room already charged.
@@ -123,9 +130,9 @@ impl LocalTier {
             if previous != mode {
                 self.index_for(mode);
             }
-            // Published once the copies are where the mode keeps them: `is_complete` (and so
-            // `wait_settled`) never counts copies on their way to the index as loaded.
-            self.mode.store(mode as u8, Ordering::Release);
+            if mode == Mode::Complete {
+                self.mode.store(mode as u8, Ordering::Release);
+            }
             let refresh = self.refresh_period();
             let per_refresh = f64::from(self.buckets) / refresh.as_secs_f64();
             tracing::info!(
