@@ -54,6 +54,7 @@ pub mod heal;
 pub mod replicas;
 pub mod scripts;
 pub mod worker_conn;
+pub mod write_pool;
 
 mod audit;
 mod bus;
@@ -69,13 +70,14 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
-use self::conn::{ConnectOptions, Keyed, RedisConn, WRITE_CONNECTIONS, WritePool, WriteSession};
+use self::conn::{ConnectOptions, Keyed, RedisConn};
 use self::scripts::{
     AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION,
     GUARDED_PUBLISH, METRIC_OP_ARGS, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS,
     is_noscript,
 };
 use self::worker_conn::PerWorker;
+use self::write_pool::{WRITE_CONNECTIONS, WritePool, WriteSession};
 
 use self::replicas::{ReplicaMonitor, Topology, Watched};
 use crate::domain::{ListName, Sandbox, now_ms};
