@@ -2152,21 +2152,36 @@ async fn hostile_bodies_get_exact_4xx_and_change_nothing() {
     let mut open_choices: Vec<String> = Vec::new();
     for case in &cases {
         let sent = Instant::now();
-        let outcome = match tokio::time::timeout(
-            CASE_TIMEOUT,
-            exchange(
-                server.port(),
-                case.method,
-                &case.path,
-                case.body.clone(),
-                case.framing.clone(),
-            ),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(format!("no answer within {CASE_TIMEOUT:?} (a hang)")),
+        let send = || async {
+            match tokio::time::timeout(
+                CASE_TIMEOUT,
+                exchange(
+                    server.port(),
+                    case.method,
+                    &case.path,
+                    case.body.clone(),
+                    case.framing.clone(),
+                ),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(format!("no answer within {CASE_TIMEOUT:?} (a hang)")),
+            }
         };
+        let mut outcome = send().await;
+        // A valid request may meet a store that did not answer in time on a busy CI machine
+        // (503 `store_unavailable`, nothing written: the contract's answer to a store
+        // failure, not a caller's mistake); sent once more. Bad bodies never get this.
+        let valid = matches!(case.expect, Expect::Is(200, _));
+        if let Ok(reply) = &outcome
+            && valid
+            && reply.status == 503
+            && String::from_utf8_lossy(&reply.body).contains("store_unavailable")
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            outcome = send().await;
+        }
         let took = sent.elapsed();
         match outcome {
             Ok(reply) => {
