@@ -132,6 +132,9 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long an idle keep-alive connection stays open.
     pub keep_alive_secs: u64,
+    /// A `/metrics` scrape within this many ms of the last render is served that render
+    /// again (0: render every scrape). Bounds what one client pipelining scrapes costs.
+    pub metrics_max_age_ms: u64,
     /// How often the service reads the last audit's summary for its gauges.
     pub audit_refresh_secs: u64,
 }
@@ -187,6 +190,7 @@ impl Default for Settings {
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_connections: 20_000,
             keep_alive_secs: 30,
+            metrics_max_age_ms: 1_000,
             audit_refresh_secs: 60,
         }
     }
@@ -264,6 +268,7 @@ const KEYS: &[&str] = &[
     "max_buffered_body_bytes",
     "max_connections",
     "keep_alive_secs",
+    "metrics_max_age_ms",
     "audit_refresh_secs",
 ];
 

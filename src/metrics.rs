@@ -7,6 +7,7 @@ use prometheus::{
 };
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::store::AuditSummary;
 
@@ -143,6 +144,17 @@ pub const REFUSAL_REASONS: &[&str] = &[
 const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"];
 
 /// Every metric the service exports.
+/// The last rendered exposition and how long it may be served again. One client pipelining
+/// thousands of `GET /metrics` on a connection it never reads would otherwise have the worker
+/// render the whole registry for each until the socket buffers fill (seconds of CPU on a
+/// worker thread, stalling every other connection it serves, and again for each new
+/// connection); with a reuse age each of those answers is a copy of the same bytes.
+#[derive(Default)]
+struct Scrapes {
+    max_age_ms: std::sync::atomic::AtomicU64,
+    last: std::sync::Mutex<Option<(std::time::Instant, actix_web::web::Bytes)>>,
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Request latency by route pattern (never the raw path: it may hold a phone number),
@@ -161,6 +173,8 @@ pub struct Metrics {
     /// Phones read under rules 2 that the parser could not make valid (kept as typed):
     /// brought up to `domain::rules::phones_not_e164` at every scrape, under its lock.
     phones_not_e164: (IntCounter, std::sync::Mutex<()>),
+    /// The last exposition served, reused by scrapes within `metrics_max_age_ms` of it.
+    scrapes: Scrapes,
     /// Checks answered fail-open from the cache alone.
     pub degraded_answers: IntCounter,
     /// Checks refused (fail-closed) because the store could not answer.
@@ -404,6 +418,7 @@ impl Metrics {
                 ),
                 std::sync::Mutex::new(()),
             ),
+            scrapes: Scrapes::default(),
             degraded_answers: counter(
                 "namelist_degraded_answers_total",
                 "Checks answered fail-open from the cache because the store did not answer in time",
@@ -653,7 +668,41 @@ impl Metrics {
         self.registry.register(c).expect("metric names are unique");
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Lets `scrape` serve one exposition again for `max_age` (zero: render every scrape).
+    pub fn set_scrape_max_age(&self, max_age: Duration) {
+        let ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
+        self.scrapes
+            .max_age_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The exposition for `GET /metrics`: the last one if it is younger than the scrape max
+    /// age, else a new render. Concurrent scrapes of a stale one wait for a single render.
+    pub fn scrape(&self) -> actix_web::web::Bytes {
+        let max_age = Duration::from_millis(
+            self.scrapes
+                .max_age_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        if max_age.is_zero() {
+            return self.render().into();
+        }
+        let mut last = self
+            .scrapes
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
+            Some((at, body)) if at.elapsed() < max_age => body.clone(),
+            _ => {
+                let body = actix_web::web::Bytes::from(self.render());
+                *last = Some((std::time::Instant::now(), body.clone()));
+                body
+            }
+        }
+    }
+
+    /// The Prometheus text exposition of every metric, rendered now.
     pub fn render(&self) -> String {
         {
             let _one_at_a_time = self.phones_not_e164.1.lock();

@@ -336,6 +336,7 @@ impl Application {
         let reloader = tokens.spawn_reloader(Duration::from_secs(10));
         let opened = open_store(&settings).await?;
         let metrics = Arc::new(Metrics::new());
+        metrics.set_scrape_max_age(Duration::from_millis(settings.metrics_max_age_ms));
         let audit_reader = spawn_audit_reader(
             opened.store.clone(),
             metrics.clone(),

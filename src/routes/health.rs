@@ -61,5 +61,5 @@ pub async fn readyz(lists: web::Data<NameLists>) -> HttpResponse {
 pub async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(metrics.render())
+        .body(metrics.scrape())
 }

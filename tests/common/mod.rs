@@ -679,6 +679,8 @@ pub fn test_settings() -> Settings {
         // Load the local tier as fast as Redis answers: test keyspaces are small.
         local_fetch_rate: 0,
         local_refresh_rate: 0,
+        // Tests read a metric right after what moves it.
+        metrics_max_age_ms: 0,
         ..Settings::default()
     }
 }

@@ -2514,7 +2514,12 @@ const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 async fn slow_clients_do_not_block_others() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
-    let app = spawn_app(redis_settings(&redis)).await;
+    let app = spawn_app(namelist::config::Settings {
+        // As deployed: scrapes reuse a render for a second.
+        metrics_max_age_ms: namelist::config::Settings::default().metrics_max_age_ms,
+        ..redis_settings(&redis)
+    })
+    .await;
     let res = app
         .post(
             "/v1/lists/black/entries",
