@@ -67,6 +67,11 @@ struct Fast {
     general: Desc,
     /// Mobile and fixed line (either one makes the number valid).
     types: Vec<Desc>,
+    /// Every other type `validator::number_type` tries (premium rate, toll free, shared
+    /// cost, VoIP, personal number, pager, UAN, voicemail): with the general pattern and
+    /// these, a number none of them match is certainly not valid. `None` when one of them
+    /// does not compile here (the fast path then never says "not valid").
+    others: Option<Vec<Desc>>,
 }
 
 /// `pattern` anchored at the first digit: "it matches there" is all the crate asks of a
@@ -111,19 +116,37 @@ impl Fast {
             prefix_for_parsing: optional(meta.national_prefix_for_parsing().map(|r| r.as_str()))?,
             general: Desc::new(meta.descriptors().general())?,
             types,
+            others: {
+                let d = meta.descriptors();
+                [
+                    d.premium_rate(),
+                    d.toll_free(),
+                    d.shared_cost(),
+                    d.voip(),
+                    d.personal_number(),
+                    d.pager(),
+                    d.uan(),
+                    d.voicemail(),
+                ]
+                .into_iter()
+                .flatten()
+                .map(Desc::new)
+                .collect()
+            },
         })
     }
 
-    /// `+{code}{n}` when `n`, read as a national number of the region (`after_plus`: it
-    /// followed `+` and the calling code), is certainly kept whole and valid by the crate.
-    fn national(&self, n: &str, after_plus: bool) -> Option<String> {
+    /// What the crate makes of `n` read as a national number of the region (`after_plus`:
+    /// it followed `+` and the calling code), when that is certain: `Some(Some(e164))` kept
+    /// whole and valid, `Some(None)` not a valid number; `None`: ask the crate.
+    fn national(&self, n: &str, after_plus: bool) -> Option<Option<String>> {
         // Typed without `+`, a number starting with the calling code loses it when its
         // length is not possible, which it never is when the general descriptor lists no
         // lengths (the crate's metadata for CN, among others).
-        let keeps_code = after_plus
-            || !n.starts_with(&self.code)
+        let starts_with_code = !after_plus && n.starts_with(&self.code);
+        let keeps_code = !starts_with_code
             || !self.general.lengths.is_empty() && self.general.lengths.contains(&(n.len() as u16));
-        let sure = keeps_code
+        let kept_whole = keeps_code
             && !n.is_empty()
             && n.bytes().all(|b| b.is_ascii_digit())
             && !n.starts_with('0')
@@ -132,10 +155,22 @@ impl Fast {
                 .as_deref()
                 .is_some_and(|p| !p.is_empty() && n.starts_with(p))
             && !starts(self.international_prefix.as_ref(), n)
-            && !starts(self.prefix_for_parsing.as_ref(), n)
-            && self.general.is_match(n)
-            && self.types.iter().any(|t| t.is_match(n));
-        sure.then(|| format!("+{}{n}", self.code))
+            && !starts(self.prefix_for_parsing.as_ref(), n);
+        if !kept_whole {
+            return None;
+        }
+        let general = self.general.is_match(n);
+        if general && self.types.iter().any(|t| t.is_match(n)) {
+            return Some(Some(format!("+{}{n}", self.code)));
+        }
+        // Not valid as typed: certain when no type of `number_type` matches, and the caller
+        // will not read it again with a `+` (`8613…`: the region's code typed without it).
+        let no_type = !general
+            || self
+                .others
+                .as_ref()
+                .is_some_and(|others| !others.iter().any(|t| t.is_match(n)));
+        (no_type && !starts_with_code).then_some(None)
     }
 }
 
@@ -149,12 +184,12 @@ fn fast(region: Region) -> Option<&'static Fast> {
         .as_ref()
 }
 
-/// The E.164 form of `typed` (digits, with a leading `+` or `00` kept) in `region`, when it is
-/// certainly what `phonenumber::parse(Some(region), …)` and `is_valid` make of it; `None`:
-/// ask the crate. Covers `13800138000`, `+8613800138000` and `008613800138000` (`00` is the
+/// The E.164 form of `typed` (digits, with a leading `+` or `00` kept) in `region`
+/// (`Some(None)`: not a valid number), when it is certainly what `phonenumber::parse(Some(region), …)`
+/// and `is_valid` make of it; `None`: ask the crate. Covers `13800138000`, `+8613800138000` and `008613800138000` (`00` is the
 /// caller's: it reads `00…` as `+…`), not `8613800138000` (the crate reads that as a
 /// national number first).
-pub fn e164(region: Region, typed: &str) -> Option<String> {
+pub fn e164(region: Region, typed: &str) -> Option<Option<String>> {
     let fast = fast(region)?;
     match typed.strip_prefix('+') {
         None => fast.national(typed, false),
@@ -191,12 +226,13 @@ mod tests {
 
     #[test]
     fn the_common_spellings_take_the_fast_path() {
+        let valid = |region, typed| e164(region, typed).flatten();
         assert_eq!(
-            e164(Region::CN, "13800138000").as_deref(),
+            valid(Region::CN, "13800138000").as_deref(),
             Some("+8613800138000")
         );
         assert_eq!(
-            e164(Region::CN, "+8613800138000").as_deref(),
+            valid(Region::CN, "+8613800138000").as_deref(),
             Some("+8613800138000")
         );
         assert_eq!(
@@ -219,15 +255,26 @@ mod tests {
             None,
             "+1 is shared: the crate"
         );
-        assert_eq!(e164(Region::SG, "81234567").as_deref(), Some("+6581234567"));
-        assert_eq!(e164(Region::CN, "123"), None);
+        assert_eq!(
+            valid(Region::SG, "81234567").as_deref(),
+            Some("+6581234567")
+        );
+        assert_eq!(valid(Region::CN, "123"), None);
+        // Certainly not valid: a CN mobile prefix that does not exist, national or `+86`.
+        assert_eq!(e164(Region::CN, "14012345678"), Some(None));
+        assert_eq!(e164(Region::CN, "+8614012345678"), Some(None));
+        assert_eq!(
+            e164(Region::CN, "8614012345678"),
+            None,
+            "the region's code without `+`: read again with it, by the caller"
+        );
     }
 
     #[test]
     fn every_cn_prefix_agrees_with_the_crate() {
         // Every 3-digit start of an 11-digit number (and of shorter and longer ones), with
         // a few endings each: where the fast path answers, the crate answers the same.
-        let mut answered = 0;
+        let (mut answered, mut invalid) = (0, 0);
         for prefix in 0..1000u32 {
             for (len, tail) in [
                 (11, 0u64),
@@ -240,12 +287,16 @@ mod tests {
                 for typed in [digits.clone(), format!("+86{digits}")] {
                     if let Some(fast) = e164(Region::CN, &typed) {
                         answered += 1;
-                        assert_eq!(Some(fast), crate_e164(Region::CN, &typed), "{typed}");
+                        invalid += usize::from(fast.is_none());
+                        assert_eq!(fast, crate_e164(Region::CN, &typed), "{typed}");
                     }
                 }
             }
         }
-        assert!(answered > 1_000, "the fast path answered {answered} times");
+        assert!(
+            answered > 1_000 && invalid > 500,
+            "the fast path answered {answered} times, {invalid} of them not valid"
+        );
     }
 
     #[test]
@@ -276,11 +327,7 @@ mod tests {
                     for typed in [n.clone(), format!("+{}{n}", meta.country_code())] {
                         if let Some(fast) = e164(region, &typed) {
                             answered += 1;
-                            assert_eq!(
-                                Some(fast),
-                                crate_e164(region, &typed),
-                                "{region:?} {typed}"
-                            );
+                            assert_eq!(fast, crate_e164(region, &typed), "{region:?} {typed}");
                         }
                     }
                 }
@@ -325,7 +372,7 @@ mod tests {
                 digits
             };
             if let Some(fast) = e164(region, &typed) {
-                prop_assert_eq!(Some(fast), crate_e164(region, &typed), "{}", typed);
+                prop_assert_eq!(fast, crate_e164(region, &typed), "{}", typed);
             }
         }
     }

@@ -175,19 +175,22 @@ impl Rules {
 pub(super) fn phone_e164(region: Region, fallback: String) -> String {
     // The common spellings of a region's numbers: decided without the crate (~1 µs), and
     // without the memory below, which only a number seen again would use.
-    if let Some(e164) = super::phone::e164(region, &typed_form(&fallback)) {
-        return e164;
-    }
-    let key = (region, fallback);
-    let known = RECENT.get(&key);
-    let e164 = known.unwrap_or_else(|| {
-        let e164 = parse_e164(region, &key.1);
-        RECENT.insert(key.clone(), e164.clone());
-        e164
-    });
+    let (e164, fallback) = match super::phone::e164(region, &typed_form(&fallback)) {
+        Some(decided) => (decided, fallback),
+        None => {
+            let key = (region, fallback);
+            let known = RECENT.get(&key);
+            let e164 = known.unwrap_or_else(|| {
+                let e164 = parse_e164(region, &key.1);
+                RECENT.insert(key.clone(), e164.clone());
+                e164
+            });
+            (e164, key.1)
+        }
+    };
     e164.unwrap_or_else(|| {
         PHONES_NOT_E164.fetch_add(1, Ordering::Relaxed);
-        key.1
+        fallback
     })
 }
 
