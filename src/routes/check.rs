@@ -66,16 +66,12 @@ impl CheckBody {
 #[utoipa::path(
     post,
     path = "/v1/check",
-    tag = "lists",
     summary = "Check every subject against every list, in one sandbox",
     request_body = CheckBody,
     responses(
         (status = 200, description = "Hits; `degraded` when fail-open answered from the local tier", body = CheckOutcome),
         (status = 400, description = "A bad body, list or dimension; a bad value only with `strict`; over 64 values, 16 lists or 4,096 lookups", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `POST /v1/check`
 pub async fn check(

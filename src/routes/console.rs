@@ -39,12 +39,10 @@ pub struct WhoAmI {
 #[utoipa::path(
     get,
     path = "/v1/whoami",
-    tag = "lists",
     summary = "The caller's token name and role, and whether auth is on",
     responses(
         (status = 200, description = "The caller", body = WhoAmI),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/whoami`
 pub async fn whoami(caller: Caller, tokens: web::Data<Tokens>) -> HttpResponse {

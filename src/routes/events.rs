@@ -92,16 +92,12 @@ impl EventBody {
 #[utoipa::path(
     post,
     path = "/v1/events",
-    tag = "velocity",
     summary = "Apply one event, or a batch `{\"events\": [...]}` of at most 1,000",
     request_body = EventBody,
     responses(
         (status = 200, description = "Metric updates applied, duplicate and late events", body = IngestOutcome),
         (status = 400, description = "A bad event (type, id, ts, amount, field) or over 1,000 events; the whole batch is refused", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `POST /v1/events`: one event, or `{"events": [...]}` (at most 1,000).
 pub async fn post_events(
@@ -173,16 +169,12 @@ fn response_features(f: &Features) -> Json {
 #[utoipa::path(
     post,
     path = "/v1/features",
-    tag = "velocity",
     summary = "Read metric values for one entity",
     request_body = FeaturesBody,
     responses(
         (status = 200, description = "Values by metric id", body = FeaturesDoc),
         (status = 400, description = "A bad or undefined metric, a missing group-by field, over 64 metrics", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `POST /v1/features`
 pub async fn post_features(
@@ -225,17 +217,13 @@ pub struct EvaluateBody {
 #[utoipa::path(
     post,
     path = "/v1/evaluate",
-    tag = "velocity",
     summary = "Everything for one request: list checks, the event, features, rules",
     description = "An `event` in the body also needs the permission `events` (403 `forbidden` without it, nothing applied).",
     request_body = EvaluateBody,
     responses(
         (status = 200, description = "Hits, features and rule outcomes", body = EvaluateDoc),
         (status = 400, description = "Any error of a check, an event or a features read", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `POST /v1/evaluate`: list checks, the event, features and rules in one request. The list
 /// checks and the metric work run concurrently; the event is applied before the features are

@@ -13,7 +13,6 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     get,
     path = "/healthz",
-    tag = "operations",
     summary = "The process is up",
     description = "No token needed.",
     responses(
@@ -28,7 +27,6 @@ pub async fn healthz() -> HttpResponse {
 #[utoipa::path(
     get,
     path = "/readyz",
-    tag = "operations",
     summary = "The store answers",
     description = "No token needed.",
     responses(
@@ -50,7 +48,6 @@ pub async fn readyz(lists: web::Data<NameLists>) -> HttpResponse {
 #[utoipa::path(
     get,
     path = "/metrics",
-    tag = "operations",
     summary = "Prometheus metrics",
     description = "No token needed.",
     responses(

@@ -155,17 +155,13 @@ fn new_entry(
 #[utoipa::path(
     post,
     path = "/v1/lists/{list}/entries",
-    tag = "lists",
     summary = "Add or refresh entries (upsert, last write wins)",
     request_body = UpsertBody,
     params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
     responses(
         (status = 200, description = "All entries written", body = WrittenDoc),
         (status = 400, description = "A bad body, list, dimension, value, expiry or reason, or over 10,000 entries; nothing is written", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `POST /v1/lists/{list}/entries`
 pub async fn upsert(
@@ -191,17 +187,13 @@ pub async fn upsert(
 #[utoipa::path(
     delete,
     path = "/v1/lists/{list}/entries",
-    tag = "lists",
     summary = "Delete entries",
     request_body = DeleteBody,
     params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
     responses(
         (status = 200, description = "Entries removed that were present and not yet expired", body = RemovedDoc),
         (status = 400, description = "A bad body, list, dimension or value, or over 10,000 entries; nothing is deleted", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `DELETE /v1/lists/{list}/entries`
 pub async fn remove(
@@ -226,14 +218,12 @@ pub async fn remove(
 #[utoipa::path(
     get,
     path = "/v1/lists/{list}/entries/{dimension}/{value}",
-    tag = "lists",
     summary = "Look one entry up (the exact entry; a range by its own value)",
     params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`"), ("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
     responses(
         (status = 200, description = "Listed, with its expiry, or not", body = ListedDoc),
         (status = 400, description = "A bad list, dimension, value or sandbox", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/lists/{list}/entries/{dimension}/{value}?sandbox=S`: the exact entry (a range
 /// is looked up by its own value, e.g. `10.1.2.0/24`, not by an address inside it).
@@ -267,15 +257,13 @@ pub async fn lookup(
 #[utoipa::path(
     get,
     path = "/v1/lists",
-    tag = "lists",
     summary = "The (list, sandbox) pairs holding entries, paged",
     description = "In (list, sandbox) order, at most `limit` (1 to 1,000, default 100) a page; `next_cursor` continues, `null` after the last page. Each page costs the store O(log n + limit), filtered or not.",
     params(RawListsQuery),
     responses(
         (status = 200, description = "Approximate entry counts (kept on write), last change, hits since this instance started; `next_cursor`", body = ListsPage),
         (status = 400, description = "A bad filter (`invalid_list`, `invalid_sandbox`, `invalid_filter` for the limit) or cursor (`invalid_cursor`), an unknown parameter (`invalid_body`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/lists?list=&sandbox=&limit=&cursor=`: one page of the (list, sandbox) pairs
 /// holding entries, with their approximate counts, last changes and the hits this instance
@@ -294,14 +282,12 @@ pub async fn summaries(
 #[utoipa::path(
     get,
     path = "/v1/lists/-/lookup/{dimension}/{value}",
-    tag = "lists",
     summary = "One identity on every list of a sandbox, as a check finds it",
     params(("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
     responses(
         (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
         (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/lists/-/lookup/{dimension}/{value}?sandbox=S`: the identity on every list of the
 /// sandbox, as a check finds it (ranges, segments and domains included).
@@ -320,17 +306,13 @@ pub async fn lookup_everywhere(
 #[utoipa::path(
     post,
     path = "/v1/lists/-/lookup",
-    tag = "lists",
     summary = "One identity on every list of a sandbox, the identity in the body",
     description = "The same answer as `GET /v1/lists/-/lookup/{dimension}/{value}`, with the identity kept out of the URL (the console uses it).",
     request_body = LookupBody,
     responses(
         (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
         (status = 400, description = "A bad body, dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `POST /v1/lists/-/lookup` with `{"dimension", "value", "sandbox"}`: as
 /// `lookup_everywhere`.

@@ -13,20 +13,21 @@
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, web};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::schemas::{ErrorBody, ErrorDetail};
-use super::table::{Need, ROUTES, StoreUse};
+use super::table::{Need, ROUTES, RouteDef, StoreUse};
 use super::{audit, check, console, events, health, lists, velocity};
 use crate::domain::ErrorCode;
 
 /// What every gated operation shares, taken from `ROUTES` (the one table of what each route
 /// needs, which budget it counts against and what it asks of the store), so no handler
-/// repeats it: its "Needs" line, the answers of the gate (`gate`: 401, 403, 429) and its 503s
-/// (a full budget, and the store's by `StoreUse`).
+/// repeats it: its tag, its security (bearer, unless open), its "Needs" line, the answers of the gate (`gate`: 401, 403, 429), its 503s
+/// (a full budget, and the store's by `StoreUse`) and, for one with a request body, the
+/// answers of the body reader (`json`: 408, 413).
 struct Gates;
 
 impl Modify for Gates {
@@ -48,9 +49,6 @@ impl Modify for Gates {
                 .into()
         };
         for route in ROUTES {
-            if route.need == Need::Open {
-                continue;
-            }
             let path = route.path.replace(":.*}", "}");
             let Some(item) = doc.paths.paths.get_mut(&path) else {
                 continue;
@@ -63,6 +61,14 @@ impl Modify for Gates {
                 _ => None,
             };
             let Some(op) = op else { continue };
+            op.tags = Some(vec![tag(route).to_owned()]);
+            if route.need == Need::Open {
+                continue;
+            }
+            op.security = Some(vec![SecurityRequirement::new(
+                "bearer",
+                Vec::<String>::new(),
+            )]);
             let needs = format!(
                 "Needs: {}. Budget: {}.",
                 route.need.describe(),
@@ -72,7 +78,18 @@ impl Modify for Gates {
                 Some(d) => format!("{needs} {d}"),
                 None => needs,
             });
+            let has_body = op.request_body.is_some();
             let r = &mut op.responses.responses;
+            if has_body {
+                r.insert(
+                    "408".into(),
+                    error("The body did not arrive within 10 s (`request_timeout`)"),
+                );
+                r.insert(
+                    "413".into(),
+                    error("Body over `max_body_bytes` (`payload_too_large`)"),
+                );
+            }
             r.insert(
                 "401".into(),
                 error("Tokens are configured and no valid bearer token was sent (`unauthorized`, with `WWW-Authenticate: Bearer`)"),
@@ -106,6 +123,22 @@ impl Modify for Gates {
                 }),
             );
         }
+    }
+}
+
+/// The group of a route in the document: the probes are `operations`, velocity's
+/// definitions and events `velocity`, the rest `lists`.
+fn tag(route: &RouteDef) -> &'static str {
+    let first = route
+        .path
+        .trim_start_matches("/v1")
+        .split('/')
+        .nth(1)
+        .unwrap_or_default();
+    match first {
+        _ if route.need == Need::Open => "operations",
+        "metrics" | "rules" | "events" | "features" | "evaluate" => "velocity",
+        _ => "lists",
     }
 }
 

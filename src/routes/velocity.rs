@@ -38,17 +38,13 @@ fn rule_id(raw: String) -> Result<RuleId, ApiError> {
 #[utoipa::path(
     put,
     path = "/v1/metrics/{id}",
-    tag = "velocity",
     summary = "Define or change a metric",
     request_body = MetricBody,
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The definition (a changed one gets a new version)", body = MetricDef),
         (status = 400, description = "A bad id, expression (the message gives the column) or resolution", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `PUT /v1/metrics/{id}`
 pub async fn put_metric(
@@ -71,15 +67,13 @@ pub async fn put_metric(
 #[utoipa::path(
     get,
     path = "/v1/metrics/{id}",
-    tag = "velocity",
     summary = "One metric",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The definition", body = MetricDef),
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/metrics/{id}`
 pub async fn get_metric(
@@ -92,12 +86,10 @@ pub async fn get_metric(
 #[utoipa::path(
     get,
     path = "/v1/metrics",
-    tag = "velocity",
     summary = "Every metric",
     responses(
         (status = 200, description = "Every definition", body = MetricsDoc),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/metrics`
 pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
@@ -107,7 +99,6 @@ pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
 #[utoipa::path(
     delete,
     path = "/v1/metrics/{id}",
-    tag = "velocity",
     summary = "Delete a metric",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
@@ -115,8 +106,7 @@ pub async fn list_metrics(v: web::Data<Velocity>) -> HttpResponse {
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such metric (`unknown_metric`)", body = ErrorBody),
         (status = 409, description = "A rule reads it (`metric_in_use`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `DELETE /v1/metrics/{id}`: refused (409) while a rule reads the metric.
 pub async fn delete_metric(
@@ -135,17 +125,13 @@ pub async fn delete_metric(
 #[utoipa::path(
     put,
     path = "/v1/rules/{id}",
-    tag = "velocity",
     summary = "Define or change a rule",
     request_body = RuleBody,
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The rule", body = RuleDef),
         (status = 400, description = "A bad id or expression, or a metric that is not defined", body = ErrorBody),
-        (status = 408, description = "The body did not arrive within 10 s (`request_timeout`)", body = ErrorBody),
-        (status = 413, description = "Body over `max_body_bytes` (`payload_too_large`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `PUT /v1/rules/{id}`
 pub async fn put_rule(
@@ -165,15 +151,13 @@ pub async fn put_rule(
 #[utoipa::path(
     get,
     path = "/v1/rules/{id}",
-    tag = "velocity",
     summary = "One rule",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "The rule", body = RuleDef),
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/rules/{id}`
 pub async fn get_rule(
@@ -186,12 +170,10 @@ pub async fn get_rule(
 #[utoipa::path(
     get,
     path = "/v1/rules",
-    tag = "velocity",
     summary = "Every rule",
     responses(
         (status = 200, description = "Every rule", body = RulesDoc),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `GET /v1/rules`
 pub async fn list_rules(v: web::Data<Velocity>) -> HttpResponse {
@@ -201,15 +183,13 @@ pub async fn list_rules(v: web::Data<Velocity>) -> HttpResponse {
 #[utoipa::path(
     delete,
     path = "/v1/rules/{id}",
-    tag = "velocity",
     summary = "Delete a rule",
     params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
     responses(
         (status = 200, description = "Deleted", body = DeletedDoc),
         (status = 400, description = "A bad id", body = ErrorBody),
         (status = 404, description = "No such rule (`unknown_rule`)", body = ErrorBody),
-    ),
-    security(("bearer" = []))
+    )
 )]
 /// `DELETE /v1/rules/{id}`
 pub async fn delete_rule(
