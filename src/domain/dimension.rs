@@ -6,7 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ErrorCode, ValidationError};
+use super::code::ErrorCode;
+use super::error::ValidationError;
 
 /// The kind of identity a value is. Parsed only through `FromStr`/`TryFrom<String>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -74,7 +75,7 @@ impl TryFrom<String> for Dimension {
                 .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
         if !valid {
             // The refused name only when it is a plain name of a dimension's length.
-            let shown = if b.len() <= Self::CUSTOM_MAX_LEN && super::shown_key(&s) == s {
+            let shown = if b.len() <= Self::CUSTOM_MAX_LEN && super::error::shown_key(&s) == s {
                 format!(" {s:?}")
             } else {
                 String::new()

@@ -5,7 +5,7 @@
 //! name (it may be 10 KB or a phone number), not a map key that is not a plain name
 //! ([`shown_key`]). It names the place and what was expected.
 
-use super::ErrorCode;
+use super::code::ErrorCode;
 use std::fmt;
 
 /// A caller's mistake found while parsing input. Always maps to a 4xx.

@@ -6,7 +6,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{ErrorCode, ValidationError};
+use super::code::ErrorCode;
+use super::error::ValidationError;
 
 /// The latest expiry accepted: 2156-02-07T06:28:15Z, the last second the stored code holds.
 pub const LATEST_EXPIRY_MS: i64 = 5_872_804_095_000;

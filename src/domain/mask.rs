@@ -16,7 +16,8 @@
 //! A segment of 3 digits or fewer is thus shown whole: it lists at least 10^8 numbers of an
 //! 11-digit plan. A longer one shows no more of itself than a phone's mask shows of a phone.
 
-use super::{Dimension, Value};
+use super::dimension::Dimension;
+use super::value::Value;
 
 fn keep_ends(s: &str, head: usize, tail: usize) -> String {
     let chars: Vec<char> = s.chars().collect();

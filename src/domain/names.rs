@@ -6,7 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ErrorCode, ValidationError};
+use super::code::ErrorCode;
+use super::error::ValidationError;
 
 fn check_ident(
     s: &str,
@@ -19,7 +20,7 @@ fn check_ident(
     if s.is_empty() || s.len() > max || !s.bytes().all(allowed) {
         // The refused text only when it is a plain name within the length (`Black`): never
         // one over its limit (10 KB) nor anything else (`+8613800138000`).
-        let shown = if s.len() <= max && super::shown_key(s) == s {
+        let shown = if s.len() <= max && super::error::shown_key(s) == s {
             format!("{what} {s:?} must match {pattern}")
         } else {
             format!("{what} must match {pattern}")

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use phonenumber::PhoneNumber;
 use phonenumber::country::Id as Region;
 
-use super::Sandbox;
+use super::names::Sandbox;
 
 /// The rules a new keyspace records.
 pub const LATEST_RULES: u32 = 2;

@@ -47,8 +47,10 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::code::ErrorCode;
+use super::dimension::Dimension;
+use super::error::ValidationError;
 use super::rules::{self, Norm};
-use super::{Dimension, ErrorCode, ValidationError};
 
 /// Longest opaque value (uid, device, custom dimensions), in bytes.
 pub const MAX_TEXT_LEN: usize = 256;
