@@ -18,6 +18,10 @@ pub(super) const PASSES_PER_REFRESH: u32 = 16;
 /// Buckets the worker looks at per sweep step.
 pub(super) const SCAN_STEP: u32 = 4096;
 
+/// How often the answering gauge counts the filters in sync (a look at every bucket's stamp:
+/// ~1 ms at 1M buckets).
+const ANSWERING_EVERY: Duration = Duration::from_secs(2);
+
 /// Partial mode preloads until this share of the budget is used.
 pub(super) const PRELOAD_SHARE: f64 = 0.9;
 
@@ -121,6 +125,27 @@ impl Ring {
 }
 
 impl LocalTier {
+    /// The sweep's gauges, under its lock: the oldest copy of the last full pass, and the
+    /// share of buckets answering locally (`loaded` in complete mode; partial mode's filters
+    /// of this generation, counted every `ANSWERING_EVERY`).
+    pub(super) fn sweep_gauges(&self, now: Instant, loaded: f64) -> (Duration, f64) {
+        let mut sweep = self.sweep.lock();
+        let answering = match (self.mode(), self.filters.load().as_ref()) {
+            (Mode::Partial, Some(f)) if self.is_trusted() => match sweep.answering {
+                Some((at, v)) if now.saturating_duration_since(at) < ANSWERING_EVERY => v,
+                _ => {
+                    let v =
+                        f.of_generation(self.generation()) as f64 / f64::from(self.buckets.max(1));
+                    sweep.answering = Some((now, v));
+                    v
+                }
+            },
+            (Mode::Complete, _) if self.is_trusted() => loaded,
+            _ => 0.0,
+        };
+        (sweep.oldest, answering)
+    }
+
     /// The mean period of the safety-net re-reads: `ttl / 2` without proofs of delivery (or
     /// with `refresh_rate` 0); with them, long enough that the age-driven re-reads of all
     /// buckets stay near `refresh_rate` a second, whatever the keyspace.

@@ -14,10 +14,6 @@ use crate::instrumented::Instrumented;
 use crate::metrics::{StoreOp, TierGauges};
 use crate::store::{Deadline, EntryStore, StoreError};
 
-/// How often the answering gauge counts the filters in sync (a look at every bucket's stamp:
-/// ~1 ms at 1M buckets).
-pub(super) const ANSWERING_EVERY: Duration = Duration::from_secs(2);
-
 /// How long one background read may take.
 pub(super) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -180,23 +176,7 @@ impl LocalTier {
             .synced(now)
             .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
         gauges.stale_seconds.set(stale);
-        let (oldest, answering) = {
-            let mut sweep = self.sweep.lock();
-            let answering = match (self.mode(), self.filters.load().as_ref()) {
-                (Mode::Partial, Some(f)) if self.is_trusted() => match sweep.answering {
-                    Some((at, v)) if now.saturating_duration_since(at) < ANSWERING_EVERY => v,
-                    _ => {
-                        let v = f.of_generation(self.generation()) as f64
-                            / f64::from(self.buckets.max(1));
-                        sweep.answering = Some((now, v));
-                        v
-                    }
-                },
-                (Mode::Complete, _) if self.is_trusted() => loaded,
-                _ => 0.0,
-            };
-            (sweep.oldest, answering)
-        };
+        let (oldest, answering) = self.sweep_gauges(now, loaded);
         gauges.oldest_copy_seconds.set(oldest.as_secs_f64());
         gauges.answering.set(answering);
         gauges
