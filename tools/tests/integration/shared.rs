@@ -10,9 +10,18 @@ use crate::common::{self, RedisServer, TestApp};
 /// `namelist-tools` with the tests' key, on `redis` at `prefix`, and nothing else from this
 /// process's `NAMELIST_*` environment; its stdout (the run must succeed).
 pub fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
+    let url = redis.url();
+    let mut all = vec!["--redis-url", url.as_str(), "--prefix", prefix];
+    all.extend_from_slice(args);
+    tools_with(&all)
+}
+
+/// `namelist-tools ARGS` with the tests' key and nothing else from this process's
+/// `NAMELIST_*` environment (the arguments say where the store is); its stdout (the run
+/// must succeed).
+pub fn tools_with(args: &[&str]) -> String {
     let out = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"))
         .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-        .args(["--redis-url", &redis.url(), "--prefix", prefix])
         .args(args)
         .output()
         .unwrap();

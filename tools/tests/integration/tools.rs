@@ -7,15 +7,13 @@
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
 use crate::common;
-use crate::shared::{Probe, check_all, generate, tools};
+use crate::shared::{Probe, check_all, generate, tools, tools_with};
 
 use std::path::Path;
 
 use common::{RedisCluster, RedisServer, cluster_settings, redis_settings, spawn_app};
 use namelist::domain::{Dimension, Value};
 use serde_json::Value as Json;
-
-const TOOLS: &str = env!("CARGO_BIN_EXE_namelist-tools");
 
 /// A row of a gen file: where it is listed, the value to check, what a hit must show.
 type Row = Probe;
@@ -124,21 +122,6 @@ async fn gen_import_check_no_false_negatives_or_positives() {
     let report: Json = serde_json::from_str(sweep.lines().last().unwrap()).unwrap();
     assert_eq!(report["fields_reclaimed"], 0, "{report}");
     assert_eq!(redis.digest(), before);
-}
-
-/// Runs `namelist-tools` with `args` (global flags first); its stdout.
-fn tools_with(args: &[&str]) -> String {
-    let out = common::without_namelist_env(TOOLS)
-        .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// (bucket keys, sum of MEMORY USAGE, sum of HLEN) of `prefix` over every primary of the
