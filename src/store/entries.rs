@@ -2,36 +2,11 @@
 //! changes and pages, and reads of the audit trail (the record's `op`, positions in the
 //! merged trail, index terms, one part's read and what it found).
 
-use crate::domain::{ListName, Sandbox};
 use crate::store::layout::{AuditRecord, EntryKey, PrefixLen, Scope};
 
-/// What an audit record says was done to an entry; its `op` field, spelt as `as_str`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AuditOp {
-    /// Added or changed through the API (`upsert`).
-    Upsert,
-    /// Deleted through the API (`delete`).
-    Delete,
-    /// Written in bulk by `namelist-tools import` (`import`).
-    Import,
-}
-
-impl AuditOp {
-    /// The `op` field as stored in the audit trail (never changes: readers match on it).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditOp::Upsert => "upsert",
-            AuditOp::Delete => "delete",
-            AuditOp::Import => "import",
-        }
-    }
-}
-
-impl std::fmt::Display for AuditOp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+// Parts of the format (an audit record's op and index terms, a range of scopes), defined
+// with it and taken and given by `EntryStore` as they are.
+pub use crate::store::layout::{AuditOp, AuditTerm, CountsQuery};
 
 /// What a removal found at one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,40 +44,6 @@ pub struct ListCount {
     pub last_change_ms: i64,
 }
 
-/// Which scopes' counts to read (`EntryStore::list_counts`): those of `list` and of
-/// `sandbox` when given, strictly after `after` in (list, sandbox) order (names compared byte
-/// by byte), at most `limit` of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CountsQuery {
-    pub list: Option<ListName>,
-    pub sandbox: Option<Sandbox>,
-    pub after: Option<Scope>,
-    pub limit: usize,
-}
-
-impl CountsQuery {
-    /// The first `limit` scopes, unfiltered.
-    pub fn first(limit: usize) -> Self {
-        Self {
-            list: None,
-            sandbox: None,
-            after: None,
-            limit,
-        }
-    }
-
-    /// Whether a scope passes the filters and comes after `after` (the oracle every backend's
-    /// range reads must agree with).
-    pub fn selects(&self, list: &str, sandbox: &str) -> bool {
-        self.list.as_ref().is_none_or(|l| l.as_str() == list)
-            && self.sandbox.as_ref().is_none_or(|s| s.as_str() == sandbox)
-            && self
-                .after
-                .as_ref()
-                .is_none_or(|a| (list, sandbox) > (a.list.as_str(), a.sandbox.as_str()))
-    }
-}
-
 /// One page of counts (`EntryStore::list_counts`), in (list, sandbox) order; `more` when
 /// further scopes match past the last one.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -136,21 +77,6 @@ impl AuditPos {
         };
         it.next().is_none().then_some(pos)
     }
-}
-
-/// A term of the audit trail's index: what a read through the index finds
-/// (`AuditRead::index`). Every record is indexed, when written, under the terms of the
-/// fields it has (`AuditRecord::terms`): at most one of each kind.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AuditTerm {
-    /// The record's value fingerprint (its `vfp` field, `Layout::audit_value`): one entry's
-    /// value in its dimension, in every list and sandbox. Records written before the field
-    /// existed have none.
-    Value(u64),
-    /// The record's `who` (a token's name, an import's actor).
-    Who(String),
-    /// The record's `list`.
-    List(String),
 }
 
 /// One part's read of the audit trail (`EntryStore::audit_read`).

@@ -116,7 +116,49 @@ use serde::{Deserialize, Serialize};
 
 use super::{CLUSTER_SLOTS, EntryKey, Layout, key_slot};
 use crate::domain::{Dimension, ListName, Sandbox, Value};
-use crate::store::{AuditOp, AuditTerm};
+
+/// What an audit record says was done to an entry; its `op` field, spelt as `as_str`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuditOp {
+    /// Added or changed through the API (`upsert`).
+    Upsert,
+    /// Deleted through the API (`delete`).
+    Delete,
+    /// Written in bulk by `namelist-tools import` (`import`).
+    Import,
+}
+
+impl AuditOp {
+    /// The `op` field as stored in the audit trail (never changes: readers match on it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditOp::Upsert => "upsert",
+            AuditOp::Delete => "delete",
+            AuditOp::Import => "import",
+        }
+    }
+}
+
+impl std::fmt::Display for AuditOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A term of the audit trail's index: what a read through the index finds
+/// (`AuditRead::index`). Every record is indexed, when written, under the terms of the
+/// fields it has (`AuditRecord::terms`): at most one of each kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AuditTerm {
+    /// The record's value fingerprint (its `vfp` field, `Layout::audit_value`): one entry's
+    /// value in its dimension, in every list and sandbox. Records written before the field
+    /// existed have none.
+    Value(u64),
+    /// The record's `who` (a token's name, an import's actor).
+    Who(String),
+    /// The record's `list`.
+    List(String),
+}
 
 /// Parts of the audit trail (see the module docs).
 pub const AUDIT_PARTS: usize = 64;
@@ -427,7 +469,7 @@ impl AuditRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Hashing;
+    use crate::store::fingerprint::Hashing;
     use crate::store::layout::tests::keyed;
 
     #[test]
@@ -503,7 +545,7 @@ mod tests {
 
     #[test]
     fn audit_index_terms_never_hold_the_byte_that_ends_them() {
-        use crate::store::AuditTerm;
+        use super::AuditTerm;
         let term = |t: AuditTerm| audit_index_term(&t);
         assert_eq!(term(AuditTerm::Value(0xab)), b"v:00000000000000ab");
         assert_eq!(term(AuditTerm::Who("alice".into())), b"w:alice");
@@ -528,7 +570,7 @@ mod tests {
 
     #[test]
     fn a_record_is_indexed_by_its_vfp_who_and_list() {
-        use crate::store::AuditTerm;
+        use super::AuditTerm;
         let r = |fields: &[(&str, &str)]| AuditRecord {
             fields: fields
                 .iter()

@@ -71,7 +71,41 @@
 
 use super::audit::{AUDIT_PARTS, audit_tags};
 use super::{Layout, Scope};
-use crate::store::CountsQuery;
+use crate::domain::{ListName, Sandbox};
+
+/// Which scopes' counts to read (`EntryStore::list_counts`): those of `list` and of
+/// `sandbox` when given, strictly after `after` in (list, sandbox) order (names compared byte
+/// by byte), at most `limit` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountsQuery {
+    pub list: Option<ListName>,
+    pub sandbox: Option<Sandbox>,
+    pub after: Option<Scope>,
+    pub limit: usize,
+}
+
+impl CountsQuery {
+    /// The first `limit` scopes, unfiltered.
+    pub fn first(limit: usize) -> Self {
+        Self {
+            list: None,
+            sandbox: None,
+            after: None,
+            limit,
+        }
+    }
+
+    /// Whether a scope passes the filters and comes after `after` (the oracle every backend's
+    /// range reads must agree with).
+    pub fn selects(&self, list: &str, sandbox: &str) -> bool {
+        self.list.as_ref().is_none_or(|l| l.as_str() == list)
+            && self.sandbox.as_ref().is_none_or(|s| s.as_str() == sandbox)
+            && self
+                .after
+                .as_ref()
+                .is_none_or(|a| (list, sandbox) > (a.list.as_str(), a.sandbox.as_str()))
+    }
+}
 
 /// Most pairs of the lists' counts one script call changes or takes (see the module docs):
 /// each call holds Redis for a bounded time.
@@ -187,7 +221,7 @@ pub struct CountRange {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Hashing;
+    use crate::store::fingerprint::Hashing;
     use crate::store::layout::key_slot;
     use proptest::prelude::*;
 

@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn only_exact_bucket_keys_of_this_keyspace() {
-        let l = Layout::new("nl:", 10, crate::store::Hashing::Unkeyed);
+        let l = Layout::new("nl:", 10, crate::store::fingerprint::Hashing::Unkeyed);
         assert_eq!(l.parse_bucket_key(b"nl:b:0"), Some(0));
         assert_eq!(l.parse_bucket_key(b"nl:b:9"), Some(9));
         assert_eq!(

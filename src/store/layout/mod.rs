@@ -37,10 +37,10 @@ mod velocity;
 use serde::{Deserialize, Serialize};
 
 pub use self::audit::{
-    AUDIT_INDEX_ID_LEN, AUDIT_PARTS, AuditRecord, AuditSummary, audit_index_id, audit_index_term,
-    parse_audit_index_id,
+    AUDIT_INDEX_ID_LEN, AUDIT_PARTS, AuditOp, AuditRecord, AuditSummary, AuditTerm, audit_index_id,
+    audit_index_term, parse_audit_index_id,
 };
-pub use self::counts::{COUNT_CHUNK, CountRange};
+pub use self::counts::{COUNT_CHUNK, CountRange, CountsQuery};
 pub use self::entries::{EntryKey, canonical, write_canonical};
 pub use self::invalidation::Invalidation;
 pub use self::prefix::{PrefixKind, PrefixLen};
@@ -146,7 +146,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::FingerprintKey;
+    use crate::store::fingerprint::FingerprintKey;
 
     #[test]
     fn a_scope_is_encoded_as_the_pair_it_was() {

@@ -242,7 +242,7 @@ fn base64_bits(bits: u128, chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Hashing;
+    use crate::store::fingerprint::Hashing;
     use crate::store::layout::tests::keyed;
 
     #[test]
