@@ -1,7 +1,7 @@
 //! What slow clients cost everyone else: the latency of normal checks while hundreds of
 //! connections hang on the server, next to the same checks on an idle server.
 //!
-//! `tests/integration/hostile.rs` (`slow_clients_do_not_block_others`) proves the behaviour: every normal
+//! `tests/integration/hostile/slow.rs` (`slow_clients_do_not_block_others`) proves the behaviour: every normal
 //! check is answered, exactly, while the slow clients are there, and the server cuts them off
 //! on time. How fast those checks are is a measurement, so it lives here (a timing bound in a
 //! test fails on a loaded machine for reasons that have nothing to do with the code).

@@ -1,5 +1,6 @@
 //! The audit trail's index on Redis (`store::layout`, *Audit trail*), what only Redis shows
-//! (the behaviour on every backend is in `tests/integration/conformance/operators.rs`):
+//! (the behaviour on every backend is in
+//! `tests/integration/conformance/operators/audit_index.rs`):
 //!
 //! * what a search costs, counted by Redis itself (`INFO commandstats`): a search by `who`
 //!   reads the records it returns, not the trail, and a write stays one `MULTI`;

@@ -1,7 +1,7 @@
 //! The lists' counts on Redis (issue 24, "Counts bounded"): what they cost in Redis, a pair
 //! at zero leaving nothing behind, the fold of the older layout's 64 parts (one node, a
 //! cluster, three callers at once, the service's start), and a page's cost that does not grow
-//! with the number of pairs. (The same behaviours on every backend: `tests/integration/conformance/operators.rs`.)
+//! with the number of pairs. (The same behaviours on every backend: `tests/integration/conformance/operators/counts.rs`.)
 
 use crate::common;
 

@@ -5,7 +5,7 @@
 //! CI about two minutes of compiling and linking on two cores. nextest still runs every test
 //! in a process of its own, so tests share nothing but the binary; one module's tests:
 //! `cargo nextest run --test integration -E 'test(/^http::/)'`. The console's browser tests
-//! stay a binary of their own (`tests/console.rs`).
+//! stay a binary of their own (`tests/console/`).
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -3,7 +3,7 @@
 //! embedded store, a Redis and a local cluster; every bad filter and cursor a 400 with its
 //! code, a cursor with nothing older an empty last page. (Roles:
 //! `tests/integration/auth.rs`; no raw value in the logs: `tests/integration/observability.rs`; the same behaviours
-//! on every backend without HTTP: `tests/integration/conformance/operators.rs`.)
+//! on every backend without HTTP: `tests/integration/conformance/operators/`.)
 
 use crate::common;
 

@@ -2,7 +2,7 @@
 //! exactly the sub-windows `[read_hi - slots + 1, read_hi]`; the updates carrying an event
 //! are applied once, within a request too, while it is remembered; COUNT_DISTINCT keeps its newest members up to
 //! the cap and says when it is at it. (The velocity service over these, against an oracle of
-//! random event streams, is `tests/integration/velocity.rs`.)
+//! random event streams, is `tests/integration/velocity/oracle.rs`.)
 
 use namelist::domain::now_ms;
 use namelist::store::{EventMark, MetricAnswer, MetricFamily, MetricOp, MetricReading};

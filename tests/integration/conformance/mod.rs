@@ -14,7 +14,7 @@
 //!   publish their changes, housekeeping nothing);
 //! * `metrics`: `MetricStore`, directly (each family's window, events applied once per entity,
 //!   the distinct cap); the velocity service's oracle over random streams stays in
-//!   `tests/integration/velocity.rs`, on the embedded store, Redis and a cluster;
+//!   `tests/integration/velocity/oracle.rs`, on the embedded store, Redis and a cluster;
 //! * `definitions`: `DefinitionStore` (versions kept, bumped, never reused; kinds apart;
 //!   every change published);
 //! * `audit_reports`: `AuditReports` (no summary until an audit leaves one, then exactly it);

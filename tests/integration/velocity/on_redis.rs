@@ -1,0 +1,294 @@
+//! What only Redis shows: a long stream keeps its hashes listpacks, a flushed script cache is
+//! reloaded, event ids compact and forgotten, a keyspace made before velocity layout 2 keeps
+//! its metric keys.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{RedisServer, unique_prefix};
+use namelist::domain::now_ms;
+use namelist::store::StoreBase;
+use namelist::velocity::{EventInput, VelocitySettings};
+use serde_json::json;
+
+use super::{HOUR, event, fields, mid, redis_at, redis_store, settings, velocity, velocity_with};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_stream_keeps_hashes_listpacks() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let v = velocity(store.clone()).await;
+    let def = v
+        .put_metric(mid("per_min"), "COUNT(1h, tx) BY device", Some("1m"))
+        .await
+        .unwrap();
+    let avg = v
+        .put_metric(mid("avg_min"), "AVG(1h, tx, amount) BY device", Some("1m"))
+        .await
+        .unwrap();
+    let now = now_ms();
+    // Three hours of events, oldest first, one every 10 s: 1,080 events over 180 minutes.
+    let evs: Vec<EventInput> = (0..1080)
+        .map(|i| {
+            event(
+                None,
+                "tx",
+                now - 3 * HOUR + i * 10_000,
+                &[("device", "d1"), ("amount", "1.5")],
+            )
+        })
+        .collect();
+    for chunk in evs.chunks(100) {
+        v.ingest(chunk).await.unwrap();
+    }
+    let mut conn = redis.conn();
+    // A hash's length is looked at on one update in eight: a few sub-windows more at most.
+    for (d, max_fields) in [(&def, 64), (&avg, 128)] {
+        let key = store.layout().metric_key(d.id.as_str(), d.version, &["d1"]);
+        let enc: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(enc, "listpack", "{}", d.id);
+        let len: usize = redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap();
+        assert!(
+            len <= max_fields,
+            "{}: {len} fields: old sub-windows were trimmed",
+            d.id
+        );
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+        assert!(
+            // The window, and the sub-windows events up to 6 minutes ahead could open.
+            ttl > 0 && ttl <= HOUR + 9 * 60_000,
+            "{}: expires by itself ({ttl} ms)",
+            d.id
+        );
+    }
+    let f = v
+        .features(&[mid("per_min")], &fields(&[("device", "d1")]), None)
+        .await
+        .unwrap();
+    // The last hour of 10 s events: between 354 and 366 depending on the minute boundary.
+    let n = f.values[&mid("per_min")].as_i64().unwrap();
+    assert!((354..=366).contains(&n), "{n}");
+}
+
+/// Scripts are called by SHA; a flushed script cache (what a Redis restart or failover to a
+/// fresh node gives) is reloaded and exactly the calls that did not run are redone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_is_reloaded() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let v = velocity(store).await;
+    v.put_metric(mid("n"), "COUNT(1h, tx) BY device", None)
+        .await
+        .unwrap();
+    v.put_metric(mid("users"), "COUNT_DISTINCT(1h, tx, user) BY device", None)
+        .await
+        .unwrap();
+    let now = now_ms();
+    let ev = |i: i64| {
+        event(
+            Some(&format!("e{i}")),
+            "tx",
+            now - i * 1000,
+            &[("device", "d"), ("user", &format!("u{}", i % 3))],
+        )
+    };
+    let mut conn = redis.conn();
+    let flush = |conn: &mut redis::Connection| {
+        let ok: String = redis::cmd("SCRIPT").arg("FLUSH").query(conn).unwrap();
+        assert_eq!(ok, "OK");
+    };
+    let first = v.ingest(&(0..4).map(ev).collect::<Vec<_>>()).await.unwrap();
+    assert_eq!((first.applied, first.duplicates), (8, 0));
+
+    flush(&mut conn);
+    // Two new events and two replays, after the flush: the replays are still recognised.
+    let second = v.ingest(&(2..6).map(ev).collect::<Vec<_>>()).await.unwrap();
+    assert_eq!((second.applied, second.duplicates), (4, 2));
+
+    flush(&mut conn);
+    let f = v
+        .features(&[mid("n"), mid("users")], &fields(&[("device", "d")]), None)
+        .await
+        .unwrap();
+    assert_eq!(f.values[&mid("n")], json!(6));
+    assert_eq!(f.values[&mid("users")], json!(3));
+}
+
+/// Event ids cost under 24 B each in Redis, for the whole event whatever its metrics; they
+/// are forgotten after the dedupe window (a replay then counts again), and a bucket drops
+/// its expired ids as it fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_ids_are_compact_and_forgotten() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    // 200 ids: one bucket, at the fill the buckets are sized for.
+    let store = redis_at(redis.url(), Vec::new(), &prefix, 200).await;
+    assert_eq!(store.layout().event_buckets(), 1);
+    let v = velocity_with(
+        store.clone(),
+        VelocitySettings {
+            dedupe_window: Duration::from_secs(2),
+            ..settings()
+        },
+    )
+    .await;
+    for (id, expr) in [
+        ("a", "COUNT(1h, tx) BY user"),
+        ("b", "SUM(1d, tx, amount) BY user"),
+        ("c", "COUNT_DISTINCT(30d, tx, user) BY device"),
+        ("d", "MAX(1d, tx, amount) BY device"),
+        ("e", "APPROX_COUNT_DISTINCT(1d, tx, device) BY ip"),
+    ] {
+        v.put_metric(mid(id), expr, None).await.unwrap();
+    }
+    let batch = |from: usize, to: usize| -> Vec<EventInput> {
+        (from..to)
+            .map(|i| {
+                event(
+                    Some(&format!("id-{i}")),
+                    "tx",
+                    now_ms(),
+                    &[
+                        ("user", "u"),
+                        ("device", "d"),
+                        ("ip", "10.0.0.1"),
+                        ("amount", "2"),
+                    ],
+                )
+            })
+            .collect()
+    };
+    let first = v.ingest(&batch(0, 200)).await.unwrap();
+    assert_eq!((first.applied, first.duplicates), (1000, 0));
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = store.layout().event_bucket_key(0, None);
+    let (len, bytes, encoding): (u64, u64, String) = redis::pipe()
+        .cmd("HLEN")
+        .arg(&key)
+        .cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&key)
+        .arg("SAMPLES")
+        .arg(0)
+        .cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (len, encoding.as_str()),
+        (200, "listpack"),
+        "one id per event, not per metric"
+    );
+    assert!(bytes <= 24 * 200, "{bytes} B for 200 ids");
+    // Nothing else was kept per id: no key holds anything per event.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.len() < 20, "{keys:?}");
+
+    let again = v.ingest(&batch(0, 200)).await.unwrap();
+    assert_eq!(
+        (again.applied, again.duplicates),
+        (0, 200),
+        "replays inside the window"
+    );
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let late = v.ingest(&batch(0, 1)).await.unwrap();
+    assert_eq!(
+        (late.applied, late.duplicates),
+        (5, 0),
+        "a replay after the dedupe window counts again"
+    );
+    // Filling past 256 purges the expired ids (every 32 new ones).
+    v.ingest(&batch(200, 320)).await.unwrap();
+    let len: u64 = redis::cmd("HLEN")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        len <= 121 + 32,
+        "expired ids purged as the bucket filled: {len} left"
+    );
+    let f = v
+        .features(&[mid("a")], &fields(&[("user", "u")]), None)
+        .await
+        .unwrap();
+    assert_eq!(f.values[&mid("a")], json!(321));
+}
+
+/// A keyspace made before velocity layout 2 (its meta hash has neither `velocity` nor
+/// `event_buckets`) keeps its metric keys, so counts written before an upgrade are read
+/// after it; a new keyspace records layout 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
+    let store = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    assert_eq!(store.layout().velocity(), 2, "a new keyspace");
+    let mut conn = redis.conn();
+    let meta = format!("{prefix}meta");
+    let recorded: (u32, u32) = redis::cmd("HMGET")
+        .arg(&meta)
+        .arg("velocity")
+        .arg("event_buckets")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(recorded, (2, store.layout().event_buckets()));
+    // What an older build left: no velocity fields, counts under layout 1 keys.
+    let _: () = redis::cmd("HDEL")
+        .arg(&meta)
+        .arg("velocity")
+        .arg("event_buckets")
+        .query(&mut conn)
+        .unwrap();
+    let old = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    assert_eq!(
+        old.layout().velocity(),
+        1,
+        "an older keyspace keeps layout 1"
+    );
+    let v = velocity(old.clone()).await;
+    let def = v
+        .put_metric(mid("n"), "COUNT(1h, tx) BY user", None)
+        .await
+        .unwrap();
+    let key = old.layout().metric_key("n", def.version, &["u"]);
+    assert!(key.ends_with('}'), "a layout 1 key: {key}");
+    let sub = now_ms() / def.spec.resolution_ms;
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(sub)
+        .arg(7)
+        .query(&mut conn)
+        .unwrap();
+    v.ingest(&[event(Some("x"), "tx", now_ms(), &[("user", "u")])])
+        .await
+        .unwrap();
+    let f = v
+        .features(&[mid("n")], &fields(&[("user", "u")]), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.values[&mid("n")],
+        json!(8),
+        "the count kept before the upgrade, and one"
+    );
+    // Reopened, it stays layout 1 (recorded now).
+    let again = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    assert_eq!(again.layout().velocity(), 1);
+}
