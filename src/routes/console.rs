@@ -19,7 +19,15 @@ pub const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 
                                base-uri 'none'; form-action 'none'";
 
 const INDEX: &str = include_str!("../console/index.html");
-const SCRIPT: &str = include_str!("../console/app.js");
+/// The console's scripts, in the order `index.html` runs them (they share one global scope).
+pub const SCRIPTS: [(&str, &str); 6] = [
+    ("core", include_str!("../console/js/core.js")),
+    ("search", include_str!("../console/js/search.js")),
+    ("edit", include_str!("../console/js/edit.js")),
+    ("audit", include_str!("../console/js/audit.js")),
+    ("health", include_str!("../console/js/health.js")),
+    ("definitions", include_str!("../console/js/definitions.js")),
+];
 const STYLE: &str = include_str!("../console/app.css");
 
 /// Who the caller is, as the console shows it.
@@ -72,19 +80,19 @@ async fn index() -> HttpResponse {
     asset(INDEX, "text/html; charset=utf-8")
 }
 
-async fn script() -> HttpResponse {
-    asset(SCRIPT, "text/javascript; charset=utf-8")
-}
-
 async fn style() -> HttpResponse {
     asset(STYLE, "text/css; charset=utf-8")
 }
 
-/// Mounts `/console` and its two assets (no token: the page holds no data; every call it
-/// makes carries the operator's).
+/// Mounts `/console` and its assets, the style sheet and `/console/js/<name>.js` for each of
+/// `SCRIPTS` (no token: the page holds no data; every call it makes carries the operator's).
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::resource("/console").route(web::get().to(index)))
         .service(web::resource("/console/").route(web::get().to(index)))
-        .service(web::resource("/console/app.js").route(web::get().to(script)))
         .service(web::resource("/console/app.css").route(web::get().to(style)));
+    for (name, body) in SCRIPTS {
+        cfg.service(web::resource(format!("/console/js/{name}.js")).route(
+            web::get().to(move || async move { asset(body, "text/javascript; charset=utf-8") }),
+        ));
+    }
 }

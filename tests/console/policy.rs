@@ -37,11 +37,23 @@ async fn without_tokens_the_console_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_is_served_with_a_strict_policy() {
     let app = spawn_app(test_settings()).await;
-    for (path, kind) in [
-        ("/console", "text/html"),
-        ("/console/app.js", "text/javascript"),
-        ("/console/app.css", "text/css"),
-    ] {
+    let scripts =
+        namelist::routes::console::SCRIPTS.map(|(name, _)| format!("/console/js/{name}.js"));
+    let index = app.get("/console").await.text().await.unwrap();
+    let mut loaded = index.match_indices("<script src=\"").map(|(i, m)| {
+        let src = &index[i + m.len()..];
+        src[..src.find('"').unwrap()].to_owned()
+    });
+    assert!(
+        loaded.by_ref().eq(scripts.iter().cloned()),
+        "index.html runs every script, in order, and nothing else"
+    );
+    let assets = [("/console", "text/html"), ("/console/app.css", "text/css")]
+        .into_iter()
+        .map(|(p, k)| (p.to_owned(), k))
+        .chain(scripts.iter().map(|p| (p.clone(), "text/javascript")));
+    for (path, kind) in assets {
+        let path = path.as_str();
         let res = app.get(path).await;
         assert_eq!(res.status(), 200, "{path}");
         let h = res.headers();
