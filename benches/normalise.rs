@@ -15,7 +15,9 @@
 //!   (`phone_not_valid`). Each repeats one value, so a phone is answered from the memory of
 //!   recent phones (`domain::rules`); `phone_never_seen` is a new mobile number each time (the
 //!   fast path's cost: what a new identity pays), `phone_never_seen_fixed_line` a new fixed
-//!   line written with its national prefix (the phone crate's cost).
+//!   line written with its national prefix (the phone crate's cost),
+//!   `phone_never_seen_not_valid` a new number of a prefix no CN number has (the fast path's
+//!   "not valid").
 //! * `normalise/rules1/*`: the subject and each dimension under rules 1, what keyspaces made
 //!   before issue 29 use (no phone parser, no check digits): the before of rules 2's after.
 //!
@@ -190,6 +192,11 @@ fn normalise(c: &mut Criterion) {
     });
     never_seen("phone_never_seen_fixed_line", |r| {
         format!("0755{:08}", r % 100_000_000)
+    });
+    // `140…`: a prefix no CN number has (like a quarter of `gen`'s phones): decided "not
+    // valid" by the fast path, without the crate.
+    never_seen("phone_never_seen_not_valid", |r| {
+        format!("140{:08}", r % 100_000_000)
     });
     group.finish();
     let mut group = c.benchmark_group("normalise/rules1");
