@@ -7,7 +7,9 @@
 //! test fails on a loaded machine for reasons that have nothing to do with the code).
 //!
 //! The scenario is the test's: its own `redis-server`, the application in-process with the
-//! tests' settings (one HTTP worker, `client_request_timeout` 10 s) and one listed entry; then
+//! tests' settings (one HTTP worker, `client_request_timeout` 10 s) but `/metrics` renders
+//! reused as deployed (`metrics_max_age_ms` 1 s; `NAMELIST_BENCH_METRICS_MAX_AGE_MS=0` renders
+//! every scrape, as before the setting) and one listed entry; then
 //! 1. **idle**: `NAMELIST_BENCH_CHECKS` (150) checks of that entry and a new uid, one every
 //!    50 ms, each timed on a keep-alive connection;
 //! 2. **filling**: 10 clients pipelining `GET /metrics` without ever reading the answers; for
@@ -126,7 +128,19 @@ fn main() {
         .expect("tokio runtime");
     rt.block_on(async {
         let redis = RedisServer::start();
-        let app = spawn_app(redis_settings(&redis)).await;
+        // `/metrics` renders reused for the default 1 s (0: render every scrape, the
+        // behaviour before `metrics_max_age_ms`), so the filling phase measures what a
+        // deployment meets; the knob is printed with the figures.
+        let metrics_max_age_ms = std::env::var("NAMELIST_BENCH_METRICS_MAX_AGE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(namelist::config::Settings::default().metrics_max_age_ms);
+        eprintln!("metrics_max_age_ms = {metrics_max_age_ms}");
+        let app = spawn_app(namelist::config::Settings {
+            metrics_max_age_ms,
+            ..redis_settings(&redis)
+        })
+        .await;
         let res = app
             .post(
                 "/v1/lists/black/entries",
