@@ -6,8 +6,11 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use actix_web::web::Bytes;
 
 use crate::store::AuditSummary;
 
@@ -143,7 +146,6 @@ pub const REFUSAL_REASONS: &[&str] = &[
 /// The `state` labels of `namelist_audit_buckets`, in [`Metrics::set_audit`]'s order.
 const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"];
 
-/// Every metric the service exports.
 /// The last rendered exposition and how long it may be served again. One client pipelining
 /// thousands of `GET /metrics` on a connection it never reads would otherwise have the worker
 /// render the whole registry for each until the socket buffers fill (seconds of CPU on a
@@ -151,10 +153,11 @@ const AUDIT_STATES: [&str; 4] = ["all", "near_limit", "over_limit", "hashtable"]
 /// connection); with a reuse age each of those answers is a copy of the same bytes.
 #[derive(Default)]
 struct Scrapes {
-    max_age_ms: std::sync::atomic::AtomicU64,
-    last: std::sync::Mutex<Option<(std::time::Instant, actix_web::web::Bytes)>>,
+    max_age_ms: AtomicU64,
+    last: Mutex<Option<(Instant, Bytes)>>,
 }
 
+/// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
     /// Request latency by route pattern (never the raw path: it may hold a phone number),
@@ -671,19 +674,13 @@ impl Metrics {
     /// Lets `scrape` serve one exposition again for `max_age` (zero: render every scrape).
     pub fn set_scrape_max_age(&self, max_age: Duration) {
         let ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
-        self.scrapes
-            .max_age_ms
-            .store(ms, std::sync::atomic::Ordering::Relaxed);
+        self.scrapes.max_age_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The exposition for `GET /metrics`: the last one if it is younger than the scrape max
     /// age, else a new render. Concurrent scrapes of a stale one wait for a single render.
-    pub fn scrape(&self) -> actix_web::web::Bytes {
-        let max_age = Duration::from_millis(
-            self.scrapes
-                .max_age_ms
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
+    pub fn scrape(&self) -> Bytes {
+        let max_age = Duration::from_millis(self.scrapes.max_age_ms.load(Ordering::Relaxed));
         if max_age.is_zero() {
             return self.render().into();
         }
@@ -691,12 +688,12 @@ impl Metrics {
             .scrapes
             .last
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         match &*last {
             Some((at, body)) if at.elapsed() < max_age => body.clone(),
             _ => {
-                let body = actix_web::web::Bytes::from(self.render());
-                *last = Some((std::time::Instant::now(), body.clone()));
+                let body = Bytes::from(self.render());
+                *last = Some((Instant::now(), body.clone()));
                 body
             }
         }

@@ -184,11 +184,11 @@ fn fast(region: Region) -> Option<&'static Fast> {
         .as_ref()
 }
 
-/// The E.164 form of `typed` (digits, with a leading `+` or `00` kept) in `region`
-/// (`Some(None)`: not a valid number), when it is certainly what `phonenumber::parse(Some(region), …)`
-/// and `is_valid` make of it; `None`: ask the crate. Covers `13800138000`, `+8613800138000` and `008613800138000` (`00` is the
-/// caller's: it reads `00…` as `+…`), not `8613800138000` (the crate reads that as a
-/// national number first).
+/// What `phonenumber::parse(Some(region), …)` and `is_valid` make of `typed` (digits, with a
+/// leading `+` or `00` kept) in `region`, when that is certain: `Some(Some(e164))` valid,
+/// `Some(None)` not a valid number; `None`: ask the crate. Covers `13800138000`,
+/// `+8613800138000` and `008613800138000` (`00` is the caller's: it reads `00…` as `+…`), not
+/// `8613800138000` (the crate reads that as a national number first).
 pub fn e164(region: Region, typed: &str) -> Option<Option<String>> {
     let fast = fast(region)?;
     match typed.strip_prefix('+') {

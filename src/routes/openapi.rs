@@ -25,9 +25,9 @@ use crate::domain::ErrorCode;
 
 /// What every gated operation shares, taken from `ROUTES` (the one table of what each route
 /// needs, which budget it counts against and what it asks of the store), so no handler
-/// repeats it: its tag, its security (bearer, unless open), its "Needs" line, the answers of the gate (`gate`: 401, 403, 429), its 503s
-/// (a full budget, and the store's by `StoreUse`) and, for one with a request body, the
-/// answers of the body reader (`json`: 408, 413).
+/// repeats it: its tag, its security (bearer, unless open), its "Needs" line, the answers of
+/// the gate (`gate`: 401, 403, 429), its 503s (a full budget, and the store's by `StoreUse`)
+/// and, for one with a request body, the answers of the body reader (`json`: 408, 413).
 struct Gates;
 
 impl Modify for Gates {
@@ -129,15 +129,11 @@ impl Modify for Gates {
 /// The group of a route in the document: the probes are `operations`, velocity's
 /// definitions and events `velocity`, the rest `lists`.
 fn tag(route: &RouteDef) -> &'static str {
-    let first = route
-        .path
-        .trim_start_matches("/v1")
-        .split('/')
-        .nth(1)
-        .unwrap_or_default();
-    match first {
-        _ if route.need == Need::Open => "operations",
-        "metrics" | "rules" | "events" | "features" | "evaluate" => "velocity",
+    if route.need == Need::Open {
+        return "operations";
+    }
+    match route.path.trim_start_matches("/v1/").split('/').next() {
+        Some("metrics" | "rules" | "events" | "features" | "evaluate") => "velocity",
         _ => "lists",
     }
 }

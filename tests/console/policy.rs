@@ -40,12 +40,12 @@ async fn the_console_is_served_with_a_strict_policy() {
     let scripts =
         namelist::routes::console::SCRIPTS.map(|(name, _)| format!("/console/js/{name}.js"));
     let index = app.get("/console").await.text().await.unwrap();
-    let mut loaded = index.match_indices("<script src=\"").map(|(i, m)| {
+    let loaded = index.match_indices("<script src=\"").map(|(i, m)| {
         let src = &index[i + m.len()..];
         src[..src.find('"').unwrap()].to_owned()
     });
     assert!(
-        loaded.by_ref().eq(scripts.iter().cloned()),
+        loaded.eq(scripts.iter().cloned()),
         "index.html runs every script, in order, and nothing else"
     );
     let assets = [("/console", "text/html"), ("/console/app.css", "text/css")]
