@@ -98,13 +98,18 @@ return out
 /// `no-writes`: it may run on a replica), after `ENTRY_PREAMBLE` (`live_code`).
 ///
 /// KEYS[1] is the event's deduplication bucket (any key of the slot when there is no event),
-/// then the ops' keys. ARGV: 1 the event's field (its 64-bit keyed hash; '' without an
-/// event), 2 the expiry code until which the event is remembered, 3 now
-/// (`ExpiryCode::script_now`), 4 the number of ops, 5 a random digit 0–7 (`seed`), then
-/// `OP_ARGS` arguments per op:
-/// family (`s` COUNT/SUM, `a` AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p`
-/// APPROX_COUNT_DISTINCT), first key index, key count, update sub-window ('' for a read),
-/// value, read_hi, slots, trim_hi, expire_at, '1' to read back, the distinct cap.
+/// then the ops' keys. ARGV[1] is one MessagePack array (unpacked in C by `cmsgpack`: ~60
+/// separate arguments cost Redis more than the updates themselves): 1 the event's field (its
+/// 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until which
+/// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 1 when this new id
+/// is one to look at the bucket's length (`PURGE_EVERY`, chosen by the caller from the
+/// hash), 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s` COUNT/SUM, `a`
+/// AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p` APPROX_COUNT_DISTINCT), first key index, key
+/// count, update sub-window as a string ('' for a read; for AVG the sum's field `2i`), the
+/// second field (AVG's count field `2i+1`, else ''), value (a string), read_hi, slots,
+/// trim_hi, expire_at (a string), 1 to read back (else 0), the distinct cap. Whatever goes to
+/// a Redis command is a string: a Lua number would be formatted by `%.17g` on every call
+/// (and a 64-bit hash does not fit a double); numbers are only what the script computes with.
 ///
 /// Deduplication: an event already remembered live in its bucket is not applied again
 /// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
@@ -130,18 +135,19 @@ return out
 /// distinct families {count, capped}. n is 0 for an op that reads nothing.
 const METRIC_BODY: &str = r"
 -- Globals are looked up through a metatable in Redis 7's scripts: locals halve the work.
-local call, tonumber, floor, KEYS, ARGV = redis.call, tonumber, math.floor, KEYS, ARGV
-local PURGE_FROM, PURGE_EVERY, OP_ARGS = 256, 32, 11
-local now = tonumber(ARGV[3])
+local call, tonumber, floor, KEYS = redis.call, tonumber, math.floor, KEYS
+local PURGE_FROM, OP_ARGS = 256, 12
+local A = cmsgpack.unpack(ARGV[1])
+local event, now = A[1], A[3]
 local dup, fill = 0, 0
-if ARGV[1] ~= '' and call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  if live_code(tonumber(call('HGET', KEYS[1], ARGV[1])), now) then
+if event ~= '' and call('HSETNX', KEYS[1], event, A[2]) == 0 then
+  if live_code(tonumber(call('HGET', KEYS[1], event)), now) then
     dup = 1
   else
-    call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    call('HSET', KEYS[1], event, A[2])
   end
-elseif ARGV[1] ~= '' and tonumber(string.sub(ARGV[1], -2)) % PURGE_EVERY == 0 then
-  -- One new id in PURGE_EVERY (by its hash's last digits) looks at the bucket's length.
+elseif event ~= '' and A[4] == 1 then
+  -- One new id in PURGE_EVERY (chosen by its hash) looks at the bucket's length.
   fill = call('HLEN', KEYS[1])
   if fill >= PURGE_FROM then
     local all, gone = call('HGETALL', KEYS[1]), {}
@@ -154,16 +160,16 @@ elseif ARGV[1] ~= '' and tonumber(string.sub(ARGV[1], -2)) % PURGE_EVERY == 0 th
     fill = fill - #gone
   end
 end
--- One hash update in eight (every eighth op of the call from a random start, ARGV[5])
+-- One hash update in eight (every eighth op of the call from a random start, A[5])
 -- also reads the hash's length; one holding more fields than its window needs is trimmed
 -- by its field names. So a hash holds a few sub-windows more than it needs at most, and
 -- the common path reads nothing.
-local seed = tonumber(ARGV[5])
+local seed = A[5]
 local function trim(k, width, n, trim_hi)
   if call('HLEN', k) > width * n then
-    local floor = trim_hi - n + 1
+    local lo = trim_hi - n + 1
     for _, f in ipairs(call('HKEYS', k)) do
-      if floor(tonumber(f) / width) < floor then call('HDEL', k, f) end
+      if floor(tonumber(f) / width) < lo then call('HDEL', k, f) end
     end
   end
 end
@@ -181,20 +187,17 @@ local function read_window(k, width, lo, hi, out, fields)
   out[at] = n
 end
 local out = {dup, fill}
-for i = 0, tonumber(ARGV[4]) - 1 do
+for i = 0, (#A - 5) / OP_ARGS - 1 do
   local a = 6 + i * OP_ARGS
-  local fam, k, sub = ARGV[a], KEYS[tonumber(ARGV[a + 1])], ARGV[a + 3]
-  -- Only what the op needs is read (and made a number): the script's own work is most of
-  -- its cost.
+  local fam, k, sub = A[a], KEYS[A[a + 1]], A[a + 3]
   if sub ~= '' and dup == 0 then
-    local v, at = ARGV[a + 4], ARGV[a + 8]
+    local v, at = A[a + 5], A[a + 9]
     -- A new field is a new sub-window: the only update that may move the key's expiry.
     if fam == 's' then
       if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
     elseif fam == 'a' then
-      local s = tonumber(sub)
-      call('HINCRBY', k, s * 2, v)
-      if call('HINCRBY', k, s * 2 + 1, 1) == 1 then call('PEXPIREAT', k, at) end
+      call('HINCRBY', k, sub, v)
+      if call('HINCRBY', k, A[a + 4], 1) == 1 then call('PEXPIREAT', k, at) end
     elseif fam == 'n' or fam == 'x' then
       local cur = call('HGET', k, sub)
       local x = tonumber(v)
@@ -207,12 +210,11 @@ for i = 0, tonumber(ARGV[4]) - 1 do
     elseif fam == 'd' then
       if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
         call('PEXPIREAT', k, at)
-        local card, cap = call('ZCARD', k), tonumber(ARGV[a + 10])
+        local card, cap = call('ZCARD', k), A[a + 11]
         -- Members that left the window go when the set reaches its cap, before any
         -- member of the window would.
         if card >= cap then
-          local floor = tonumber(ARGV[a + 7]) - tonumber(ARGV[a + 6]) + 1
-          call('ZREMRANGEBYSCORE', k, '-inf', '(' .. floor)
+          call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (A[a + 8] - A[a + 7] + 1))
           card = call('ZCARD', k)
           if card > cap then call('ZPOPMIN', k, card - cap) end
         end
@@ -224,26 +226,26 @@ for i = 0, tonumber(ARGV[4]) - 1 do
     if (seed + i) % 8 == 0 and fam ~= 'd' and fam ~= 'p' then
       local width = 1
       if fam == 'a' then width = 2 end
-      trim(k, width, tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
+      trim(k, width, A[a + 7], A[a + 8])
     end
   end
-  if ARGV[a + 9] ~= '1' then
+  if A[a + 10] ~= 1 then
     out[#out + 1] = 0
   else
-    local hi = tonumber(ARGV[a + 5])
-    local lo = hi - tonumber(ARGV[a + 6]) + 1
+    local hi = A[a + 6]
+    local lo = hi - A[a + 7] + 1
     if fam == 's' or fam == 'n' or fam == 'x' then
       read_window(k, 1, lo, hi, out, false)
     elseif fam == 'a' then
       read_window(k, 2, lo, hi, out, true)
     elseif fam == 'd' then
       local capped = 0
-      if call('ZCARD', k) >= tonumber(ARGV[a + 10]) then capped = 1 end
+      if call('ZCARD', k) >= A[a + 11] then capped = 1 end
       out[#out + 1] = 2
       out[#out + 1] = call('ZCOUNT', k, lo, hi)
       out[#out + 1] = capped
     else
-      local ki, nk = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+      local ki, nk = A[a + 1], A[a + 2]
       out[#out + 1] = 1
       if nk > 1 then
         out[#out + 1] = call('PFCOUNT', unpack(KEYS, ki + 1, ki + nk - 1))
@@ -256,8 +258,8 @@ end
 return out
 ";
 
-/// Arguments per op of `METRIC_BODY`.
-pub const METRIC_OP_ARGS: usize = 11;
+/// Values per op in `METRIC_BODY`'s argument array.
+pub const METRIC_OP_ARGS: usize = 12;
 
 /// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
 /// message. Values are `<version>\n<fingerprint>\n<body>`. Returns the version.

@@ -44,6 +44,29 @@ pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Ve
     calls
 }
 
+/// Whether a new event id is one of the `PURGE_EVERY` (32) in which the metric script looks at
+/// its bucket's length (`scripts::METRIC_BODY`): by the last two decimal digits of its hash,
+/// as the script decided before it took its arguments packed.
+pub(super) fn looks_at_fill(hash: i64) -> bool {
+    (hash.unsigned_abs() % 100) % 32 == 0
+}
+
+/// Writing the metric script's MessagePack argument: writes to a `Vec` cannot fail.
+mod pack {
+    pub fn array(out: &mut Vec<u8>, len: usize) {
+        let len = u32::try_from(len).expect("a metric call's arguments fit a MessagePack array");
+        rmp::encode::write_array_len(out, len).expect("writing to a Vec");
+    }
+
+    pub fn text(out: &mut Vec<u8>, s: &str) {
+        rmp::encode::write_str(out, s).expect("writing to a Vec");
+    }
+
+    pub fn int(out: &mut Vec<u8>, n: i64) {
+        rmp::encode::write_sint(out, n).expect("writing to a Vec");
+    }
+}
+
 /// The metric script's family code (`scripts::METRIC_BODY`).
 pub(super) fn family_code(f: MetricFamily) -> &'static str {
     match f {
@@ -303,18 +326,27 @@ impl RedisStore {
             None => first.clone(),
         };
         let mut keys: Vec<String> = vec![route];
-        let mut args: Vec<String> = Vec::with_capacity(5 + call.ops.len() * METRIC_OP_ARGS);
+        // One MessagePack array (see `scripts::METRIC_BODY` for its layout).
+        let mut blob = Vec::with_capacity(48 + call.ops.len() * 64);
+        let len = 5 + call.ops.len() * METRIC_OP_ARGS;
+        pack::array(&mut blob, len);
         match call.event {
             Some(e) => {
                 let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
-                args.push(e.hash.to_string());
-                args.push(until.to_string());
+                pack::text(&mut blob, &e.hash.to_string());
+                pack::text(&mut blob, &until.to_string());
             }
-            None => args.extend([String::new(), String::new()]),
+            None => {
+                pack::text(&mut blob, "");
+                pack::text(&mut blob, "");
+            }
         }
-        args.push(ExpiryCode::script_now(now_ms).to_string());
-        args.push(call.ops.len().to_string());
-        args.push((rand::random::<u8>() % 8).to_string());
+        pack::int(&mut blob, ExpiryCode::script_now(now_ms));
+        pack::int(
+            &mut blob,
+            call.event.is_some_and(|e| looks_at_fill(e.hash)).into(),
+        );
+        pack::int(&mut blob, i64::from(rand::random::<u8>() % 8));
         for &i in &call.ops {
             let op = &ops[i];
             let at = keys.len() + 1;
@@ -328,29 +360,32 @@ impl RedisStore {
             } else {
                 keys.push(op.key.clone());
             }
-            let (sub, value) = match op.update {
-                Some((sub, v)) => (sub.to_string(), v),
-                None => (String::new(), 0),
+            pack::text(&mut blob, family_code(op.family));
+            pack::int(&mut blob, at as i64);
+            pack::int(&mut blob, (keys.len() + 1 - at) as i64);
+            // AVG keeps sub-window i in the fields 2i (sum) and 2i + 1 (count).
+            let (field, second, value) = match op.update {
+                Some((sub, v)) if op.family == MetricFamily::Avg => {
+                    ((2 * sub).to_string(), (2 * sub + 1).to_string(), v)
+                }
+                Some((sub, v)) => (sub.to_string(), String::new(), v),
+                None => (String::new(), String::new(), 0),
             };
-            args.extend([
-                family_code(op.family).to_owned(),
-                at.to_string(),
-                (keys.len() + 1 - at).to_string(),
-                sub,
-                value.to_string(),
-                op.read_hi.to_string(),
-                op.slots.to_string(),
-                op.trim_hi.to_string(),
-                op.key_expire_at().unwrap_or(0).to_string(),
-                if op.read { "1" } else { "" }.to_owned(),
-                op.cap.to_string(),
-            ]);
+            pack::text(&mut blob, &field);
+            pack::text(&mut blob, &second);
+            pack::text(&mut blob, &value.to_string());
+            pack::int(&mut blob, op.read_hi);
+            pack::int(&mut blob, op.slots);
+            pack::int(&mut blob, op.trim_hi);
+            pack::text(&mut blob, &op.key_expire_at().unwrap_or(0).to_string());
+            pack::int(&mut blob, op.read.into());
+            pack::int(&mut blob, op.cap.into());
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(keys.len())
             .arg(&keys)
-            .arg(&args);
+            .arg(blob);
         (keys.swap_remove(0).into_bytes(), cmd)
     }
 }

@@ -75,6 +75,78 @@ async fn a_long_stream_keeps_hashes_listpacks() {
     assert!((354..=366).contains(&n), "{n}");
 }
 
+/// An entity written for longer than its window holds sub-windows that left it: the update
+/// that looks at the hash's length (one in eight) trims them by their field names. Hours of
+/// old sub-windows are planted (events are never older than the window, so only time makes
+/// them), then 16 updates in one call, so one of them trims: the call succeeds (a local of
+/// the script once shadowed `math.floor`, and every trim failed the whole call), the old
+/// fields are gone and the count is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_sub_windows_are_trimmed() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let v = velocity(store.clone()).await;
+    let count = v
+        .put_metric(mid("n_min"), "COUNT(1h, tx) BY device", Some("1m"))
+        .await
+        .unwrap();
+    let avg = v
+        .put_metric(mid("avg_min"), "AVG(1h, ty, amount) BY device", Some("1m"))
+        .await
+        .unwrap();
+    let now = now_ms();
+    let present = now / 60_000;
+    let mut conn = redis.conn();
+    for (d, ty, width) in [(&count, "tx", 1), (&avg, "ty", 2)] {
+        let key = store.layout().metric_key(d.id.as_str(), d.version, &["d1"]);
+        // Three hours ago to an hour ago: 120 sub-windows the window no longer reads.
+        for sub in present - 180..present - 60 {
+            for f in 0..width {
+                let _: () = redis::cmd("HSET")
+                    .arg(&key)
+                    .arg(sub * width + f)
+                    .arg(1)
+                    .query(&mut conn)
+                    .unwrap();
+            }
+        }
+        let evs: Vec<EventInput> = (0..16)
+            .map(|i| {
+                event(
+                    None,
+                    ty,
+                    now - i * 1000,
+                    &[("device", "d1"), ("amount", "2")],
+                )
+            })
+            .collect();
+        let out = v.ingest(&evs).await.expect("a call that trims succeeds");
+        assert_eq!(out.applied, 16, "{}", d.id);
+        let len: i64 = redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap();
+        assert!(
+            len <= 2 * width,
+            "{}: {len} fields left: the old ones trimmed",
+            d.id
+        );
+        let enc: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(enc, "listpack", "{}", d.id);
+    }
+    let f = v
+        .features(
+            &[mid("n_min"), mid("avg_min")],
+            &fields(&[("device", "d1")]),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(f.values[&mid("n_min")].as_i64(), Some(16));
+    assert_eq!(f.values[&mid("avg_min")].as_f64(), Some(2.0));
+}
+
 /// Scripts are called by SHA; a flushed script cache (what a Redis restart or failover to a
 /// fresh node gives) is reloaded and exactly the calls that did not run are redone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
