@@ -48,7 +48,7 @@ pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Ve
 /// its bucket's length (`scripts::METRIC_BODY`): by the last two decimal digits of its hash,
 /// as the script decided before it took its arguments packed.
 pub(super) fn looks_at_fill(hash: i64) -> bool {
-    (hash.unsigned_abs() % 100) % 32 == 0
+    (hash.unsigned_abs() % 100).is_multiple_of(32)
 }
 
 /// Writing the metric script's MessagePack argument: writes to a `Vec` cannot fail.
