@@ -636,6 +636,20 @@ impl RedisStore {
         Ok(session)
     }
 
+    /// A `session` for `cmds` (by their routing keys) that waits for `write_replicas`.
+    async fn replicated_session<'k>(
+        &self,
+        topology: &Topology,
+        cmds: impl IntoIterator<Item = &'k Keyed>,
+        deadline: Deadline,
+    ) -> StoreResult<WriteSession<'_>> {
+        // Collected: a closure held across the await makes the callers' futures not `Send`
+        // (rust-lang/rust#64552).
+        let keys: Vec<&[u8]> = cmds.into_iter().map(|(k, _)| k.as_slice()).collect();
+        self.session(topology, keys, self.write_replicas, deadline)
+            .await
+    }
+
     /// Notes a failed write: the monitor looks again at once, so the next writes to a
     /// primary that just went away are refused early.
     fn noted<T>(&self, r: StoreResult<T>) -> StoreResult<T> {
