@@ -322,6 +322,16 @@ fn first(results: Vec<RedisResult<redis::Value>>) -> StoreResult<RedisResult<red
         .ok_or_else(|| StoreError::corrupt("no reply to a write".into()))
 }
 
+/// A reply's text, bulk or simple (RESP2 and RESP3 send the same field either way); `None`
+/// for anything else or bytes that are not UTF-8.
+fn reply_text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 /// A stream entry id, `<ms>-<seq>`, as numbers (ordered as Redis orders them).
 pub(super) fn stream_id(id: &str) -> Option<(u64, u64)> {
     let (ms, seq) = id.split_once('-')?;
