@@ -15,7 +15,9 @@ use crate::domain::{
     Dimension, ErrorCode, Expiry, ListName, Rules, Sandbox, ValidationError, Value, now_ms,
 };
 use crate::metrics::StoreOp;
-use crate::store::{Deadline, EntryKey, PrefixKind, PrefixLen, Scope, StoreError, code_is_live};
+use crate::store::{
+    Deadline, EntryKey, PrefixKind, PrefixLen, Scope, StoreError, code_is_live, one_each,
+};
 use crate::tier::Lookup;
 
 /// A check: every subject value against every list, in one sandbox. Built only through
@@ -345,15 +347,7 @@ impl NameLists {
             let read = self
                 .store
                 .call(StoreOp::Check, deadline, |s| async move {
-                    let codes = s.get_many(wanted).await?;
-                    if codes.len() != wanted.len() {
-                        return Err(StoreError::corrupt(format!(
-                            "asked for {} fields, got {}",
-                            wanted.len(),
-                            codes.len()
-                        )));
-                    }
-                    Ok(codes)
+                    one_each("fields", wanted.len(), s.get_many(wanted).await?)
                 })
                 .await;
             match read {

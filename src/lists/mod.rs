@@ -35,6 +35,7 @@ mod write;
 
 pub use check::{CheckOutcome, CheckQuery, Hit, InvalidValue, RawCheck, Staleness, Unanswered};
 pub use reads::{EverywhereOutcome, ListSummary, ListsPage, ListsQuery, RawListsQuery};
+pub use write::check_entry_count;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -12,13 +12,20 @@ use crate::store::{
 };
 
 impl NameLists {
-    /// Adds `changes` to the lists' approximate counts, after a write the store took. A
-    /// failure is logged and counted, not returned: the write itself stands, only the count
-    /// is off by that much.
-    async fn count(&self, changes: Vec<CountChange>, at_ms: i64) {
-        if changes.is_empty() || self.store.inner().counts_itself() {
+    /// Adds each sandbox's delta to the approximate count of `list` there, after a write the
+    /// store took. A failure is logged and counted, not returned: the write itself stands,
+    /// only the count is off by that much.
+    async fn count(&self, list: &ListName, deltas: HashMap<&Sandbox, i64>, at_ms: i64) {
+        if deltas.is_empty() || self.store.inner().counts_itself() {
             return;
         }
+        let changes: Vec<CountChange> = deltas
+            .into_iter()
+            .map(|(sandbox, delta)| CountChange {
+                scope: Scope::new(list, sandbox),
+                delta,
+            })
+            .collect();
         let deadline = Deadline::after(self.settings.write_deadline);
         let r = self
             .store
@@ -38,9 +45,7 @@ impl NameLists {
         entries: Vec<NewEntry>,
         actor: &str,
     ) -> Result<usize, ListsError> {
-        if entries.len() > MAX_ENTRIES_PER_REQUEST {
-            return Err(too_many_entries(entries.len()).into());
-        }
+        check_entry_count(entries.len())?;
         let layout = self.store.layout();
         let now = now_ms();
         let mut batch = WriteBatch::default();
@@ -103,14 +108,7 @@ impl NameLists {
         {
             *deltas.entry(&e.sandbox).or_default() += i64::from(*new);
         }
-        let changes = deltas
-            .into_iter()
-            .map(|(sandbox, delta)| CountChange {
-                scope: Scope::new(list, sandbox),
-                delta,
-            })
-            .collect();
-        self.count(changes, now).await;
+        self.count(list, deltas, now).await;
         self.metrics.entries_written.inc_by(entries.len() as u64);
         tracing::info!(%list, count = entries.len(), actor, "entries upserted");
         // Each entry by its (keyed) fingerprint, the audit trail's join key; never the value.
@@ -127,9 +125,7 @@ impl NameLists {
         entries: Vec<EntryRef>,
         actor: &str,
     ) -> Result<usize, ListsError> {
-        if entries.len() > MAX_ENTRIES_PER_REQUEST {
-            return Err(too_many_entries(entries.len()).into());
-        }
+        check_entry_count(entries.len())?;
         let layout = self.store.layout();
         let now = now_ms();
         let mut keys = Vec::with_capacity(entries.len());
@@ -180,14 +176,7 @@ impl NameLists {
                 *by_scope.entry(sandbox).or_default() -= i64::from(found.was_present());
             }
         }
-        let changes = by_scope
-            .into_iter()
-            .map(|(sandbox, delta)| CountChange {
-                scope: Scope::new(list, sandbox),
-                delta,
-            })
-            .collect();
-        self.count(changes, now).await;
+        self.count(list, by_scope, now).await;
         self.metrics.entries_removed.inc_by(removed as u64);
         tracing::info!(%list, requested = entries.len(), removed, actor, "entries deleted");
         for (key, found) in unique.iter().zip(&flags) {
@@ -197,9 +186,14 @@ impl NameLists {
     }
 }
 
-fn too_many_entries(n: usize) -> ValidationError {
-    ValidationError::new(
-        ErrorCode::TooManyEntries,
-        format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
-    )
+/// Refuses a request of more than `MAX_ENTRIES_PER_REQUEST` entries (`too_many_entries`):
+/// checked by the routes before any entry is parsed, and again here for other callers.
+pub fn check_entry_count(n: usize) -> Result<(), ValidationError> {
+    if n > MAX_ENTRIES_PER_REQUEST {
+        return Err(ValidationError::new(
+            ErrorCode::TooManyEntries,
+            format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
+        ));
+    }
+    Ok(())
 }

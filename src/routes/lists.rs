@@ -16,8 +16,8 @@ use crate::domain::{
 };
 use crate::error::ApiError;
 use crate::lists::{
-    EntryRef, EverywhereOutcome, ListsPage, ListsQuery, MAX_ENTRIES_PER_REQUEST, MAX_REASON_LEN,
-    NameLists, NewEntry, RawListsQuery,
+    EntryRef, EverywhereOutcome, ListsPage, ListsQuery, MAX_REASON_LEN, NameLists, NewEntry,
+    RawListsQuery, check_entry_count,
 };
 
 /// Up to 10,000 entries to add or refresh.
@@ -77,17 +77,6 @@ pub struct LookupQuery {
 
 fn list_name(raw: String) -> Result<ListName, ApiError> {
     ListName::try_from(raw).map_err(|e| e.at("path").into())
-}
-
-fn check_count(n: usize) -> Result<(), ApiError> {
-    if n > MAX_ENTRIES_PER_REQUEST {
-        return Err(ValidationError::new(
-            ErrorCode::TooManyEntries,
-            format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
-        )
-        .into());
-    }
-    Ok(())
 }
 
 /// One entry as sent, its value normalised under `rules` in its sandbox.
@@ -172,7 +161,7 @@ pub async fn upsert(
 ) -> Result<HttpResponse, ApiError> {
     let list = list_name(list.into_inner())?;
     let items = body.0.entries;
-    check_count(items.len())?;
+    check_entry_count(items.len())?;
     let now = now_ms();
     let rules = lists.rules();
     let entries = items
@@ -204,7 +193,7 @@ pub async fn remove(
 ) -> Result<HttpResponse, ApiError> {
     let list = list_name(list.into_inner())?;
     let items = body.0.entries;
-    check_count(items.len())?;
+    check_entry_count(items.len())?;
     let rules = lists.rules();
     let entries = items
         .into_iter()

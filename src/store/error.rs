@@ -77,6 +77,18 @@ impl StoreError {
     }
 }
 
+/// `answers` to a batch read of `asked` keys (`what`: `fields`, `buckets`) if there is one
+/// for each, else `Corrupt`: the answers are matched to the keys by position.
+pub fn one_each<T>(what: &str, asked: usize, answers: Vec<T>) -> StoreResult<Vec<T>> {
+    if answers.len() != asked {
+        return Err(StoreError::corrupt(format!(
+            "asked for {asked} {what}, got {}",
+            answers.len()
+        )));
+    }
+    Ok(answers)
+}
+
 /// Which guarantee a write could not be given, found before anything was sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {

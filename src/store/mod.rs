@@ -39,7 +39,9 @@ pub use entries::{
     AuditChunk, AuditOp, AuditPos, AuditRead, AuditTerm, CountChange, CountsPage, CountsQuery,
     ListCount, Removed, WriteBatch,
 };
-pub use error::{KeyspaceHealth, LOST_MESSAGE, Refusal, SourceError, StoreError, StoreResult};
+pub use error::{
+    KeyspaceHealth, LOST_MESSAGE, Refusal, SourceError, StoreError, StoreResult, one_each,
+};
 pub use expiry::ExpiryCode;
 pub use fingerprint::{FingerprintKey, Hashing, KeyError};
 pub use layout::{

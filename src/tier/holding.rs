@@ -370,15 +370,21 @@ mod tests {
         (indexed.len(), cached.len())
     }
 
+    /// A tier of 200 buckets within `budget` bytes, complete: 200 buckets could be complete
+    /// (each weighs at least `COPY_OVERHEAD`), so there is an index.
+    fn complete_tier(budget: u64) -> Arc<LocalTier> {
+        let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
+        t.resynced();
+        turn_complete(&t);
+        t
+    }
+
     /// Reads of different buckets install their copies at once (the worker's batches, changes
     /// heard, the preload): together they never take the index past its budget.
     #[test]
     fn concurrent_installs_never_take_the_index_past_its_budget() {
         let budget = 160 * 1024;
-        let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
-        t.resynced();
-        t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
-        t.index_for(Mode::Complete);
+        let t = complete_tier(budget);
         let limit = t.copies_budget as i64;
         let index = t.index.as_ref().unwrap();
         let most = AtomicI64::new(0);
@@ -410,13 +416,8 @@ mod tests {
 
     #[test]
     fn a_complete_tier_keeps_its_copies_in_the_index_alone_within_the_budget() {
-        // 200 buckets could be complete (each weighs at least `COPY_OVERHEAD`), so there is an
-        // index.
         let budget = 160 * 1024;
-        let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
-        t.resynced();
-        t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
-        t.index_for(Mode::Complete);
+        let t = complete_tier(budget);
         // Far more than the budget holds: what does not fit is not kept, and the worker is
         // told to turn partial.
         read_full_buckets(&t, 200);
@@ -463,8 +464,7 @@ mod tests {
         t.finish_read(read, Ok(vec![vec![(key.field, 0)]])).unwrap();
         assert_eq!(t.lookup(&key, Instant::now()), Lookup::Local(Some(0)));
         let (_, before) = assert_copies_in_one_place(&t);
-        t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
-        t.index_for(Mode::Complete);
+        turn_complete(&t);
         let (indexed, cached) = assert_copies_in_one_place(&t);
         assert_eq!((indexed, cached), (before, 0), "every copy moved");
         assert_eq!(t.held.current(), before as u64);

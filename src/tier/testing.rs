@@ -26,9 +26,14 @@ pub(super) fn settings(budget: u64, window: Duration) -> TierSettings {
 pub(super) fn tier(window: Duration) -> Arc<LocalTier> {
     let t = LocalTier::new(8, settings(64 << 20, window), true);
     t.resynced();
+    turn_complete(&t);
+    t
+}
+
+/// Turns `t` complete by hand, no worker deciding it: the mode, then the index.
+pub(super) fn turn_complete(t: &LocalTier) {
     t.mode.store(Mode::Complete as u8, Ordering::Relaxed);
     t.index_for(Mode::Complete);
-    t
 }
 
 /// A trusted tier in partial mode over 8 buckets with filters (10 bits an entry for

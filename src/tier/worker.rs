@@ -12,7 +12,7 @@ use super::sweep::BATCH;
 use super::{LocalTier, Mode};
 use crate::instrumented::Instrumented;
 use crate::metrics::{StoreOp, TierGauges};
-use crate::store::{Deadline, EntryStore, StoreError};
+use crate::store::{Deadline, EntryStore, StoreError, one_each};
 
 /// How long one background read may take.
 pub(super) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,17 +140,7 @@ impl LocalTier {
             .call(
                 StoreOp::Buckets,
                 Deadline::after(FETCH_TIMEOUT),
-                |s| async move {
-                    let r = s.get_buckets(wanted).await?;
-                    if r.len() != wanted.len() {
-                        return Err(StoreError::corrupt(format!(
-                            "asked for {} buckets, got {}",
-                            wanted.len(),
-                            r.len()
-                        )));
-                    }
-                    Ok(r)
-                },
+                |s| async move { one_each("buckets", wanted.len(), s.get_buckets(wanted).await?) },
             )
             .await;
         self.finish_read(read, pairs)

@@ -143,9 +143,7 @@ impl RedisStore {
             .unwrap_or(0);
         let cmd = self.audit_append(part, &[record]);
         let deadline = Deadline::after(Duration::from_secs(10));
-        let mut session = self
-            .session(&topology, [cmd.0.as_slice()], self.write_replicas, deadline)
-            .await?;
+        let mut session = self.replicated_session(&topology, [&cmd], deadline).await?;
         let r = session.commit(vec![cmd], false).await;
         all_ok(self.noted(r)?).map(drop)
     }

@@ -42,7 +42,7 @@
 
 use redis::Value;
 
-use super::stream_id;
+use super::{reply_text, stream_id};
 use crate::store::expiry::ExpiryCode;
 use crate::store::{AuditRecord, LogMark, LoggedChange, PartMark, Replay, StoreError, StoreResult};
 
@@ -72,24 +72,17 @@ pub fn part_mark(v: &Value) -> StoreResult<PartMark> {
             )));
         }
     };
-    let text = |v: &Value| -> Option<String> {
-        match v {
-            Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-            Value::SimpleString(s) => Some(s.clone()),
-            _ => None,
-        }
-    };
     let mut added = None;
     let mut last = None;
     for (k, v) in pairs {
-        match text(k).as_deref() {
+        match reply_text(k).as_deref() {
             Some("entries-added") => {
                 added = match v {
                     Value::Int(n) => u64::try_from(*n).ok(),
                     _ => None,
                 }
             }
-            Some("last-generated-id") => last = text(v).as_deref().and_then(stream_id),
+            Some("last-generated-id") => last = reply_text(v).as_deref().and_then(stream_id),
             _ => {}
         }
     }

@@ -391,12 +391,7 @@ impl EntryStore for RedisStore {
         last.push(publish(&Invalidation::upserted(&batch.entries, atomic)));
         let touched = registries.iter().chain(&buckets).chain(&last);
         let mut session = self
-            .session(
-                &topology,
-                touched.map(|(k, _)| k.as_slice()),
-                self.write_replicas,
-                deadline,
-            )
+            .replicated_session(&topology, touched, deadline)
             .await?;
         let n_registries = registries.len();
         let n_entries = buckets.len();
@@ -457,12 +452,7 @@ impl EntryStore for RedisStore {
         last.push(self.publish_cmd(&Invalidation::removed(keys), route.as_deref()));
         let touched = scripts.iter().chain(&last);
         let mut session = self
-            .session(
-                &topology,
-                touched.map(|(k, _)| k.as_slice()),
-                self.write_replicas,
-                deadline,
-            )
+            .replicated_session(&topology, touched, deadline)
             .await?;
         let r = async {
             // The keyspace id after the deletions, on their connection: deletions that reached

@@ -322,6 +322,16 @@ fn first(results: Vec<RedisResult<redis::Value>>) -> StoreResult<RedisResult<red
         .ok_or_else(|| StoreError::corrupt("no reply to a write".into()))
 }
 
+/// A reply's text, bulk or simple (RESP2 and RESP3 send the same field either way); `None`
+/// for anything else or bytes that are not UTF-8.
+fn reply_text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 /// A stream entry id, `<ms>-<seq>`, as numbers (ordered as Redis orders them).
 pub(super) fn stream_id(id: &str) -> Option<(u64, u64)> {
     let (ms, seq) = id.split_once('-')?;
@@ -634,6 +644,20 @@ impl RedisStore {
         let mut session = self.writes.session(replicas, deadline).await?;
         session.watching(self.monitor.subscribe(), slots);
         Ok(session)
+    }
+
+    /// A `session` for `cmds` (by their routing keys) that waits for `write_replicas`.
+    async fn replicated_session<'k>(
+        &self,
+        topology: &Topology,
+        cmds: impl IntoIterator<Item = &'k Keyed>,
+        deadline: Deadline,
+    ) -> StoreResult<WriteSession<'_>> {
+        // Collected: a closure held across the await makes the callers' futures not `Send`
+        // (rust-lang/rust#64552).
+        let keys: Vec<&[u8]> = cmds.into_iter().map(|(k, _)| k.as_slice()).collect();
+        self.session(topology, keys, self.write_replicas, deadline)
+            .await
     }
 
     /// Notes a failed write: the monitor looks again at once, so the next writes to a

@@ -182,15 +182,8 @@ impl RedisStore {
                     pending.iter().map(|&c| cmd(c)).collect()
                 };
                 let replies = session.commit(batch, false).await?;
-                let mut again = Vec::new();
-                for (&c, reply) in pending.iter().zip(replies) {
-                    match reply {
-                        Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
-                        // Only calls that did not run are sent again (each records its event).
-                        Err(e) if attempt == 0 && is_noscript(&e) => again.push(c),
-                        Err(e) => return Err(unavailable(e)),
-                    }
-                }
+                let again =
+                    self.sort_replies(ops, &calls, &pending, replies, attempt == 0, &mut out)?;
                 if again.is_empty() {
                     break;
                 }
@@ -233,20 +226,38 @@ impl RedisStore {
                 })
                 .collect();
             let replies = self.conn.run(cmds).await.map_err(unavailable)?;
-            let mut again = Vec::new();
-            for (&c, reply) in pending.iter().zip(replies) {
-                match reply {
-                    Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
-                    Err(e) if attempt == 0 && is_noscript(&e) => again.push(c),
-                    Err(e) => return Err(unavailable(e)),
-                }
-            }
+            let again =
+                self.sort_replies(ops, &calls, &pending, replies, attempt == 0, &mut out)?;
             if !again.is_empty() {
                 self.load_scripts().await?;
             }
             pending = again;
         }
         Ok(out)
+    }
+
+    /// Sorts the replies to the calls `pending`: each answer into `out`, and the calls that did
+    /// not run for want of their script (`NOSCRIPT`, on a `first` attempt only) returned, to be
+    /// sent again once the scripts are loaded. Only calls that did not run are sent again
+    /// (each records its event); any other error fails the whole read or update.
+    fn sort_replies(
+        &self,
+        ops: &[MetricOp],
+        calls: &[MetricCall],
+        pending: &[usize],
+        replies: Vec<RedisResult<redis::Value>>,
+        first: bool,
+        out: &mut Vec<(usize, MetricAnswer)>,
+    ) -> StoreResult<Vec<usize>> {
+        let mut again = Vec::new();
+        for (&c, reply) in pending.iter().zip(replies) {
+            match reply {
+                Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
+                Err(e) if first && is_noscript(&e) => again.push(c),
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Ok(again)
     }
 
     /// The answers of one call's reply, by op index; warns (at most once a minute) when the

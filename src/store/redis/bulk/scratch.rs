@@ -28,6 +28,18 @@ fn on_key(key: &str, build: impl FnOnce(&mut redis::Cmd)) -> Keyed {
     (key.as_bytes().to_vec(), cmd)
 }
 
+/// `<command> <key>` on each of `keys`.
+fn on_each_key(command: &str, keys: &[impl AsRef<str>]) -> Vec<Keyed> {
+    keys.iter()
+        .map(|k| {
+            let k = k.as_ref();
+            on_key(k, |c| {
+                c.arg(command).arg(k);
+            })
+        })
+        .collect()
+}
+
 // The audit's layout comparison: reads a sample of entries, writes them as scratch keys of
 // other layouts, measures and deletes them. Keys are the caller's (its own scratch prefix).
 impl RedisStore {
@@ -41,14 +53,7 @@ impl RedisStore {
         let mut pairs = Vec::with_capacity(n);
         let mut used = 0;
         for chunk in keys.chunks(20) {
-            let cmds = chunk
-                .iter()
-                .map(|k| {
-                    on_key(k, |c| {
-                        c.arg("HGETALL").arg(k);
-                    })
-                })
-                .collect();
+            let cmds = on_each_key("HGETALL", chunk);
             let replies: Vec<Value> = conn
                 .run_all(cmds)
                 .await
@@ -169,14 +174,7 @@ impl RedisStore {
         let conn = self.connection();
         let mut failed: Option<BulkError> = None;
         for chunk in names.chunks(10_000) {
-            let cmds = chunk
-                .iter()
-                .map(|k| {
-                    on_key(k, |c| {
-                        c.arg("DEL").arg(*k);
-                    })
-                })
-                .collect();
+            let cmds = on_each_key("DEL", chunk);
             let replies = match conn.run(cmds).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -193,14 +191,7 @@ impl RedisStore {
         }
         let mut left = 0;
         for chunk in names.chunks(10_000) {
-            let cmds = chunk
-                .iter()
-                .map(|k| {
-                    on_key(k, |c| {
-                        c.arg("EXISTS").arg(*k);
-                    })
-                })
-                .collect();
+            let cmds = on_each_key("EXISTS", chunk);
             let counts = conn
                 .run_all(cmds)
                 .await

@@ -10,6 +10,7 @@ use redis::Value;
 
 use crate::store::Refusal;
 use crate::store::layout::{AUDIT_PARTS, CLUSTER_SLOTS, Layout};
+use crate::store::redis::reply_text;
 
 /// A snapshot older than this refuses nothing.
 pub const STALE_AFTER: Duration = Duration::from_secs(3);
@@ -69,13 +70,6 @@ pub fn parse_cluster_slots(reply: &Value, asked_host: &str) -> Result<Vec<SlotRa
             )),
         }
     };
-    let text = |v: &Value| -> Option<String> {
-        match v {
-            Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-            Value::SimpleString(s) => Some(s.clone()),
-            _ => None,
-        }
-    };
     let mut out = Vec::with_capacity(ranges.len());
     for r in ranges {
         let Value::Array(parts) = r else {
@@ -102,7 +96,7 @@ pub fn parse_cluster_slots(reply: &Value, asked_host: &str) -> Result<Vec<SlotRa
         let [host, port, ..] = node.as_slice() else {
             return Err("CLUSTER SLOTS: a node without host and port".to_owned());
         };
-        let host = text(host)
+        let host = reply_text(host)
             .filter(|h| !h.is_empty() && h != "?")
             .unwrap_or_else(|| asked_host.to_owned());
         let port = u16::try_from(int(port, "port")?)
