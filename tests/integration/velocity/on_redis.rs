@@ -9,24 +9,33 @@ use std::time::Duration;
 use common::{RedisServer, unique_prefix};
 use namelist::domain::now_ms;
 use namelist::store::StoreBase;
-use namelist::velocity::{EventInput, VelocitySettings};
+use namelist::velocity::model::MetricDef;
+use namelist::velocity::{EventInput, Velocity, VelocitySettings};
 use serde_json::json;
 
 use super::{HOUR, event, fields, mid, redis_at, redis_store, settings, velocity, velocity_with};
+
+/// `per_min`: COUNT(1h) of `tx` events by device, and `avg_min`: AVG(1h) of the amounts of
+/// `avg_type` events by device, both in sub-windows of a minute.
+async fn per_minute(v: &Velocity, avg_type: &str) -> (MetricDef, MetricDef) {
+    let count = v
+        .put_metric(mid("per_min"), "COUNT(1h, tx) BY device", Some("1m"))
+        .await
+        .unwrap();
+    let expr = format!("AVG(1h, {avg_type}, amount) BY device");
+    let avg = v
+        .put_metric(mid("avg_min"), &expr, Some("1m"))
+        .await
+        .unwrap();
+    (count, avg)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_stream_keeps_hashes_listpacks() {
     let redis = RedisServer::start();
     let store = redis_store(&redis).await;
     let v = velocity(store.clone()).await;
-    let def = v
-        .put_metric(mid("per_min"), "COUNT(1h, tx) BY device", Some("1m"))
-        .await
-        .unwrap();
-    let avg = v
-        .put_metric(mid("avg_min"), "AVG(1h, tx, amount) BY device", Some("1m"))
-        .await
-        .unwrap();
+    let (def, avg) = per_minute(&v, "tx").await;
     let now = now_ms();
     // Three hours of events, oldest first, one every 10 s: 1,080 events over 180 minutes.
     let evs: Vec<EventInput> = (0..1080)
@@ -86,14 +95,8 @@ async fn old_sub_windows_are_trimmed() {
     let redis = RedisServer::start();
     let store = redis_store(&redis).await;
     let v = velocity(store.clone()).await;
-    let count = v
-        .put_metric(mid("n_min"), "COUNT(1h, tx) BY device", Some("1m"))
-        .await
-        .unwrap();
-    let avg = v
-        .put_metric(mid("avg_min"), "AVG(1h, ty, amount) BY device", Some("1m"))
-        .await
-        .unwrap();
+    // Apart event types: each call below updates only one of the two hashes.
+    let (count, avg) = per_minute(&v, "ty").await;
     let now = now_ms();
     let present = now / 60_000;
     let mut conn = redis.conn();
@@ -137,13 +140,13 @@ async fn old_sub_windows_are_trimmed() {
     }
     let f = v
         .features(
-            &[mid("n_min"), mid("avg_min")],
+            &[mid("per_min"), mid("avg_min")],
             &fields(&[("device", "d1")]),
             None,
         )
         .await
         .unwrap();
-    assert_eq!(f.values[&mid("n_min")].as_i64(), Some(16));
+    assert_eq!(f.values[&mid("per_min")].as_i64(), Some(16));
     assert_eq!(f.values[&mid("avg_min")].as_f64(), Some(2.0));
 }
 
