@@ -370,13 +370,10 @@ mod tests {
         (indexed.len(), cached.len())
     }
 
-    /// A tier of 200 buckets within `budget` bytes, complete: 200 buckets could be complete
+    /// A complete tier of 200 buckets within `budget` bytes: 200 buckets could be complete
     /// (each weighs at least `COPY_OVERHEAD`), so there is an index.
     fn complete_tier(budget: u64) -> Arc<LocalTier> {
-        let t = LocalTier::new(200, settings(budget, Duration::ZERO), true);
-        t.resynced();
-        turn_complete(&t);
-        t
+        crate::tier::testing::complete_tier(200, budget, Duration::ZERO)
     }
 
     /// Reads of different buckets install their copies at once (the worker's batches, changes

@@ -24,7 +24,12 @@ pub(super) fn settings(budget: u64, window: Duration) -> TierSettings {
 
 /// A trusted tier in complete mode over 8 buckets, no worker running.
 pub(super) fn tier(window: Duration) -> Arc<LocalTier> {
-    let t = LocalTier::new(8, settings(64 << 20, window), true);
+    complete_tier(8, 64 << 20, window)
+}
+
+/// A trusted tier in complete mode over `buckets` within `budget` bytes, no worker running.
+pub(super) fn complete_tier(buckets: u32, budget: u64, window: Duration) -> Arc<LocalTier> {
+    let t = LocalTier::new(buckets, settings(budget, window), true);
     t.resynced();
     turn_complete(&t);
     t

@@ -100,13 +100,11 @@ pub(super) fn clients(opts: &ConnectOptions) -> RedisResult<Vec<Client>> {
         .collect()
 }
 
-/// Every connection to Redis sets `TCP_NODELAY`, which the client leaves off by default.
-/// With Nagle's algorithm a command written while an earlier one on the same multiplexed
-/// connection is still unacknowledged waits for that acknowledgement, which Linux may delay
-/// by up to 40 ms: one slow script call (a key table growing, say) then held every command
-/// queued behind it. Measured on this machine at 2,000 single-event requests a second:
-/// `POST /v1/events` p99 ~17–20 ms with Nagle, against ~2 ms for checks (which rarely write
-/// to Redis); see docs/performance.md.
+/// Every connection to Redis sets `TCP_NODELAY`, which the client leaves off by default:
+/// with Nagle's algorithm a command written while an earlier one on the same multiplexed
+/// connection is still unacknowledged waits for that acknowledgement. Measured on this
+/// machine at 2,000 single-event requests a second: `POST /v1/events` p95 5.1–6.5 ms with
+/// Nagle, 2.1–2.6 ms without (docs/performance.md; the p99 tail is another matter).
 pub(super) fn tcp() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }

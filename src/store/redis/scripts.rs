@@ -102,8 +102,8 @@ return out
 /// separate arguments cost Redis more than the updates themselves): 1 the event's field (its
 /// 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until which
 /// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 1 when this new id
-/// is one to look at the bucket's length (`PURGE_EVERY`, chosen by the caller from the
-/// hash), 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s` COUNT/SUM, `a`
+/// is one to look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the
+/// caller from the hash), 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s` COUNT/SUM, `a`
 /// AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p` APPROX_COUNT_DISTINCT), first key index, key
 /// count, update sub-window as a string ('' for a read; for AVG the sum's field `2i`), the
 /// second field (AVG's count field `2i+1`, else ''), value (a string), read_hi, slots,
@@ -115,7 +115,7 @@ return out
 /// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
 /// after any failure or timeout applies each update exactly once. A remembered event whose
 /// code has passed counts as absent and is overwritten (the lazy rule); one new id in
-/// `PURGE_EVERY` (by its hash) reads the bucket's length, and a bucket past `PURGE_FROM`
+/// `velocity::PURGE_EVERY` (by its hash) reads the bucket's length, and a bucket past `PURGE_FROM`
 /// fields then drops its expired ones (bounded work, amortised to a fraction of a field read
 /// per event); the sweep reclaims the rest. The common path is one `HSETNX`.
 ///
@@ -147,7 +147,7 @@ if event ~= '' and call('HSETNX', KEYS[1], event, A[2]) == 0 then
     call('HSET', KEYS[1], event, A[2])
   end
 elseif event ~= '' and A[4] == 1 then
-  -- One new id in PURGE_EVERY (chosen by its hash) looks at the bucket's length.
+  -- The new ids the caller chose (one in PURGE_EVERY, by hash) look at the bucket's length.
   fill = call('HLEN', KEYS[1])
   if fill >= PURGE_FROM then
     local all, gone = call('HGETALL', KEYS[1]), {}

@@ -44,15 +44,20 @@ pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Ve
     calls
 }
 
-/// Whether a new event id is one of the `PURGE_EVERY` (32) in which the metric script looks at
-/// its bucket's length (`scripts::METRIC_BODY`): by the last two decimal digits of its hash,
-/// as the script decided before it took its arguments packed.
+/// One new event id in this many looks at its bucket's length in the metric script (which
+/// then drops the bucket's expired ids past `PURGE_FROM`: `scripts::METRIC_BODY`).
+const PURGE_EVERY: u64 = 32;
+
+/// Whether the new event id with keyed hash `hash` is one of those: by the last two decimal
+/// digits of the hash, so a replay of an id decides the same.
 pub(super) fn looks_at_fill(hash: i64) -> bool {
-    (hash.unsigned_abs() % 100).is_multiple_of(32)
+    (hash.unsigned_abs() % 100).is_multiple_of(PURGE_EVERY)
 }
 
 /// Writing the metric script's MessagePack argument: writes to a `Vec` cannot fail.
 mod pack {
+    use std::io::Write;
+
     pub fn array(out: &mut Vec<u8>, len: usize) {
         let len = u32::try_from(len).expect("a metric call's arguments fit a MessagePack array");
         rmp::encode::write_array_len(out, len).expect("writing to a Vec");
@@ -60,6 +65,15 @@ mod pack {
 
     pub fn text(out: &mut Vec<u8>, s: &str) {
         rmp::encode::write_str(out, s).expect("writing to a Vec");
+    }
+
+    /// `n` as a decimal string (what a Redis command takes), without a `String` for it.
+    pub fn decimal(out: &mut Vec<u8>, n: impl std::fmt::Display) {
+        let mut digits = std::io::Cursor::new([0u8; 24]);
+        write!(digits, "{n}").expect("an integer fits 24 digits");
+        let len = digits.position() as usize;
+        let digits = &digits.get_ref()[..len];
+        text(out, std::str::from_utf8(digits).expect("digits are ASCII"));
     }
 
     pub fn int(out: &mut Vec<u8>, n: i64) {
@@ -344,8 +358,8 @@ impl RedisStore {
         match call.event {
             Some(e) => {
                 let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
-                pack::text(&mut blob, &e.hash.to_string());
-                pack::text(&mut blob, &until.to_string());
+                pack::decimal(&mut blob, e.hash);
+                pack::decimal(&mut blob, until);
             }
             None => {
                 pack::text(&mut blob, "");
@@ -375,20 +389,27 @@ impl RedisStore {
             pack::int(&mut blob, at as i64);
             pack::int(&mut blob, (keys.len() + 1 - at) as i64);
             // AVG keeps sub-window i in the fields 2i (sum) and 2i + 1 (count).
-            let (field, second, value) = match op.update {
+            match op.update {
                 Some((sub, v)) if op.family == MetricFamily::Avg => {
-                    ((2 * sub).to_string(), (2 * sub + 1).to_string(), v)
+                    pack::decimal(&mut blob, 2 * sub);
+                    pack::decimal(&mut blob, 2 * sub + 1);
+                    pack::decimal(&mut blob, v);
                 }
-                Some((sub, v)) => (sub.to_string(), String::new(), v),
-                None => (String::new(), String::new(), 0),
-            };
-            pack::text(&mut blob, &field);
-            pack::text(&mut blob, &second);
-            pack::text(&mut blob, &value.to_string());
+                Some((sub, v)) => {
+                    pack::decimal(&mut blob, sub);
+                    pack::text(&mut blob, "");
+                    pack::decimal(&mut blob, v);
+                }
+                None => {
+                    pack::text(&mut blob, "");
+                    pack::text(&mut blob, "");
+                    pack::text(&mut blob, "0");
+                }
+            }
             pack::int(&mut blob, op.read_hi);
             pack::int(&mut blob, op.slots);
             pack::int(&mut blob, op.trim_hi);
-            pack::text(&mut blob, &op.key_expire_at().unwrap_or(0).to_string());
+            pack::decimal(&mut blob, op.key_expire_at().unwrap_or(0));
             pack::int(&mut blob, op.read.into());
             pack::int(&mut blob, op.cap.into());
         }
@@ -492,5 +513,26 @@ impl DefinitionStore for RedisStore {
         let n: i64 = redis::from_redis_value(v)
             .map_err(|e| StoreError::corrupt(format!("definition delete: {e}")))?;
         Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Integers go to the script as the decimal strings `to_string` would make, each a
+    /// MessagePack string, at the extremes too.
+    #[test]
+    fn decimals_are_packed_as_their_text() {
+        for n in [0i64, 7, -1, 498_829, 1_795_878_000_000, i64::MIN, i64::MAX] {
+            let mut ours = Vec::new();
+            pack::decimal(&mut ours, n);
+            let mut expected = Vec::new();
+            rmp::encode::write_str(&mut expected, &n.to_string()).unwrap();
+            assert_eq!(ours, expected, "{n}");
+        }
+        let mut ours = Vec::new();
+        pack::decimal(&mut ours, u32::MAX);
+        assert_eq!(rmp::decode::read_str_len(&mut ours.as_slice()).unwrap(), 10);
     }
 }
