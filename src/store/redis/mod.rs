@@ -547,7 +547,7 @@ impl RedisStore {
 
         let (writes, monitor) =
             Self::write_path(&connect, &pubsub_clients, opts.write_replicas).await?;
-        let per_worker = PerWorker::new(&connect, &pubsub_clients);
+        let per_worker = PerWorker::new(&connect, &pubsub_clients, "reads (worker)");
         let store = Self {
             pubsub_clients,
             pubsub_next: AtomicUsize::new(0),

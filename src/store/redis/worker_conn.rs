@@ -1,4 +1,5 @@
-//! A read connection per HTTP worker, driven by that worker's own runtime.
+//! A connection per HTTP worker, driven by that worker's own runtime: one set for reads, and
+//! one for writes when they wait for no replicas (`write_pool`).
 //!
 //! Each actix worker is a thread with a current-thread Tokio runtime; the store's shared read
 //! connection is driven by the service's multi-thread runtime. A check's round trip on the
@@ -64,22 +65,24 @@ thread_local! {
     static SLOTS: RefCell<HashMap<u64, Slot>> = RefCell::new(HashMap::new());
 }
 
-/// Per-worker read connections of one store.
+/// Per-worker connections of one store, for one use (`role`: reads or writes).
 pub struct PerWorker {
     id: u64,
     alive: Arc<()>,
     opts: ConnectOptions,
     clients: Vec<Client>,
+    role: &'static str,
 }
 
 impl PerWorker {
-    /// `None` for a cluster (see the module docs).
-    pub fn new(opts: &ConnectOptions, clients: &[Client]) -> Option<Self> {
+    /// `None` for a cluster (see the module docs). `role` names the connections in logs.
+    pub fn new(opts: &ConnectOptions, clients: &[Client], role: &'static str) -> Option<Self> {
         (!opts.cluster).then(|| Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             alive: Arc::new(()),
             opts: opts.clone(),
             clients: clients.to_vec(),
+            role,
         })
     }
 
@@ -112,13 +115,14 @@ impl PerWorker {
             slots.retain(|id, s| *id != self.id && s.owner.strong_count() > 0);
             let state = Arc::new(Mutex::new(State::Connecting));
             let (opts, clients, filled) = (self.opts.clone(), self.clients.clone(), state.clone());
+            let role = self.role;
             handle.spawn(async move {
-                let made = RedisConn::open(&opts, &clients, true, "reads (worker)").await;
+                let made = RedisConn::open(&opts, &clients, true, role).await;
                 let mut state = filled.lock().expect("slot lock");
                 *state = match made {
                     Ok(conn) => State::Ready(conn),
                     Err(e) => {
-                        tracing::debug!(error = %e, "a worker's read connection failed to connect; the shared one serves meanwhile");
+                        tracing::debug!(error = %e, role, "a worker's own connection failed to connect; the shared ones serve meanwhile");
                         State::Failed(Instant::now())
                     }
                 };
@@ -156,12 +160,12 @@ mod tests {
     async fn only_current_thread_runtimes_get_one() {
         let o = opts("redis://127.0.0.1:1".into());
         let clients = vec![Client::open(o.urls[0].as_str()).unwrap()];
-        let w = PerWorker::new(&o, &clients).unwrap();
+        let w = PerWorker::new(&o, &clients, "reads (worker)").unwrap();
         assert!(w.get().is_none());
         assert!(SLOTS.with_borrow(|s| s.is_empty()), "nothing started");
         let mut c = o.clone();
         c.cluster = true;
-        assert!(PerWorker::new(&c, &clients).is_none());
+        assert!(PerWorker::new(&c, &clients, "reads (worker)").is_none());
     }
 
     /// Nothing listens: the thread keeps answering `None` (the shared connection), retries
@@ -170,7 +174,7 @@ mod tests {
     fn a_failed_or_orphaned_connection_is_never_used() {
         let o = opts("redis://127.0.0.1:1".into());
         let clients = vec![Client::open(o.urls[0].as_str()).unwrap()];
-        let w = PerWorker::new(&o, &clients).unwrap();
+        let w = PerWorker::new(&o, &clients, "reads (worker)").unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -198,7 +202,7 @@ mod tests {
         // A dropped store's slot is swept when another store makes one.
         let id = w.id;
         drop(w);
-        let other = PerWorker::new(&o, &clients).unwrap();
+        let other = PerWorker::new(&o, &clients, "reads (worker)").unwrap();
         rt.block_on(async {
             assert!(other.get().is_none());
         });

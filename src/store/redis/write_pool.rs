@@ -23,6 +23,13 @@
 //!   never queues behind another write's `WAIT` on the server. A write that finds every member
 //!   busy until its deadline is refused unsent. Without replicas nothing blocks on the server
 //!   and members are shared round robin.
+//! * Without replicas, on one node, a write made on an HTTP worker goes over that worker's own
+//!   write connection (`worker_conn`, a second set beside the reads'), driven by the worker's
+//!   runtime, while it is up; the shared members serve until then and everywhere else. On a
+//!   member the round trip hops threads twice (the worker hands the pipeline to the
+//!   connection's task on the multi-thread runtime, whose reply wakes the worker again), as
+//!   the reads' did before they got theirs. With replicas every write keeps its lease: the
+//!   pool is what bounds the `WAIT`s in flight.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +47,7 @@ use crate::store::layout::key_slot;
 use crate::store::{Deadline, Refusal, StoreError, StoreResult};
 
 use super::conn::{ConnectOptions, Keyed, RedisConn, clients, missing};
+use super::worker_conn::PerWorker;
 
 /// Writes in flight at once when they wait for replicas (see the module docs); without
 /// replicas the members are shared.
@@ -190,6 +198,8 @@ pub struct WritePool {
     /// Members not leased; as many as `leases` has permits.
     free: Mutex<Vec<usize>>,
     next: AtomicUsize,
+    /// The HTTP workers' own write connections, when members are shared (see the module docs).
+    per_worker: Option<PerWorker>,
 }
 
 /// A member held by one write; given back when dropped.
@@ -219,12 +229,18 @@ impl WritePool {
             .await
             .into_iter()
             .collect::<RedisResult<Vec<_>>>()?;
+        let per_worker = if exclusive {
+            None
+        } else {
+            PerWorker::new(opts, &clients, "writes (worker)")
+        };
         Ok(Self {
             members,
             exclusive,
             leases: Semaphore::new(size),
             free: Mutex::new((0..size).rev().collect()),
             next: AtomicUsize::new(0),
+            per_worker,
         })
     }
 
@@ -262,6 +278,8 @@ impl WritePool {
                 _permit: permit,
             };
             (member, Some(lease))
+        } else if let Some(own) = self.per_worker.as_ref().and_then(PerWorker::get) {
+            return Ok(WriteSession::new(own, None, replicas, deadline));
         } else {
             let member = self.next.fetch_add(1, Ordering::Relaxed) % self.members.len();
             (member, None)
@@ -271,14 +289,7 @@ impl WritePool {
             .get(member)
             .cloned()
             .ok_or_else(|| StoreError::unavailable("no such write connection".into()))?;
-        Ok(WriteSession {
-            conn,
-            _lease: lease,
-            replicas,
-            deadline,
-            written: Vec::new(),
-            watch: None,
-        })
+        Ok(WriteSession::new(conn, lease, replicas, deadline))
     }
 }
 
@@ -301,7 +312,18 @@ fn not_replicated(acked: u32, replicas: u32, waited: Duration) -> StoreError {
     ))
 }
 
-impl WriteSession<'_> {
+impl<'a> WriteSession<'a> {
+    fn new(conn: RedisConn, lease: Option<Lease<'a>>, replicas: u32, deadline: Deadline) -> Self {
+        Self {
+            conn,
+            _lease: lease,
+            replicas,
+            deadline,
+            written: Vec::new(),
+            watch: None,
+        }
+    }
+
     /// Gives up on anything in flight as soon as a new picture says a primary of `slots` can
     /// no longer give the guarantee (gone, or too few replicas for the `WAIT`): a write sent
     /// to a primary that then died would otherwise wait for the client's reconnects, or for

@@ -240,3 +240,33 @@ async fn events_single_batch_duplicates_late_and_future() {
     );
     assert_eq!(read().await, json!({"cnt": 7, "amt": 1014.75}));
 }
+
+/// Events on an HTTP worker are written over that worker's own write connection once it is
+/// up (`store::redis::write_pool`, without replicas), not round robin over the pool's 8
+/// shared members: after 40 events, at most 3 connections have run the metric script last
+/// (the members that carried the definition's script load and the events sent while the
+/// worker's own connected, and the worker's own; the tests run one HTTP worker). Over the
+/// members alone it would be all 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_ride_the_workers_own_write_connection() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    put_metric(&app, "cnt", "COUNT(1h, tx) BY device_id", None).await;
+    for i in 0..40 {
+        let body = json!({"type": "tx", "fields": {"device_id": format!("w-{i}")}});
+        assert_eq!(events(&app, &body).await["applied"], 1);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.conn())
+        .unwrap();
+    let writing = list
+        .lines()
+        .filter(|l| l.contains(" cmd=evalsha ") || l.contains(" cmd=eval "))
+        .count();
+    assert!(
+        (1..=3).contains(&writing),
+        "connections whose last command ran the metric script:\n{list}"
+    );
+}
