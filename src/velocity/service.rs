@@ -27,7 +27,7 @@ use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_
 use super::rules::{self, Decision, Rule};
 use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
 use crate::instrumented::Instrumented;
-use crate::invalidation::SUBSCRIBE_DEADLINE;
+use crate::invalidation::unhurried;
 use crate::lists::FailMode;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
@@ -265,14 +265,7 @@ impl Velocity {
             let mut backoff = Duration::from_millis(20);
             loop {
                 let Some(this) = weak.upgrade() else { return };
-                let stream = this
-                    .bus
-                    .call(
-                        StoreOp::Subscribe,
-                        Deadline::after(SUBSCRIBE_DEADLINE),
-                        |b| b.subscribe(),
-                    )
-                    .await;
+                let stream = unhurried(&this.bus, StoreOp::Subscribe, |b| b.subscribe()).await;
                 drop(this);
                 if let Ok(mut stream) = stream {
                     // Whatever changed while nobody listened.
