@@ -46,6 +46,20 @@ pub const MAX_VALUE_LEN: usize = 256;
 /// Most metrics (or rules) one read may name.
 pub const MAX_NAMED: usize = 64;
 
+/// A metric that is not defined: a 400 where a request names it, a 404 where it is the
+/// resource asked for (`definitions`).
+fn undefined_metric(id: &MetricId) -> ValidationError {
+    ValidationError::new(
+        ErrorCode::UnknownMetric,
+        format!("metric {id} is not defined"),
+    )
+}
+
+/// A rule that is not defined (as `undefined_metric`).
+fn undefined_rule(id: &RuleId) -> ValidationError {
+    ValidationError::new(ErrorCode::UnknownRule, format!("rule {id} is not defined"))
+}
+
 fn too_many(what: &str, n: usize) -> VelocityError {
     VelocityError::Invalid(ValidationError::new(
         ErrorCode::TooManyNames,
@@ -506,12 +520,10 @@ impl Velocity {
         }
         let mut out = Vec::with_capacity(metrics.len());
         for id in metrics {
-            let m = defs.metrics.get(id).ok_or_else(|| {
-                VelocityError::Invalid(ValidationError::new(
-                    ErrorCode::UnknownMetric,
-                    format!("metric {id} is not defined"),
-                ))
-            })?;
+            let m = defs
+                .metrics
+                .get(id)
+                .ok_or_else(|| VelocityError::Invalid(undefined_metric(id)))?;
             let values = group_values(&m.spec.group_by, fields).ok_or_else(|| {
                 let missing = m
                     .spec
@@ -596,12 +608,10 @@ impl Velocity {
         let defs = self.defs();
         let mut out = Vec::new();
         for id in rules {
-            let r = defs.rules.get(id).ok_or_else(|| {
-                VelocityError::Invalid(ValidationError::new(
-                    ErrorCode::UnknownRule,
-                    format!("rule {id} is not defined"),
-                ))
-            })?;
+            let r = defs
+                .rules
+                .get(id)
+                .ok_or_else(|| VelocityError::Invalid(undefined_rule(id)))?;
             out.extend(r.0.metrics.iter().cloned());
         }
         Ok(out)
