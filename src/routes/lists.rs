@@ -100,6 +100,23 @@ fn entry_ref(
     })
 }
 
+/// The list of a write's path and every entry of its body, each parsed by `parse` from its
+/// index and item: all of them before anything is written.
+fn entries<I, E>(
+    list: web::Path<String>,
+    items: Vec<I>,
+    mut parse: impl FnMut(usize, I) -> Result<E, ValidationError>,
+) -> Result<(ListName, Vec<E>), ApiError> {
+    let list = list_name(list.into_inner())?;
+    check_entry_count(items.len())?;
+    let entries = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| parse(i, item))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((list, entries))
+}
+
 fn new_entry(
     i: usize,
     item: UpsertItem,
@@ -159,16 +176,11 @@ pub async fn upsert(
     caller: Caller,
     body: JsonBody<UpsertBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let list = list_name(list.into_inner())?;
-    let items = body.0.entries;
-    check_entry_count(items.len())?;
     let now = now_ms();
     let rules = lists.rules();
-    let entries = items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| new_entry(i, item, now, &rules))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (list, entries) = entries(list, body.0.entries, |i, item| {
+        new_entry(i, item, now, &rules)
+    })?;
     let written = lists.upsert(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "written": written })))
 }
@@ -191,15 +203,10 @@ pub async fn remove(
     caller: Caller,
     body: JsonBody<DeleteBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let list = list_name(list.into_inner())?;
-    let items = body.0.entries;
-    check_entry_count(items.len())?;
     let rules = lists.rules();
-    let entries = items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox, &rules))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (list, entries) = entries(list, body.0.entries, |i, item| {
+        entry_ref(i, item.dimension, &item.value, item.sandbox, &rules)
+    })?;
     let removed = lists.remove(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
 }
