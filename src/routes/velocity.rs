@@ -31,11 +31,19 @@ pub struct RuleBody {
     expr: String,
 }
 
+/// The path of one definition: `/v1/metrics/{id}` or `/v1/rules/{id}`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct IdPath {
+    /// `^[a-z0-9_]{1,64}$`
+    id: String,
+}
+
 /// A definition's `{id}`, parsed (a 400 at `path`).
 fn path_id<I: TryFrom<String, Error = ValidationError>>(
-    id: web::Path<String>,
+    path: web::Path<IdPath>,
 ) -> Result<I, ApiError> {
-    I::try_from(id.into_inner()).map_err(|e| e.at("path").into())
+    I::try_from(path.into_inner().id).map_err(|e| e.at("path").into())
 }
 
 /// Writes the put, get, list and delete handlers of one kind of definition, each with its
@@ -63,7 +71,7 @@ macro_rules! definitions {
             path = $one,
             summary = concat!("Define or change a ", $noun),
             request_body = $Body,
-            params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+            params(IdPath),
             responses(
                 (status = 200, description = $put_ok, body = $Def),
                 (status = 400, description = $put_bad, body = ErrorBody),
@@ -72,7 +80,7 @@ macro_rules! definitions {
         #[doc = concat!("`PUT ", $one, "`")]
         pub async fn $put(
             $v: web::Data<Velocity>,
-            $id: web::Path<String>,
+            $id: web::Path<IdPath>,
             $body: JsonBody<$Body>,
             offload: Offload,
         ) -> Result<HttpResponse, ApiError> {
@@ -86,7 +94,7 @@ macro_rules! definitions {
             get,
             path = $one,
             summary = concat!("One ", $noun),
-            params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+            params(IdPath),
             responses(
                 (status = 200, description = $get_ok, body = $Def),
                 (status = 400, description = "A bad id", body = ErrorBody),
@@ -96,7 +104,7 @@ macro_rules! definitions {
         #[doc = concat!("`GET ", $one, "`")]
         pub async fn $get(
             v: web::Data<Velocity>,
-            id: web::Path<String>,
+            id: web::Path<IdPath>,
         ) -> Result<HttpResponse, ApiError> {
             Ok(HttpResponse::Ok().json(v.$read(&path_id(id)?)?))
         }
@@ -118,7 +126,7 @@ macro_rules! definitions {
             delete,
             path = $one,
             summary = concat!("Delete a ", $noun),
-            params(("id" = String, Path, description = "`^[a-z0-9_]{1,64}$`")),
+            params(IdPath),
             responses(
                 (status = 200, description = "Deleted", body = DeletedDoc),
                 (status = 400, description = "A bad id", body = ErrorBody),
@@ -129,7 +137,7 @@ macro_rules! definitions {
         #[doc = concat!("`DELETE ", $one, "`")]
         pub async fn $delete(
             v: web::Data<Velocity>,
-            id: web::Path<String>,
+            id: web::Path<IdPath>,
             offload: Offload,
         ) -> Result<HttpResponse, ApiError> {
             let id: $Id = path_id(id)?;
