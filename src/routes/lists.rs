@@ -295,13 +295,18 @@ pub async fn summaries(
         .await
 }
 
+/// The 200 of both ways to look an identity up on every list.
+const EVERYWHERE: &str = "The hits over every list of the sandbox (ranges, segments and \
+                          domains included); `truncated: true` when the sandbox has over 1,000 \
+                          lists and only the first 1,000 by name were read";
+
 #[utoipa::path(
     get,
     path = "/v1/lists/-/lookup/{dimension}/{value}",
     summary = "One identity on every list of a sandbox, as a check finds it",
     params(IdentityPath, LookupQuery),
     responses(
-        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
+        (status = 200, description = EVERYWHERE, body = EverywhereOutcome),
         (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
     )
 )]
@@ -326,7 +331,7 @@ pub async fn lookup_everywhere(
     description = "The same answer as `GET /v1/lists/-/lookup/{dimension}/{value}`, with the identity kept out of the URL (the console uses it).",
     request_body = LookupBody,
     responses(
-        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
+        (status = 200, description = EVERYWHERE, body = EverywhereOutcome),
         (status = 400, description = "A bad body, dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
     )
 )]
