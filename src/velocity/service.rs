@@ -46,6 +46,17 @@ pub const MAX_VALUE_LEN: usize = 256;
 /// Most metrics (or rules) one read may name.
 pub const MAX_NAMED: usize = 64;
 
+/// Refuses a batch of more than `MAX_EVENTS_PER_REQUEST` events (`too_many_events`): checked
+/// by the route before any event is parsed, and again by `ingest` for other callers.
+pub fn check_event_count(n: usize) -> Result<(), ValidationError> {
+    ValidationError::check_count(
+        n,
+        MAX_EVENTS_PER_REQUEST,
+        ErrorCode::TooManyEvents,
+        "events",
+    )
+}
+
 /// A metric that is not defined: a 400 where a request names it, a 404 where it is the
 /// resource asked for (`definitions`).
 fn undefined_metric(id: &MetricId) -> ValidationError {
@@ -462,16 +473,7 @@ impl Velocity {
     /// Applies a batch of events (at most 1,000): every update in one pipelined round trip,
     /// each exactly once per (event id, metric entity).
     pub async fn ingest(&self, events: &[EventInput]) -> Result<IngestOutcome, VelocityError> {
-        if events.len() > MAX_EVENTS_PER_REQUEST {
-            return Err(ValidationError::new(
-                ErrorCode::TooManyEvents,
-                format!(
-                    "{} events in one request; at most {MAX_EVENTS_PER_REQUEST}",
-                    events.len()
-                ),
-            )
-            .into());
-        }
+        check_event_count(events.len())?;
         let now = now_ms();
         let defs = self.defs();
         let (planned, late) = self.plan(&defs, events, now, &|i| format!("events[{i}]."))?;
