@@ -35,6 +35,7 @@
 //! up for within seconds.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,8 @@ use futures::StreamExt;
 use crate::instrumented::Instrumented;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
-    Deadline, Invalidation, InvalidationBus, KeyspaceHealth, LogMark, Replay, Scope,
+    Deadline, Invalidation, InvalidationBus, KeyspaceHealth, LogMark, Replay, Scope, StoreBase,
+    StoreResult,
 };
 use crate::tier::{LocalTier, RegistryCache};
 
@@ -54,14 +56,11 @@ pub const KEYSPACE_EVERY: Duration = Duration::from_secs(1);
 /// Checks the keyspace id every `KEYSPACE_EVERY` until the task is aborted (the store updates
 /// what its `keyspace` channel says).
 pub async fn watch_keyspace(bus: Instrumented<dyn InvalidationBus>) {
-    let mut tick = tokio::time::interval(KEYSPACE_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut polling = Polling::every(KEYSPACE_EVERY);
     loop {
-        tick.tick().await;
+        let deadline = polling.next().await;
         let r = bus
-            .call(StoreOp::Keyspace, Deadline::after(KEYSPACE_EVERY), |b| {
-                b.verify_keyspace()
-            })
+            .call(StoreOp::Keyspace, deadline, |b| b.verify_keyspace())
             .await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "keyspace check");
@@ -69,8 +68,44 @@ pub async fn watch_keyspace(bus: Instrumented<dyn InvalidationBus>) {
     }
 }
 
+/// A tick every `period`, a late one delaying the next rather than bringing a burst; the call
+/// made on a tick is given one period.
+struct Polling {
+    tick: tokio::time::Interval,
+    period: Duration,
+}
+
+impl Polling {
+    fn every(period: Duration) -> Self {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { tick, period }
+    }
+
+    /// Waits for the next tick; the deadline of the call made on it.
+    async fn next(&mut self) -> Deadline {
+        self.tick.tick().await;
+        Deadline::after(self.period)
+    }
+}
+
 /// How long subscribing may take before it is given up and tried again.
 pub const SUBSCRIBE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A call on the bus given `SUBSCRIBE_DEADLINE`: subscribing (here and to velocity's
+/// definitions), and what a subscription does before it trusts anything or to catch up (the
+/// keyspace check, reading the change log).
+pub(crate) async fn unhurried<'s, S: StoreBase + ?Sized, T, F>(
+    bus: &'s Instrumented<S>,
+    op: StoreOp,
+    call: impl FnOnce(&'s S) -> F,
+) -> StoreResult<T>
+where
+    F: Future<Output = StoreResult<T>>,
+{
+    bus.call(op, Deadline::after(SUBSCRIBE_DEADLINE), call)
+        .await
+}
 
 /// How often `note_marks` notes where the change log stands.
 pub const MARK_EVERY: Duration = Duration::from_secs(1);
@@ -124,16 +159,13 @@ pub async fn follow_log(
     if tier.mode() == crate::tier::Mode::Off {
         return;
     }
-    let mut tick = tokio::time::interval(MARK_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut polling = Polling::every(MARK_EVERY);
     let mut followed: Option<(Instant, LogMark)> = None;
     let mut retry: Option<(Instant, LogMark)> = None;
     loop {
-        tick.tick().await;
+        let deadline = polling.next().await;
         let r = bus
-            .call(StoreOp::ChangeLog, Deadline::after(MARK_EVERY), |b| {
-                b.log_mark()
-            })
+            .call(StoreOp::ChangeLog, deadline, |b| b.log_mark())
             .await;
         match r {
             Ok(Some(mark)) => marks.note(Instant::now(), mark),
@@ -156,13 +188,10 @@ pub async fn follow_log(
             followed = Some(target);
             continue;
         }
-        let r = bus
-            .call(
-                StoreOp::ChangeLog,
-                Deadline::after(SUBSCRIBE_DEADLINE),
-                |b| b.log_read(from, Some(&target.1)),
-            )
-            .await;
+        let r = unhurried(&bus, StoreOp::ChangeLog, |b| {
+            b.log_read(from, Some(&target.1))
+        })
+        .await;
         // What a copy found behind was last known in sync before the records read (written
         // after `from` was noted, less its round trip).
         let since = from_at.checked_sub(MARK_EVERY).unwrap_or(*from_at);
@@ -210,13 +239,7 @@ async fn catch_up(
         tracing::info!("no change log mark old enough: every bucket held is read again");
         return None;
     };
-    let r = bus
-        .call(
-            StoreOp::ChangeLog,
-            Deadline::after(SUBSCRIBE_DEADLINE),
-            |b| b.log_read(&mark, None),
-        )
-        .await;
+    let r = unhurried(bus, StoreOp::ChangeLog, |b| b.log_read(&mark, None)).await;
     match r {
         Ok(Replay::Changes(changes)) => {
             let buckets: BTreeSet<u32> = changes.iter().map(|c| c.bucket).collect();
@@ -260,13 +283,7 @@ pub async fn listen(
             .is_some_and(|h| *h.borrow() != KeyspaceHealth::Present)
     };
     loop {
-        let subscribed = bus
-            .call(
-                StoreOp::Subscribe,
-                Deadline::after(SUBSCRIBE_DEADLINE),
-                |b| b.subscribe_proven(),
-            )
-            .await;
+        let subscribed = unhurried(&bus, StoreOp::Subscribe, |b| b.subscribe_proven()).await;
         match subscribed {
             Ok((mut stream, live)) => {
                 // Proofs of delivery date what is held (`LocalTier::proven`); the first is
@@ -276,13 +293,7 @@ pub async fn listen(
                 backoff = MIN_BACKOFF;
                 tracing::info!("cache invalidation subscription up");
                 // Nothing is trusted until the keyspace is known to be the one opened.
-                let checked = bus
-                    .call(
-                        StoreOp::Keyspace,
-                        Deadline::after(SUBSCRIBE_DEADLINE),
-                        |b| b.verify_keyspace(),
-                    )
-                    .await;
+                let checked = unhurried(&bus, StoreOp::Keyspace, |b| b.verify_keyspace()).await;
                 let mut trusting = false;
                 // Anything held before now may have changed while nobody listened: the
                 // registries are read again (they are small), the buckets the change log

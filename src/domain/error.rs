@@ -26,6 +26,18 @@ impl ValidationError {
         }
     }
 
+    /// Refuses a request of `n` `what` (`"entries"`, `"events"`) past the `max` one request
+    /// may carry, with `code`.
+    pub fn check_count(n: usize, max: usize, code: ErrorCode, what: &str) -> Result<(), Self> {
+        if n > max {
+            return Err(Self::new(
+                code,
+                format!("{n} {what} in one request; at most {max}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Prefixes the message with where the bad input sits, e.g. `entries[3].value`.
     pub fn at(mut self, location: impl fmt::Display) -> Self {
         self.message = format!("{location}: {}", self.message);

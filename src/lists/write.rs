@@ -189,11 +189,10 @@ impl NameLists {
 /// Refuses a request of more than `MAX_ENTRIES_PER_REQUEST` entries (`too_many_entries`):
 /// checked by the routes before any entry is parsed, and again here for other callers.
 pub fn check_entry_count(n: usize) -> Result<(), ValidationError> {
-    if n > MAX_ENTRIES_PER_REQUEST {
-        return Err(ValidationError::new(
-            ErrorCode::TooManyEntries,
-            format!("{n} entries in one request; at most {MAX_ENTRIES_PER_REQUEST}"),
-        ));
-    }
-    Ok(())
+    ValidationError::check_count(
+        n,
+        MAX_ENTRIES_PER_REQUEST,
+        ErrorCode::TooManyEntries,
+        "entries",
+    )
 }

@@ -9,13 +9,16 @@ use super::schemas::ErrorBody;
 use crate::audit_trail::{AuditPage, AuditQuery, AuditSearch, AuditTrail, RawAuditQuery};
 use crate::error::ApiError;
 
+/// The 200 of both ways to read the trail.
+const PAGE: &str = "Records with masked values and keyed fingerprints; `next_cursor` continues";
+
 #[utoipa::path(
     get,
     path = "/v1/audit",
     summary = "The audit trail, newest first, paged and filtered",
     params(RawAuditQuery),
     responses(
-        (status = 200, description = "Records with masked values and keyed fingerprints; `next_cursor` continues", body = AuditPage),
+        (status = 200, description = PAGE, body = AuditPage),
         (status = 400, description = "A bad filter (`invalid_filter`, `invalid_list`, `invalid_sandbox`, `unknown_dimension`, `invalid_value`) or cursor (`invalid_cursor`), an unknown parameter (`invalid_body`)", body = ErrorBody),
     )
 )]
@@ -35,7 +38,7 @@ pub async fn audit(
     description = "The same filters and answer as `GET /v1/audit`; the console uses it.",
     request_body = AuditSearch,
     responses(
-        (status = 200, description = "Records with masked values and keyed fingerprints; `next_cursor` continues", body = AuditPage),
+        (status = 200, description = PAGE, body = AuditPage),
         (status = 400, description = "A bad body, filter or cursor", body = ErrorBody),
     )
 )]

@@ -19,8 +19,7 @@ use crate::auth::{Caller, Permission};
 use crate::domain::{ErrorCode, EventType, MetricId, RuleId, ValidationError, shown_key};
 use crate::error::ApiError;
 use crate::lists::{CheckOutcome, FailMode, NameLists};
-use crate::velocity::service::IngestOutcome;
-use crate::velocity::service::MAX_VALUE_LEN;
+use crate::velocity::service::{IngestOutcome, MAX_VALUE_LEN, check_event_count};
 use crate::velocity::{EventInput, Features, FieldValue, Fields, Velocity, VelocityError};
 
 /// One event (a batch is `{"events": [...]}` of these).
@@ -120,13 +119,7 @@ pub async fn post_events(
                 ApiError::InvalidBody(m) => ApiError::InvalidBody(format!("events: {m}")),
                 other => other,
             })?;
-        if list.len() > crate::velocity::service::MAX_EVENTS_PER_REQUEST {
-            return Err(ValidationError::new(
-                ErrorCode::TooManyEvents,
-                format!("{} events in one request; at most 1000", list.len()),
-            )
-            .into());
-        }
+        check_event_count(list.len())?;
         list.into_iter()
             .enumerate()
             .map(|(i, e)| e.parse(&format!("events[{i}].")))

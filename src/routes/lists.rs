@@ -75,8 +75,27 @@ pub struct LookupQuery {
     sandbox: Option<String>,
 }
 
-fn list_name(raw: String) -> Result<ListName, ApiError> {
-    ListName::try_from(raw).map_err(|e| e.at("path").into())
+/// The path of a list's entries: `/v1/lists/{list}/entries...`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ListPath {
+    /// `^[a-z0-9_-]{1,32}$`
+    list: String,
+}
+
+/// An identity in a path: `.../{dimension}/{value}`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct IdentityPath {
+    /// A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`
+    dimension: String,
+    /// The value (percent-encoded; the rest of the path)
+    value: String,
+}
+
+/// The `{list}` of a path, parsed (a 400 at `path`).
+fn list_name(path: web::Path<ListPath>) -> Result<ListName, ApiError> {
+    ListName::try_from(path.into_inner().list).map_err(|e| e.at("path").into())
 }
 
 /// One entry as sent, its value normalised under `rules` in its sandbox.
@@ -98,6 +117,23 @@ fn entry_ref(
         value,
         sandbox,
     })
+}
+
+/// The list of a write's path and every entry of its body, each parsed by `parse` from its
+/// index and item: all of them before anything is written.
+fn entries<I, E>(
+    list: web::Path<ListPath>,
+    items: Vec<I>,
+    mut parse: impl FnMut(usize, I) -> Result<E, ValidationError>,
+) -> Result<(ListName, Vec<E>), ApiError> {
+    let list = list_name(list)?;
+    check_entry_count(items.len())?;
+    let entries = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| parse(i, item))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((list, entries))
 }
 
 fn new_entry(
@@ -146,7 +182,7 @@ fn new_entry(
     path = "/v1/lists/{list}/entries",
     summary = "Add or refresh entries (upsert, last write wins)",
     request_body = UpsertBody,
-    params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
+    params(ListPath),
     responses(
         (status = 200, description = "All entries written", body = WrittenDoc),
         (status = 400, description = "A bad body, list, dimension, value, expiry or reason, or over 10,000 entries; nothing is written", body = ErrorBody),
@@ -155,20 +191,15 @@ fn new_entry(
 /// `POST /v1/lists/{list}/entries`
 pub async fn upsert(
     lists: web::Data<NameLists>,
-    list: web::Path<String>,
+    list: web::Path<ListPath>,
     caller: Caller,
     body: JsonBody<UpsertBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let list = list_name(list.into_inner())?;
-    let items = body.0.entries;
-    check_entry_count(items.len())?;
     let now = now_ms();
     let rules = lists.rules();
-    let entries = items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| new_entry(i, item, now, &rules))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (list, entries) = entries(list, body.0.entries, |i, item| {
+        new_entry(i, item, now, &rules)
+    })?;
     let written = lists.upsert(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "written": written })))
 }
@@ -178,7 +209,7 @@ pub async fn upsert(
     path = "/v1/lists/{list}/entries",
     summary = "Delete entries",
     request_body = DeleteBody,
-    params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`")),
+    params(ListPath),
     responses(
         (status = 200, description = "Entries removed that were present and not yet expired", body = RemovedDoc),
         (status = 400, description = "A bad body, list, dimension or value, or over 10,000 entries; nothing is deleted", body = ErrorBody),
@@ -187,19 +218,14 @@ pub async fn upsert(
 /// `DELETE /v1/lists/{list}/entries`
 pub async fn remove(
     lists: web::Data<NameLists>,
-    list: web::Path<String>,
+    list: web::Path<ListPath>,
     caller: Caller,
     body: JsonBody<DeleteBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let list = list_name(list.into_inner())?;
-    let items = body.0.entries;
-    check_entry_count(items.len())?;
     let rules = lists.rules();
-    let entries = items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| entry_ref(i, item.dimension, &item.value, item.sandbox, &rules))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (list, entries) = entries(list, body.0.entries, |i, item| {
+        entry_ref(i, item.dimension, &item.value, item.sandbox, &rules)
+    })?;
     let removed = lists.remove(&list, entries, &caller.name).await?;
     Ok(HttpResponse::Ok().json(json!({ "removed": removed })))
 }
@@ -208,7 +234,7 @@ pub async fn remove(
     get,
     path = "/v1/lists/{list}/entries/{dimension}/{value}",
     summary = "Look one entry up (the exact entry; a range by its own value)",
-    params(("list" = String, Path, description = "`^[a-z0-9_-]{1,32}$`"), ("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
+    params(ListPath, IdentityPath, LookupQuery),
     responses(
         (status = 200, description = "Listed, with its expiry, or not", body = ListedDoc),
         (status = 400, description = "A bad list, dimension, value or sandbox", body = ErrorBody),
@@ -218,12 +244,13 @@ pub async fn remove(
 /// is looked up by its own value, e.g. `10.1.2.0/24`, not by an address inside it).
 pub async fn lookup(
     lists: web::Data<NameLists>,
-    path: web::Path<(String, String, String)>,
+    list: web::Path<ListPath>,
+    identity: web::Path<IdentityPath>,
     query: Query<LookupQuery>,
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
-    let (list, dimension, value) = path.into_inner();
     let list = list_name(list)?;
+    let IdentityPath { dimension, value } = identity.into_inner();
     let dimension = Dimension::try_from(dimension).map_err(|e| e.at("path"))?;
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
@@ -268,13 +295,18 @@ pub async fn summaries(
         .await
 }
 
+/// The 200 of both ways to look an identity up on every list.
+const EVERYWHERE: &str = "The hits over every list of the sandbox (ranges, segments and \
+                          domains included); `truncated: true` when the sandbox has over 1,000 \
+                          lists and only the first 1,000 by name were read";
+
 #[utoipa::path(
     get,
     path = "/v1/lists/-/lookup/{dimension}/{value}",
     summary = "One identity on every list of a sandbox, as a check finds it",
-    params(("dimension" = String, Path, description = "A built-in dimension or `^[a-z][a-z0-9_]{0,31}$`"), ("value" = String, Path, description = "The value (percent-encoded; the rest of the path)"), LookupQuery),
+    params(IdentityPath, LookupQuery),
     responses(
-        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
+        (status = 200, description = EVERYWHERE, body = EverywhereOutcome),
         (status = 400, description = "A bad dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
     )
 )]
@@ -282,11 +314,11 @@ pub async fn summaries(
 /// sandbox, as a check finds it (ranges, segments and domains included).
 pub async fn lookup_everywhere(
     lists: web::Data<NameLists>,
-    path: web::Path<(String, String)>,
+    identity: web::Path<IdentityPath>,
     query: Query<LookupQuery>,
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
-    let (dimension, value) = path.into_inner();
+    let IdentityPath { dimension, value } = identity.into_inner();
     let sandbox =
         Sandbox::parse_or_default(query.into_inner().sandbox).map_err(|e| e.at("query"))?;
     everywhere(lists, dimension, value, sandbox, "path", offload).await
@@ -299,7 +331,7 @@ pub async fn lookup_everywhere(
     description = "The same answer as `GET /v1/lists/-/lookup/{dimension}/{value}`, with the identity kept out of the URL (the console uses it).",
     request_body = LookupBody,
     responses(
-        (status = 200, description = "The hits over every list of the sandbox (ranges, segments and domains included); `truncated: true` when the sandbox has over 1,000 lists and only the first 1,000 by name were read", body = EverywhereOutcome),
+        (status = 200, description = EVERYWHERE, body = EverywhereOutcome),
         (status = 400, description = "A bad body, dimension, value (a check value: no ranges) or sandbox", body = ErrorBody),
     )
 )]

@@ -125,18 +125,13 @@ impl Lexer {
                     chars.next();
                     col += 1;
                 }
-                ',' => {
-                    lx.toks.push((Tok::Comma, col));
-                    chars.next();
-                    col += 1;
-                }
-                '(' => {
-                    lx.toks.push((Tok::Open, col));
-                    chars.next();
-                    col += 1;
-                }
-                ')' => {
-                    lx.toks.push((Tok::Close, col));
+                ',' | '(' | ')' => {
+                    let punct = match c {
+                        ',' => Tok::Comma,
+                        '(' => Tok::Open,
+                        _ => Tok::Close,
+                    };
+                    lx.toks.push((punct, col));
                     chars.next();
                     col += 1;
                 }

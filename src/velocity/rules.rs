@@ -141,6 +141,11 @@ fn err(col: usize, msg: impl Into<String>) -> ValidationError {
     )
 }
 
+/// `what` was expected at `col`, and `found` stands there.
+fn expected(col: usize, what: &str, found: &Tok) -> ValidationError {
+    err(col, format!("expected {what}, found {}", describe(found)))
+}
+
 fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ValidationError> {
     let chars: Vec<char> = src.chars().collect();
     let mut out = Vec::new();
@@ -246,28 +251,29 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Rule, ValidationError> {
-        let mut terms = vec![self.and()?];
-        while is_kw(&self.toks[self.pos].0, "or") {
-            self.next();
-            terms.push(self.and()?);
-        }
-        Ok(if terms.len() == 1 {
-            terms.remove(0)
-        } else {
-            Rule::Or(terms)
-        })
+        self.joined("or", Self::and, Rule::Or)
     }
 
     fn and(&mut self) -> Result<Rule, ValidationError> {
-        let mut terms = vec![self.primary()?];
-        while is_kw(&self.toks[self.pos].0, "and") {
+        self.joined("and", Self::primary, Rule::And)
+    }
+
+    /// One or more `term`s joined by the keyword `kw`: a lone term as itself, more as `join`.
+    fn joined(
+        &mut self,
+        kw: &str,
+        term: fn(&mut Self) -> Result<Rule, ValidationError>,
+        join: fn(Vec<Rule>) -> Rule,
+    ) -> Result<Rule, ValidationError> {
+        let mut terms = vec![term(self)?];
+        while is_kw(&self.toks[self.pos].0, kw) {
             self.next();
-            terms.push(self.primary()?);
+            terms.push(term(self)?);
         }
         Ok(if terms.len() == 1 {
             terms.remove(0)
         } else {
-            Rule::And(terms)
+            join(terms)
         })
     }
 
@@ -285,7 +291,7 @@ impl Parser {
                 self.depth -= 1;
                 match self.next() {
                     (Tok::Close, _) => Ok(inner),
-                    (t, col) => Err(err(col, format!("expected ')', found {}", describe(&t)))),
+                    (t, col) => Err(expected(col, "')'", &t)),
                 }
             }
             (Tok::Word(w), col) => {
@@ -299,46 +305,31 @@ impl Parser {
                     (Tok::Num(n), _) => Ok(Rule::Cmp(metric(w, col)?, op, n)),
                     (t, at) if w == DECISION => decision(op, col, t, at),
                     (Tok::Word(d), _) if d == DECISION => decision(op, col, Tok::Word(w), col),
-                    (t, col) => Err(err(
-                        col,
-                        format!("expected a number, found {}", describe(&t)),
-                    )),
+                    (t, col) => Err(expected(col, "a number", &t)),
                 }
             }
             (Tok::Num(n), _) => {
                 let op = self.op()?;
                 match self.next() {
                     (Tok::Word(w), col) => Ok(Rule::Cmp(metric(w, col)?, op.flipped(), n)),
-                    (t, col) => Err(err(
-                        col,
-                        format!("expected a metric id, found {}", describe(&t)),
-                    )),
+                    (t, col) => Err(expected(col, "a metric id", &t)),
                 }
             }
             (Tok::Str(s), col) => {
                 let op = self.op()?;
                 match self.next() {
                     (Tok::Word(w), _) if w == DECISION => decision(op, col, Tok::Str(s), col),
-                    (t, col) => Err(err(
-                        col,
-                        format!("expected decision, found {}", describe(&t)),
-                    )),
+                    (t, col) => Err(expected(col, "decision", &t)),
                 }
             }
-            (t, col) => Err(err(
-                col,
-                format!("expected a comparison or '(', found {}", describe(&t)),
-            )),
+            (t, col) => Err(expected(col, "a comparison or '('", &t)),
         }
     }
 
     fn op(&mut self) -> Result<Op, ValidationError> {
         match self.next() {
             (Tok::Op(op), _) => Ok(op),
-            (t, col) => Err(err(
-                col,
-                format!("expected > >= < <= == or !=, found {}", describe(&t)),
-            )),
+            (t, col) => Err(expected(col, "> >= < <= == or !=", &t)),
         }
     }
 }
@@ -358,12 +349,10 @@ fn decision(op: Op, col: usize, choice: Tok, at: usize) -> Result<Rule, Validati
         Tok::Word(w) if w.eq_ignore_ascii_case("null") => None,
         Tok::Str(s) => Some(ListName::try_from(s).map_err(|e| err(at, e.message))?),
         t => {
-            return Err(err(
+            return Err(expected(
                 at,
-                format!(
-                    "expected a list name in quotes (\"black\") or null, found {}",
-                    describe(&t)
-                ),
+                "a list name in quotes (\"black\") or null",
+                &t,
             ));
         }
     };

@@ -27,7 +27,7 @@ use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_
 use super::rules::{self, Decision, Rule};
 use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
 use crate::instrumented::Instrumented;
-use crate::invalidation::SUBSCRIBE_DEADLINE;
+use crate::invalidation::unhurried;
 use crate::lists::FailMode;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
@@ -45,6 +45,31 @@ pub const MAX_EVENTS_PER_REQUEST: usize = 1_000;
 pub const MAX_VALUE_LEN: usize = 256;
 /// Most metrics (or rules) one read may name.
 pub const MAX_NAMED: usize = 64;
+
+/// Refuses a batch of more than `MAX_EVENTS_PER_REQUEST` events (`too_many_events`): checked
+/// by the route before any event is parsed, and again by `ingest` for other callers.
+pub fn check_event_count(n: usize) -> Result<(), ValidationError> {
+    ValidationError::check_count(
+        n,
+        MAX_EVENTS_PER_REQUEST,
+        ErrorCode::TooManyEvents,
+        "events",
+    )
+}
+
+/// A metric that is not defined: a 400 where a request names it, a 404 where it is the
+/// resource asked for (`definitions`).
+fn undefined_metric(id: &MetricId) -> ValidationError {
+    ValidationError::new(
+        ErrorCode::UnknownMetric,
+        format!("metric {id} is not defined"),
+    )
+}
+
+/// A rule that is not defined (as `undefined_metric`).
+fn undefined_rule(id: &RuleId) -> ValidationError {
+    ValidationError::new(ErrorCode::UnknownRule, format!("rule {id} is not defined"))
+}
 
 fn too_many(what: &str, n: usize) -> VelocityError {
     VelocityError::Invalid(ValidationError::new(
@@ -265,14 +290,7 @@ impl Velocity {
             let mut backoff = Duration::from_millis(20);
             loop {
                 let Some(this) = weak.upgrade() else { return };
-                let stream = this
-                    .bus
-                    .call(
-                        StoreOp::Subscribe,
-                        Deadline::after(SUBSCRIBE_DEADLINE),
-                        |b| b.subscribe(),
-                    )
-                    .await;
+                let stream = unhurried(&this.bus, StoreOp::Subscribe, |b| b.subscribe()).await;
                 drop(this);
                 if let Ok(mut stream) = stream {
                     // Whatever changed while nobody listened.
@@ -455,16 +473,7 @@ impl Velocity {
     /// Applies a batch of events (at most 1,000): every update in one pipelined round trip,
     /// each exactly once per (event id, metric entity).
     pub async fn ingest(&self, events: &[EventInput]) -> Result<IngestOutcome, VelocityError> {
-        if events.len() > MAX_EVENTS_PER_REQUEST {
-            return Err(ValidationError::new(
-                ErrorCode::TooManyEvents,
-                format!(
-                    "{} events in one request; at most {MAX_EVENTS_PER_REQUEST}",
-                    events.len()
-                ),
-            )
-            .into());
-        }
+        check_event_count(events.len())?;
         let now = now_ms();
         let defs = self.defs();
         let (planned, late) = self.plan(&defs, events, now, &|i| format!("events[{i}]."))?;
@@ -513,12 +522,10 @@ impl Velocity {
         }
         let mut out = Vec::with_capacity(metrics.len());
         for id in metrics {
-            let m = defs.metrics.get(id).ok_or_else(|| {
-                VelocityError::Invalid(ValidationError::new(
-                    ErrorCode::UnknownMetric,
-                    format!("metric {id} is not defined"),
-                ))
-            })?;
+            let m = defs
+                .metrics
+                .get(id)
+                .ok_or_else(|| VelocityError::Invalid(undefined_metric(id)))?;
             let values = group_values(&m.spec.group_by, fields).ok_or_else(|| {
                 let missing = m
                     .spec
@@ -603,12 +610,10 @@ impl Velocity {
         let defs = self.defs();
         let mut out = Vec::new();
         for id in rules {
-            let r = defs.rules.get(id).ok_or_else(|| {
-                VelocityError::Invalid(ValidationError::new(
-                    ErrorCode::UnknownRule,
-                    format!("rule {id} is not defined"),
-                ))
-            })?;
+            let r = defs
+                .rules
+                .get(id)
+                .ok_or_else(|| VelocityError::Invalid(undefined_rule(id)))?;
             out.extend(r.0.metrics.iter().cloned());
         }
         Ok(out)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Velocity, VelocityError, load};
+use super::{Velocity, VelocityError, load, undefined_metric, undefined_rule};
 use crate::domain::{ErrorCode, MetricId, RuleId, ValidationError};
 use crate::metrics::StoreOp;
 use crate::store::{Deadline, DefinitionKind};
@@ -32,6 +32,44 @@ impl Velocity {
 
     // ---- definitions ----
 
+    /// Stores a definition (`fingerprint` tells a change from the same one again) and
+    /// reloads; its version.
+    async fn store_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        fingerprint: &str,
+        body: &str,
+    ) -> Result<u64, VelocityError> {
+        let deadline = Deadline::after(self.settings.write_deadline);
+        let version = self
+            .definitions
+            .call(StoreOp::Define, deadline, |s| {
+                s.put_definition(kind, id, fingerprint, body, deadline)
+            })
+            .await?;
+        self.reload().await;
+        Ok(version)
+    }
+
+    /// Deletes a definition and reloads; `missing()` if there was none.
+    async fn drop_definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+        missing: impl FnOnce() -> VelocityError,
+    ) -> Result<(), VelocityError> {
+        let deadline = Deadline::after(self.settings.write_deadline);
+        let existed = self
+            .definitions
+            .call(StoreOp::Define, deadline, |s| {
+                s.delete_definition(kind, id, deadline)
+            })
+            .await?;
+        self.reload().await;
+        if existed { Ok(()) } else { Err(missing()) }
+    }
+
     /// Defines (or redefines) a metric. The same definition keeps its version.
     pub async fn put_metric(
         &self,
@@ -41,21 +79,14 @@ impl Velocity {
     ) -> Result<MetricDef, VelocityError> {
         let spec = MetricSpec::parse(expr, resolution)?;
         let body = serde_json::to_string(&spec).expect("a spec serialises");
-        let deadline = Deadline::after(self.settings.write_deadline);
-        let fingerprint = spec.fingerprint();
         let version = self
-            .definitions
-            .call(StoreOp::Define, deadline, |s| {
-                s.put_definition(
-                    DefinitionKind::Metric,
-                    id.as_str(),
-                    &fingerprint,
-                    &body,
-                    deadline,
-                )
-            })
+            .store_definition(
+                DefinitionKind::Metric,
+                id.as_str(),
+                &spec.fingerprint(),
+                &body,
+            )
             .await?;
-        self.reload().await;
         tracing::info!(metric = %id, version, "metric defined");
         Ok(MetricDef { id, version, spec })
     }
@@ -95,19 +126,8 @@ impl Velocity {
                 ),
             )));
         }
-        let deadline = Deadline::after(self.settings.write_deadline);
-        let existed = self
-            .definitions
-            .call(StoreOp::Define, deadline, |s| {
-                s.delete_definition(DefinitionKind::Metric, id.as_str(), deadline)
-            })
-            .await?;
-        self.reload().await;
-        if existed {
-            Ok(())
-        } else {
-            Err(unknown_metric(id))
-        }
+        self.drop_definition(DefinitionKind::Metric, id.as_str(), || unknown_metric(id))
+            .await
     }
 
     /// Defines (or redefines) a rule; every metric it reads must exist.
@@ -130,14 +150,9 @@ impl Velocity {
         }
         let expr = expr.trim().to_owned();
         let body = serde_json::json!({ "expr": expr }).to_string();
-        let deadline = Deadline::after(self.settings.write_deadline);
         let version = self
-            .definitions
-            .call(StoreOp::Define, deadline, |s| {
-                s.put_definition(DefinitionKind::Rule, id.as_str(), &expr, &body, deadline)
-            })
+            .store_definition(DefinitionKind::Rule, id.as_str(), &expr, &body)
             .await?;
-        self.reload().await;
         Ok(RuleDef {
             id,
             version,
@@ -159,32 +174,15 @@ impl Velocity {
     }
 
     pub async fn delete_rule(&self, id: &RuleId) -> Result<(), VelocityError> {
-        let deadline = Deadline::after(self.settings.write_deadline);
-        let existed = self
-            .definitions
-            .call(StoreOp::Define, deadline, |s| {
-                s.delete_definition(DefinitionKind::Rule, id.as_str(), deadline)
-            })
-            .await?;
-        self.reload().await;
-        if existed {
-            Ok(())
-        } else {
-            Err(unknown_rule(id))
-        }
+        self.drop_definition(DefinitionKind::Rule, id.as_str(), || unknown_rule(id))
+            .await
     }
 }
 
 fn unknown_metric(id: &MetricId) -> VelocityError {
-    VelocityError::NotFound(ValidationError::new(
-        ErrorCode::UnknownMetric,
-        format!("metric {id} is not defined"),
-    ))
+    VelocityError::NotFound(undefined_metric(id))
 }
 
 fn unknown_rule(id: &RuleId) -> VelocityError {
-    VelocityError::NotFound(ValidationError::new(
-        ErrorCode::UnknownRule,
-        format!("rule {id} is not defined"),
-    ))
+    VelocityError::NotFound(undefined_rule(id))
 }
