@@ -111,6 +111,11 @@ pub struct Settings {
     /// Writes are acknowledged only once this many replicas have them (`WAIT`), so an
     /// acknowledged write survives a failover. 0: once the primary has them.
     pub write_replicas: u32,
+    /// Redis connections (connection sets on a cluster) of the write pool. With
+    /// `write_replicas > 0` each carries one write at a time, so they bound the writes in
+    /// flight: one instance applies at most `write_connections` / (a write's round trips
+    /// with its `WAIT`) writes a second.
+    pub write_connections: usize,
     /// TOML file of `[[tokens]]` (`name`, `role`, `token`); unset: no auth (said loudly).
     pub tokens_file: Option<PathBuf>,
     /// The risk engine's requests (`check`, `features`, `evaluate`) handled at once by this
@@ -182,6 +187,7 @@ impl Default for Settings {
             dedupe_window_secs: 86_400,
             dedupe_expected_ids: crate::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
             write_replicas: 0,
+            write_connections: crate::store::redis::DEFAULT_WRITE_CONNECTIONS,
             tokens_file: None,
             max_in_flight_requests: 4096,
             max_in_flight_writes: 256,
@@ -260,6 +266,7 @@ const KEYS: &[&str] = &[
     "dedupe_window_secs",
     "dedupe_expected_ids",
     "write_replicas",
+    "write_connections",
     "tokens_file",
     "max_in_flight_requests",
     "max_in_flight_writes",
@@ -271,6 +278,10 @@ const KEYS: &[&str] = &[
     "metrics_max_age_ms",
     "audit_refresh_secs",
 ];
+
+/// Most write connections an instance may open (`write_connections`): each is a Redis client
+/// on every node it reaches.
+const MAX_WRITE_CONNECTIONS: usize = 256;
 
 /// Variables that are not settings but are read elsewhere.
 const OTHER_VARS: &[&str] = &["config"];
@@ -355,6 +366,11 @@ impl Settings {
         if self.dedupe_window_secs == 0 || self.dedupe_expected_ids == 0 {
             return bad("dedupe_window_secs and dedupe_expected_ids must be at least 1".into());
         }
+        if !(1..=MAX_WRITE_CONNECTIONS).contains(&self.write_connections) {
+            return bad(format!(
+                "write_connections must be 1 to {MAX_WRITE_CONNECTIONS}"
+            ));
+        }
         if self.redis_url.is_some() && !self.redis_cluster_nodes.is_empty() {
             return bad("set redis_url or redis_cluster_nodes, not both".into());
         }
@@ -432,6 +448,7 @@ impl RedisOptions {
             response_timeout: Duration::from_millis(settings.write_deadline_ms),
             audit_max_len: settings.audit_max_len,
             write_replicas: settings.write_replicas,
+            write_connections: settings.write_connections,
             fingerprint_key: settings.fingerprint_key()?,
             allow_unkeyed: settings.allow_unkeyed,
             dedupe_expected_ids: settings.dedupe_expected_ids,
@@ -483,6 +500,27 @@ mod tests {
             assert!(err.to_string().contains("cache_tll_ms"), "{err}");
             jail.set_env("NAMELIST_FAIL_MODE", "sideways");
             assert!(Settings::load(None).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn write_connections_are_bounded_and_reach_the_store() {
+        figment::Jail::expect_with(|jail| {
+            assert_eq!(Settings::load(None).unwrap().write_connections, 8);
+            jail.set_env("NAMELIST_WRITE_CONNECTIONS", "32");
+            let s = Settings::load(None).unwrap();
+            let opts = RedisOptions::from_settings(&Settings {
+                allow_unkeyed: true,
+                ..s
+            })
+            .unwrap();
+            assert_eq!(opts.write_connections, 32);
+            for bad in ["0", "257"] {
+                jail.set_env("NAMELIST_WRITE_CONNECTIONS", bad);
+                let err = Settings::load(None).unwrap_err();
+                assert!(err.to_string().contains("write_connections"), "{err}");
+            }
             Ok(())
         });
     }

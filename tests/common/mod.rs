@@ -48,6 +48,7 @@ pub fn redis_options(url: impl Into<String>, prefix: impl Into<String>) -> Redis
         response_timeout: Duration::from_secs(10),
         audit_max_len: 1_000,
         write_replicas: 0,
+        write_connections: namelist::store::redis::DEFAULT_WRITE_CONNECTIONS,
         fingerprint_key: Some(test_key()),
         allow_unkeyed: false,
         dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,

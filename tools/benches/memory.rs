@@ -151,18 +151,11 @@ fn main() -> Res<()> {
         .enable_all()
         .build()?;
     let store = rt.block_on(RedisStore::open(RedisOptions {
-        url: url.clone(),
-        cluster_nodes: Vec::new(),
-        prefix: PREFIX.into(),
         expected_entries: Some(n),
         default_expected_entries: n,
-        connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(30),
         audit_max_len: 1,
-        write_replicas: 0,
-        fingerprint_key: Some(common::test_key()),
-        allow_unkeyed: false,
-        dedupe_expected_ids: namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+        ..common::redis_options(url.clone(), PREFIX)
     }));
     let (store, report) = store?;
     for w in &report.warnings {

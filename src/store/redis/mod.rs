@@ -77,7 +77,8 @@ use self::scripts::{
     is_noscript,
 };
 use self::worker_conn::PerWorker;
-use self::write_pool::{WRITE_CONNECTIONS, WritePool, WriteSession};
+pub use self::write_pool::DEFAULT_WRITE_CONNECTIONS;
+use self::write_pool::{WritePool, WriteSession};
 
 use self::replicas::{ReplicaMonitor, Topology, Watched};
 use crate::domain::{ListName, Sandbox, now_ms};
@@ -116,6 +117,8 @@ pub struct RedisOptions {
     /// Writes are acknowledged only once this many replicas have them (`WAIT`); 0: once the
     /// primary has them.
     pub write_replicas: u32,
+    /// Connections of the write pool (`write_pool`).
+    pub write_connections: usize,
     /// The fingerprint key (`fingerprint`): needed to create a keyspace and to open a keyed one.
     pub fingerprint_key: Option<FingerprintKey>,
     /// Without a key, create an unkeyed (format 1) keyspace instead of refusing.
@@ -545,8 +548,13 @@ impl RedisStore {
             ),
         }
 
-        let (writes, monitor) =
-            Self::write_path(&connect, &pubsub_clients, opts.write_replicas).await?;
+        let (writes, monitor) = Self::write_path(
+            &connect,
+            &pubsub_clients,
+            opts.write_replicas,
+            opts.write_connections,
+        )
+        .await?;
         let per_worker = PerWorker::new(&connect, &pubsub_clients, "reads (worker)");
         let store = Self {
             pubsub_clients,
@@ -594,8 +602,9 @@ impl RedisStore {
         connect: &ConnectOptions,
         clients: &[Client],
         write_replicas: u32,
+        write_connections: usize,
     ) -> StoreResult<(WritePool, ReplicaMonitor)> {
-        let writes = WritePool::connect(connect, WRITE_CONNECTIONS, write_replicas > 0)
+        let writes = WritePool::connect(connect, write_connections, write_replicas > 0)
             .await
             .map_err(unavailable)?;
         let infos: Vec<redis::ConnectionInfo> = clients

@@ -49,9 +49,9 @@ use crate::store::{Deadline, Refusal, StoreError, StoreResult};
 use super::conn::{ConnectOptions, Keyed, RedisConn, clients, missing};
 use super::worker_conn::PerWorker;
 
-/// Writes in flight at once when they wait for replicas (see the module docs); without
-/// replicas the members are shared.
-pub const WRITE_CONNECTIONS: usize = 8;
+/// The pool's members by default (`write_connections`): writes in flight at once when they
+/// wait for replicas (see the module docs); without replicas the members are shared.
+pub const DEFAULT_WRITE_CONNECTIONS: usize = 8;
 
 /// Least time kept back from a `WAIT`'s timeout for the reply to travel and be read.
 const MIN_WAIT_MARGIN: Duration = Duration::from_millis(5);
