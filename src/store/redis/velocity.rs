@@ -45,13 +45,14 @@ pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Ve
 }
 
 /// One new event id in this many looks at its bucket's length in the metric script (which
-/// then drops the bucket's expired ids past `PURGE_FROM`: `scripts::METRIC_BODY`).
-const PURGE_EVERY: u64 = 32;
+/// then drops the bucket's expired ids past `PURGE_FROM`: `scripts::METRIC_BODY`). 25 is the
+/// rate the script had when it chose by the hash's last two decimal digits (0, 32, 64, 96).
+const PURGE_EVERY: u64 = 25;
 
-/// Whether the new event id with keyed hash `hash` is one of those: by the last two decimal
-/// digits of the hash, so a replay of an id decides the same.
+/// Whether the new event id with keyed hash `hash` is one of those: by the hash, so a replay
+/// of an id decides the same.
 pub(super) fn looks_at_fill(hash: i64) -> bool {
-    (hash.unsigned_abs() % 100).is_multiple_of(PURGE_EVERY)
+    hash.unsigned_abs().is_multiple_of(PURGE_EVERY)
 }
 
 /// Writing the metric script's MessagePack argument: writes to a `Vec` cannot fail.
@@ -519,6 +520,13 @@ impl DefinitionStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One new id in `PURGE_EVERY` looks at its bucket's length, negative hashes as often.
+    #[test]
+    fn one_id_in_purge_every_looks_at_the_fill() {
+        let looking = (-5_000i64..5_000).filter(|&h| looks_at_fill(h)).count();
+        assert_eq!(looking, 10_000 / PURGE_EVERY as usize);
+    }
 
     /// Integers go to the script as the decimal strings `to_string` would make, each a
     /// MessagePack string, at the extremes too.

@@ -287,7 +287,7 @@ async fn event_ids_are_compact_and_forgotten() {
         (5, 0),
         "a replay after the dedupe window counts again"
     );
-    // Filling past 256 purges the expired ids (every 32 new ones).
+    // Filling past 256 purges the expired ids (one new id in 25 looks, by its hash).
     v.ingest(&batch(200, 320)).await.unwrap();
     let len: u64 = redis::cmd("HLEN")
         .arg(&key)
