@@ -1,0 +1,128 @@
+#!/bin/bash
+# Where Redis's time per event goes (issue 27), without the network or the service in the
+# figure: the release binary sends EVENTS events (default 5,000; one a request, each with its
+# id, five metrics as in benches/velocity_engine.sh, over 200,000 entities) to its own
+# redis-server while `MONITOR` records the exact metric script calls; the service is then
+# stopped and the calls are replayed, pipelined 200 at a time, by a Python client (PyPI's
+# redis, in a venv under target/), each round on fresh keys (the key prefix rewritten):
+#
+#   cargo build --release --bins && benches/velocity_redis_cost.sh
+#
+# Prints, best of 3 rounds, Redis CPU (`INFO cpu`) and `EVALSHA` time (`INFO commandstats`)
+# per event for: the script on fresh keys (every update opens its sub-window: the sparse
+# entities of the engine's traffic), with each command it ran; the same calls again (every
+# event a replay: the deduplication alone); an empty script given the same keys and
+# argument (the cost of a call); a script that only unpacks the argument. The difference
+# between the first and the sum of the others is the script's own Lua.
+set -eu
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+BIN=${BIN:-target/release/namelist}
+TOOLS=target/release/namelist-tools
+EVENTS=${EVENTS:-5000}
+VENV=target/bench-venv
+[ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q redis; }
+start_redis
+"$TOOLS" keygen --out "$D/fp.key" >/dev/null
+SPORT=$(free_port)
+NAMELIST_LISTEN=127.0.0.1:$SPORT NAMELIST_REDIS_URL=redis://127.0.0.1:$RPORT \
+  NAMELIST_FINGERPRINT_KEY_FILE="$D/fp.key" NAMELIST_KEY_PREFIX=b: RUST_LOG=warn \
+  "$BIN" >>"$D/service.log" 2>&1 &
+SVC=$!
+for _ in $(seq 100); do curl -sf "localhost:$SPORT/readyz" >/dev/null && break; sleep 0.1; done
+define() {
+  curl -sf -X PUT -H 'content-type: application/json' "localhost:$SPORT/v1/metrics/$1" \
+    -d "{\"expr\": \"$2\"}" >/dev/null
+}
+define tx_dev_1h "COUNT(1h, transaction) BY device_id"
+define amt_user_1d "SUM(1d, transaction, amount) BY userid"
+define avg_user_1d "AVG(1d, transaction, amount) BY userid"
+define users_dev_30d "COUNT_DISTINCT(30d, transaction, userid) BY device_id"
+define devs_ip_1d "APPROX_COUNT_DISTINCT(1d, transaction, device_id) BY ip"
+sleep 1
+redis-cli -p "$RPORT" monitor >"$D/monitor.txt" &
+MON=$!
+sleep 0.3
+python3 - "$SPORT" "$EVENTS" <<'PY'
+import json, random, sys, urllib.request
+port, n = sys.argv[1], int(sys.argv[2])
+rnd, entities = random.Random(27), 200000
+for i in range(n):
+    ip = rnd.randrange(entities)
+    event = {"id": "ev-%08d" % i, "type": "transaction", "fields": {
+        "device_id": "d%06d" % rnd.randrange(entities), "userid": "u%06d" % rnd.randrange(entities),
+        "ip": "10.%d.%d.%d" % (ip >> 16 & 255, ip >> 8 & 255, ip & 255),
+        "amount": rnd.randrange(100000) / 100}}
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/events" % port,
+        data=json.dumps({"events": [event]}).encode(), headers={"content-type": "application/json"})
+    urllib.request.urlopen(req).read()
+PY
+sleep 0.3
+kill "$MON" "$SVC"
+wait "$SVC" 2>/dev/null || true
+SVC=
+"$VENV/bin/python" - "$RPORT" "$D/monitor.txt" <<'PY'
+import re, sys
+import redis
+r = redis.Redis(port=int(sys.argv[1]))
+ESC = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", '"': b'"', "\\": b"\\"}
+def unquote(s):  # MONITOR's quoting of one argument (sdscatrepr)
+    out, i = bytearray(), 0
+    while i < len(s):
+        if s[i] == "\\":
+            if s[i + 1] == "x":
+                out.append(int(s[i + 2:i + 4], 16)); i += 4
+            else:
+                out += ESC[s[i + 1]]; i += 2
+        else:
+            out += s[i].encode("latin-1"); i += 1
+    return bytes(out)
+arg = re.compile(r'"((?:[^"\\]|\\.)*)"')
+calls = []
+for line in open(sys.argv[2], encoding="latin-1"):
+    args = [unquote(a) for a in arg.findall(line)]
+    if args and args[0].lower() == b"evalsha":
+        calls.append(args)
+n = len(calls)
+print("%d metric script calls recorded (one an event), replayed pipelined 200 at a time" % n)
+rounds = iter(range(1, 100))
+def fresh(c, prefix):  # the same call on keys no earlier round wrote
+    keys = int(c[2])
+    return c[:3] + [prefix + k[2:] for k in c[3:3 + keys]] + c[3 + keys:]
+def replay(cmds):
+    r.config_resetstat()
+    cpu0 = r.info("cpu")
+    for i in range(0, len(cmds), 200):
+        p = r.pipeline(transaction=False)
+        for c in cmds[i:i + 200]:
+            p.execute_command(*c)
+        for reply in p.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                sys.exit("a replayed call failed: %s" % reply)
+    cpu1 = r.info("cpu")
+    cpu = sum(cpu1[k] - cpu0[k] for k in ("used_cpu_user", "used_cpu_sys"))
+    stats = {k[8:] if k.startswith("cmdstat_") else k: v for k, v in r.info("commandstats").items()}
+    return cpu / n * 1e6, stats
+def best(label, make, twice=False):
+    runs = []
+    for _ in range(3):
+        prefix = b"r%d:" % next(rounds)
+        cmds = [make(c, prefix) for c in calls]
+        if twice:
+            replay(cmds)
+        runs.append(replay(cmds))
+    cpu, stats = min(runs, key=lambda x: x[0])
+    script = stats.get("evalsha", {}).get("usec", 0) / n
+    inner = sum(v["usec"] for k, v in stats.items() if k not in ("evalsha", "config|resetstat", "info")) / n
+    print("%-40s Redis CPU %5.1f us, EVALSHA %5.1f us (commands it ran %4.1f us) an event" % (label, cpu, script, inner))
+    return stats
+stats = best("the script, fresh keys", fresh)
+for k, v in sorted(stats.items(), key=lambda x: -x[1]["usec"]):
+    if k not in ("evalsha", "config|resetstat", "info"):
+        print("    %-10s %4.2f an event, %4.2f us each" % (k, v["calls"] / n, v["usec"] / v["calls"]))
+best("the script, every event a replay", fresh, twice=True)
+for label, body in (("an empty script, the same keys and arg", "return 1"),
+                    ("a script that only unpacks the arg", "return #cmsgpack.unpack(ARGV[1])")):
+    sha = r.script_load(body).encode()
+    best(label, lambda c, prefix, sha=sha: [c[0], sha] + fresh(c, prefix)[2:])
+PY
