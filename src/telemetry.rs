@@ -6,7 +6,14 @@
 //! [`SILENCED`] are dropped at every level, because they log what a caller sent (actix-web's
 //! extractors log the request path, a looked-up phone number, when they fail; the service
 //! uses its own extractors, and this is the second line).
+//!
+//! The subscriber's level hint is `RUST_LOG`'s: the silencing filter says it lets through
+//! nothing above that level. Without the hint the stack's would be "unknown", so the global
+//! level (and the `log` crate's, which actix and its dependencies log through) would be
+//! TRACE, and every `log::trace!` on the request path would be built and judged, target by
+//! target, only to be dropped.
 
+use tracing::Subscriber;
 use tracing_subscriber::filter::{EnvFilter, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -29,7 +36,15 @@ pub fn allowed(target: &str) -> bool {
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing).
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let silenced = filter_fn(|meta| allowed(meta.target()));
+    let _ = subscriber(format, filter).try_init();
+}
+
+/// The subscriber: `format`'s layer to stderr behind `filter` and the silenced targets.
+fn subscriber(format: LogFormat, filter: EnvFilter) -> impl Subscriber + Send + Sync {
+    let mut silenced = filter_fn(|meta| allowed(meta.target()));
+    if let Some(level) = filter.max_level_hint() {
+        silenced = silenced.with_max_level_hint(level);
+    }
     let layer = match format {
         LogFormat::Json => fmt::layer()
             .json()
@@ -39,13 +54,31 @@ pub fn init(format: LogFormat) {
             .boxed(),
         LogFormat::Text => fmt::layer().with_writer(std::io::stderr).boxed(),
     };
-    let _ = tracing_subscriber::registry()
-        .with(layer.with_filter(filter).with_filter(silenced))
-        .try_init();
+    tracing_subscriber::registry().with(layer.with_filter(filter).with_filter(silenced))
 }
 
 #[cfg(test)]
 mod tests {
+    use tracing::level_filters::LevelFilter;
+    use tracing_subscriber::EnvFilter;
+
+    use super::*;
+
+    #[test]
+    fn the_subscriber_says_rust_logs_level_so_nothing_finer_is_built() {
+        for (directives, level) in [
+            ("warn", LevelFilter::WARN),
+            ("info", LevelFilter::INFO),
+            ("warn,namelist=debug", LevelFilter::DEBUG),
+            ("off", LevelFilter::OFF),
+        ] {
+            for format in [LogFormat::Json, LogFormat::Text] {
+                let s = subscriber(format, EnvFilter::new(directives));
+                assert_eq!(s.max_level_hint(), Some(level), "{directives}");
+            }
+        }
+    }
+
     #[test]
     fn the_extractors_targets_are_silenced_and_ours_are_not() {
         assert!(!super::allowed("actix_web::types::query"));
