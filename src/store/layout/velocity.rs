@@ -117,38 +117,37 @@ impl Layout {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// The key of one entity of one metric version (see the module docs).
+    /// The key of one entity of one metric version (see the module docs). Built in place: it
+    /// is made for every metric an event updates or a request reads.
     pub fn metric_key(&self, metric: &str, version: u64, group_values: &[&str]) -> String {
-        let mut values = Vec::with_capacity(64);
+        use std::io::Write;
+        // Writing to a Vec cannot fail.
+        let mut h: Vec<u8> = Vec::with_capacity(64);
+        // NUL starts neither a metric id nor a length: format 2's parts never meet format 1's bytes.
+        if self.velocity == 1 {
+            write!(h, "{metric}\n{version}\n").expect("writing to a Vec");
+        } else {
+            h.extend_from_slice(b"\0entity\n");
+        }
         for v in group_values {
             // Length-prefixed: values may hold any byte.
-            values.extend_from_slice(v.len().to_string().as_bytes());
-            values.push(b':');
-            values.extend_from_slice(v.as_bytes());
+            write!(h, "{}:", v.len()).expect("writing to a Vec");
+            h.extend_from_slice(v.as_bytes());
         }
+        let mut key = String::with_capacity(self.prefix.len() + 24);
+        key.push_str(&self.prefix);
+        key.push_str("v{");
         if self.velocity == 1 {
-            let mut h = Vec::with_capacity(64);
-            for part in [metric, &version.to_string()] {
-                h.extend_from_slice(part.as_bytes());
-                h.push(b'\n');
-            }
-            h.extend_from_slice(&values);
-            return format!(
-                "{}v{{{}}}",
-                self.prefix,
-                base64_bits(self.hashing.metric_entity(&h), 16)
-            );
+            push_base64_bits(&mut key, self.hashing.metric_entity(&h), 16);
+            key.push('}');
+            return key;
         }
-        // NUL starts neither a metric id nor a length: these never meet format 1's bytes.
-        let mut entity = b"\0entity\n".to_vec();
-        entity.extend_from_slice(&values);
-        let which = format!("\0metric\n{metric}\n{version}");
-        format!(
-            "{}v{{{}}}{}",
-            self.prefix,
-            base64_bits(self.hashing.metric_entity(&entity), 12),
-            base64_bits(self.hashing.metric_entity(which.as_bytes()), 8)
-        )
+        push_base64_bits(&mut key, self.hashing.metric_entity(&h), 12);
+        key.push('}');
+        h.clear();
+        write!(h, "\0metric\n{metric}\n{version}").expect("writing to a Vec");
+        push_base64_bits(&mut key, self.hashing.metric_entity(&h), 8);
+        key
     }
 
     /// The bucket remembering the event with hash `event`: on a single node (`slot` None)
@@ -232,11 +231,9 @@ impl Layout {
 }
 
 /// The low 96 bits of `bits` in URL-safe base64: 16 characters.
-fn base64_bits(bits: u128, chars: usize) -> String {
+fn push_base64_bits(out: &mut String, bits: u128, chars: usize) {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    (0..chars)
-        .map(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize] as char)
-        .collect()
+    out.extend((0..chars).map(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize] as char));
 }
 
 #[cfg(test)]
@@ -283,6 +280,32 @@ mod tests {
         assert_ne!(
             slot(&k1),
             slot(&old.metric_key("dev_users_30d", 3, &["d000001"]))
+        );
+    }
+
+    #[test]
+    fn metric_key_names_are_pinned() {
+        // These are key names in existing keyspaces: a change here strands their data.
+        let l = Layout::new("nl:", 1, keyed());
+        let unkeyed = Layout::new("nl:", 1, Hashing::Unkeyed);
+        let got = [
+            l.metric_key("dev_tx_7d", 1, &["d000001"]),
+            l.metric_key("m", 12_345_678_901, &["a", "", "ünï\0"]),
+            unkeyed.metric_key("dev_tx_7d", 1, &["d000001"]),
+            l.clone()
+                .with_velocity(1, 1)
+                .metric_key("dev_tx_7d", 1, &["d000001"]),
+            l.metric_key("no_group", 3, &[]),
+        ];
+        assert_eq!(
+            got,
+            [
+                "nl:v{Qju23luj7LC_}HVWGunIN",
+                "nl:v{pjGE-RMhdm5_}TA3zIwpe",
+                "nl:v{ia2OaetCDKo-}e9EmY3J5",
+                "nl:v{SUef1Hr8CZJMc9PR}",
+                "nl:v{pRWMPQ_U5Hlh}0B-DsRMU",
+            ]
         );
     }
 
