@@ -49,7 +49,7 @@ pub use layout::{
 };
 pub use velocity::{
     DefinitionKind, EventMark, MAX_FUTURE_MARGIN_MS, MetricAnswer, MetricFamily, MetricOp,
-    MetricReading, StoredDefinition,
+    MetricReading, NewDefinition, StoredDefinition,
 };
 
 // ---- The store traits ----
@@ -266,10 +266,7 @@ pub trait DefinitionStore: StoreBase {
     /// Stores a definition and tells every instance. Returns its version.
     async fn put_definition(
         &self,
-        kind: DefinitionKind,
-        id: &str,
-        fingerprint: &str,
-        body: &str,
+        definition: NewDefinition<'_>,
         deadline: Deadline,
     ) -> StoreResult<u64>;
 
