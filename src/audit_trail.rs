@@ -48,6 +48,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{
     Dimension, ErrorCode, ListName, PhoneRegions, Rules, Sandbox, ValidationError, Value,
+    invalid_cursor, page_limit, page_query,
 };
 use crate::instrumented::Instrumented;
 use crate::lists::ListsError;
@@ -57,10 +58,6 @@ use crate::store::{
     AuditChunk, AuditOp, AuditPos, AuditRead, AuditRecord, AuditTerm, Deadline, EntryStore, Layout,
 };
 
-/// Records per page when `limit` is not given.
-pub const DEFAULT_LIMIT: usize = 100;
-/// Most records per page.
-pub const MAX_LIMIT: usize = 1_000;
 /// Most records one request examines.
 pub const MAX_EXAMINED: usize = 10_000;
 /// Records first read from each part (at least).
@@ -72,31 +69,23 @@ pub const MAX_CHUNK: usize = 512;
 /// store, write latency included.
 pub const CLOCK_MARGIN_MS: u64 = 60_000;
 
-/// The query string of `GET /v1/audit`, as sent (every field checked by `AuditQuery`).
-#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct RawAuditQuery {
-    /// Only this list.
-    pub list: Option<String>,
-    /// Only this sandbox.
-    pub sandbox: Option<String>,
-    /// Only this dimension (needed with `value`).
-    pub dimension: Option<String>,
-    /// Only this entry: normalised for `dimension`, matched by its keyed fingerprint.
-    pub value: Option<String>,
-    /// Only this token name.
-    pub who: Option<String>,
-    /// `upsert`, `delete` or `import`.
-    pub op: Option<String>,
-    /// Unix ms, inclusive.
-    pub since: Option<String>,
-    /// Unix ms, inclusive.
-    pub until: Option<String>,
-    /// 1 to 1,000 (default 100).
-    pub limit: Option<String>,
-    /// A `next_cursor` as given.
-    pub cursor: Option<String>,
+page_query! {
+    /// The query string of `GET /v1/audit`, as sent (every field checked by `AuditQuery`):
+    /// `list`, `sandbox`, these, then `limit` and `cursor`.
+    pub struct RawAuditQuery {
+        /// Only this dimension (needed with `value`).
+        pub dimension: Option<String>,
+        /// Only this entry: normalised for `dimension`, matched by its keyed fingerprint.
+        pub value: Option<String>,
+        /// Only this token name.
+        pub who: Option<String>,
+        /// `upsert`, `delete` or `import`.
+        pub op: Option<String>,
+        /// Unix ms, inclusive.
+        pub since: Option<String>,
+        /// Unix ms, inclusive.
+        pub until: Option<String>,
+    }
 }
 
 /// The same filters in a JSON body (`POST /v1/audit`), so that a value searched for stays
@@ -239,25 +228,13 @@ impl AuditQuery {
         {
             return Err(filter_error("since is after until"));
         }
-        let limit = match raw.limit {
-            None => DEFAULT_LIMIT,
-            Some(l) => l
-                .parse::<usize>()
-                .ok()
-                .filter(|l| (1..=MAX_LIMIT).contains(l))
-                .ok_or_else(|| filter_error(format!("limit: expected 1 to {MAX_LIMIT}")))?,
-        };
+        let limit = page_limit(raw.limit)?;
         let cursor = raw
             .cursor
             .map(|c| {
                 AuditPos::parse(&c)
                     .filter(|p| usize::from(p.part) <= AUDIT_PARTS)
-                    .ok_or_else(|| {
-                        ValidationError::new(
-                            ErrorCode::InvalidCursor,
-                            "cursor: not a cursor this service handed out (use next_cursor as given)",
-                        )
-                    })
+                    .ok_or_else(invalid_cursor)
             })
             .transpose()?;
         Ok(Self {

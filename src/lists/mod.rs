@@ -18,7 +18,7 @@
 //! landed.
 //!
 //! The operators' reads are bounded whatever the keyspace holds: `summaries` is one page of
-//! the store's counts (at most `MAX_LISTS_LIMIT` pairs, O(log n + page) in the store, one
+//! the store's counts (at most `MAX_PAGE_LIMIT` pairs, O(log n + page) in the store, one
 //! hash-map lookup per pair for its hits), and `lookup_everywhere` reads the lists of one
 //! sandbox only, at most `MAX_LOOKUP_LISTS` of them, and says when there were more.
 //!
@@ -64,10 +64,6 @@ pub const MAX_CHECK_LISTS: usize = 16;
 pub const MAX_CHECK_PROBES: usize = 4096;
 /// Longest `reason`, in bytes.
 pub const MAX_REASON_LEN: usize = 256;
-/// (list, sandbox) pairs per page of `GET /v1/lists` when `limit` is not given.
-pub const DEFAULT_LISTS_LIMIT: usize = 100;
-/// Most (list, sandbox) pairs per page of `GET /v1/lists`.
-pub const MAX_LISTS_LIMIT: usize = 1_000;
 /// Most lists of one sandbox a lookup on every list reads (`lookup_everywhere`), the first
 /// ones by name: past it, the answer says `truncated`. 1,000 lists are 63 checks.
 pub const MAX_LOOKUP_LISTS: usize = 1_000;

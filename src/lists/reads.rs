@@ -3,15 +3,13 @@
 //! identity on every list of a sandbox (`lookup_everywhere`, a check per `MAX_CHECK_LISTS`
 //! lists). Their hits are not counted as the risk engine's.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::check::{CheckOutcome, CheckQuery, RawCheck, Staleness};
-use super::{
-    DEFAULT_LISTS_LIMIT, EntryRef, ListsError, MAX_CHECK_LISTS, MAX_LISTS_LIMIT, MAX_LOOKUP_LISTS,
-    NameLists,
-};
+use super::{EntryRef, ListsError, MAX_CHECK_LISTS, MAX_LOOKUP_LISTS, NameLists};
 use crate::domain::{
-    Dimension, ErrorCode, Expiry, ListName, Sandbox, ValidationError, Value, now_ms,
+    Dimension, Expiry, ListName, Sandbox, ValidationError, Value, invalid_cursor, now_ms,
+    page_limit, page_query,
 };
 use crate::metrics::StoreOp;
 use crate::store::{CountsQuery, Deadline, Scope, code_is_live};
@@ -29,20 +27,10 @@ pub struct ListSummary {
     pub hits: u64,
 }
 
-/// The query string of `GET /v1/lists`, as sent (every field checked by `ListsQuery`; an
-/// empty one is as good as absent).
-#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct RawListsQuery {
-    /// Only this list.
-    pub list: Option<String>,
-    /// Only this sandbox.
-    pub sandbox: Option<String>,
-    /// 1 to 1,000 (default 100).
-    pub limit: Option<String>,
-    /// A `next_cursor` as given.
-    pub cursor: Option<String>,
+page_query! {
+    /// The query string of `GET /v1/lists`, as sent: `list`, `sandbox`, `limit` and `cursor`
+    /// (every field checked by `ListsQuery`; an empty one is as good as absent).
+    pub struct RawListsQuery {}
 }
 
 /// A checked `GET /v1/lists` query: the filters, the page size, and the pair the page
@@ -90,28 +78,9 @@ impl TryFrom<RawListsQuery> for ListsQuery {
             .map(Sandbox::try_from)
             .transpose()
             .map_err(|e| e.at("sandbox"))?;
-        let limit = match given(raw.limit) {
-            None => DEFAULT_LISTS_LIMIT,
-            Some(l) => l
-                .parse::<usize>()
-                .ok()
-                .filter(|l| (1..=MAX_LISTS_LIMIT).contains(l))
-                .ok_or_else(|| {
-                    ValidationError::new(
-                        ErrorCode::InvalidFilter,
-                        format!("limit: expected 1 to {MAX_LISTS_LIMIT}"),
-                    )
-                })?,
-        };
+        let limit = page_limit(given(raw.limit))?;
         let after = given(raw.cursor)
-            .map(|c| {
-                parse_cursor(&c).ok_or_else(|| {
-                    ValidationError::new(
-                        ErrorCode::InvalidCursor,
-                        "cursor: not a cursor this service handed out (use next_cursor as given)",
-                    )
-                })
-            })
+            .map(|c| parse_cursor(&c).ok_or_else(invalid_cursor))
             .transpose()?;
         Ok(Self {
             list,

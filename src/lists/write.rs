@@ -8,7 +8,8 @@ use super::{EntryRef, ListsError, MAX_ENTRIES_PER_REQUEST, NameLists, NewEntry};
 use crate::domain::{ErrorCode, ListName, Sandbox, ValidationError, mask_value, now_ms};
 use crate::metrics::StoreOp;
 use crate::store::{
-    AuditOp, AuditRecord, CountChange, Deadline, EntryKey, PrefixLen, Scope, WriteBatch,
+    AuditOp, AuditRecord, CountChange, Deadline, EntryKey, PrefixLen, RemoveBatch, Scope,
+    WriteBatch,
 };
 
 impl NameLists {
@@ -155,7 +156,12 @@ impl NameLists {
         let result = self
             .store
             .call(StoreOp::Remove, deadline, |s| {
-                s.remove(&unique, now, audit, deadline)
+                let batch = RemoveBatch {
+                    keys: &unique,
+                    now_ms: now,
+                    audit,
+                };
+                s.remove(batch, deadline)
             })
             .await;
         if result.is_ok() {

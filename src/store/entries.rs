@@ -1,4 +1,4 @@
-//! What `EntryStore` takes and gives: a write batch, what a removal found, the lists' count
+//! What `EntryStore` takes and gives: a write batch, a removal and what it found, the lists' count
 //! changes and pages, and reads of the audit trail (the record's `op`, positions in the
 //! merged trail, index terms, one part's read and what it found).
 
@@ -7,6 +7,17 @@ use crate::store::layout::{AuditRecord, EntryKey, PrefixLen, Scope};
 // Parts of the format (an audit record's op and index terms, a range of scopes), defined
 // with it and taken and given by `EntryStore` as they are.
 pub use crate::store::layout::{AuditOp, AuditTerm, CountsQuery};
+
+/// The keys and audit records of one removal (`EntryStore::remove`), as `WriteBatch` is of
+/// an upsert.
+#[derive(Debug, Clone)]
+pub struct RemoveBatch<'a> {
+    /// The fields to delete.
+    pub keys: &'a [EntryKey],
+    /// Unix ms: what each key held is reported live or expired as of then (`Removed`).
+    pub now_ms: i64,
+    pub audit: Vec<AuditRecord>,
+}
 
 /// What a removal found at one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

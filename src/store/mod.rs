@@ -37,7 +37,7 @@ pub use bus::{InvalidationStream, Liveness, LogMark, LoggedChange, PartMark, Rep
 pub use deadline::Deadline;
 pub use entries::{
     AuditChunk, AuditOp, AuditPos, AuditRead, AuditTerm, CountChange, CountsPage, CountsQuery,
-    ListCount, Removed, WriteBatch,
+    ListCount, RemoveBatch, Removed, WriteBatch,
 };
 pub use error::{
     KeyspaceHealth, LOST_MESSAGE, Refusal, SourceError, StoreError, StoreResult, one_each,
@@ -49,7 +49,7 @@ pub use layout::{
 };
 pub use velocity::{
     DefinitionKind, EventMark, MAX_FUTURE_MARGIN_MS, MetricAnswer, MetricFamily, MetricOp,
-    MetricReading, StoredDefinition,
+    MetricReading, NewDefinition, StoredDefinition,
 };
 
 // ---- The store traits ----
@@ -140,15 +140,10 @@ pub trait EntryStore: StoreBase {
     /// field that was not there (what the list counts add).
     async fn write(&self, batch: WriteBatch, deadline: Deadline) -> StoreResult<Vec<bool>>;
 
-    /// Deletes `keys`, appends `audit`, publishes the invalidation; for each key, what was
-    /// there at `now_ms`.
-    async fn remove(
-        &self,
-        keys: &[EntryKey],
-        now_ms: i64,
-        audit: Vec<AuditRecord>,
-        deadline: Deadline,
-    ) -> StoreResult<Vec<Removed>>;
+    /// Deletes the batch's `keys`, appends its `audit`, publishes the invalidation; for each
+    /// key, what was there at `now_ms`.
+    async fn remove(&self, batch: RemoveBatch<'_>, deadline: Deadline)
+    -> StoreResult<Vec<Removed>>;
 
     /// Deletes the field only if it still holds `code` (lazy expiry: a refresh that raced the
     /// deletion survives). Whether it was deleted. Housekeeping: no audit record, no
@@ -266,10 +261,7 @@ pub trait DefinitionStore: StoreBase {
     /// Stores a definition and tells every instance. Returns its version.
     async fn put_definition(
         &self,
-        kind: DefinitionKind,
-        id: &str,
-        fingerprint: &str,
-        body: &str,
+        definition: NewDefinition<'_>,
         deadline: Deadline,
     ) -> StoreResult<u64>;
 

@@ -118,6 +118,18 @@ impl DefinitionKind {
     }
 }
 
+/// A definition to store (`DefinitionStore::put_definition`): its kind, its id, the
+/// fingerprint that tells a change from the same definition again (which decides whether the
+/// version moves), and its JSON body. One value so that the trait, both stores and the
+/// service name these four once, in one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewDefinition<'a> {
+    pub kind: DefinitionKind,
+    pub id: &'a str,
+    pub fingerprint: &'a str,
+    pub body: &'a str,
+}
+
 /// A live definition as stored: its id, version and JSON body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredDefinition {

@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use super::persist::definition_change;
 use crate::store::{
-    Deadline, DefinitionKind, DefinitionStore, Invalidation, StoreResult, StoredDefinition,
+    Deadline, DefinitionKind, DefinitionStore, Invalidation, NewDefinition, StoreResult,
+    StoredDefinition,
 };
 
 #[async_trait]
@@ -25,27 +26,20 @@ impl DefinitionStore for MemoryStore {
             .collect())
     }
 
-    async fn put_definition(
-        &self,
-        kind: DefinitionKind,
-        id: &str,
-        fingerprint: &str,
-        body: &str,
-        _deadline: Deadline,
-    ) -> StoreResult<u64> {
+    async fn put_definition(&self, d: NewDefinition<'_>, _deadline: Deadline) -> StoreResult<u64> {
         let (version, pending) = {
             let mut st = self.lock();
             self.writable()?;
             let slot = st
                 .definitions
-                .entry((kind.as_str(), id.to_owned()))
+                .entry((d.kind.as_str(), d.id.to_owned()))
                 .or_insert((0, String::new(), String::new()));
-            if slot.1.is_empty() || slot.1 != fingerprint {
+            if slot.1.is_empty() || slot.1 != d.fingerprint {
                 slot.0 += 1;
             }
-            slot.1 = fingerprint.to_owned();
-            slot.2 = body.to_owned();
-            let row = definition_change(kind.as_str(), id, slot);
+            slot.1 = d.fingerprint.to_owned();
+            slot.2 = d.body.to_owned();
+            let row = definition_change(d.kind.as_str(), d.id, slot);
             (slot.0, self.record(vec![row]))
         };
         Self::durable(pending).await?;

@@ -12,7 +12,8 @@ use crate::domain::now_ms;
 use crate::store::durable::Table;
 use crate::store::{
     AuditChunk, AuditRead, AuditRecord, CountChange, CountsPage, CountsQuery, Deadline, EntryKey,
-    EntryStore, Invalidation, PrefixLen, Removed, Scope, StoreResult, WriteBatch, code_is_live,
+    EntryStore, Invalidation, PrefixLen, RemoveBatch, Removed, Scope, StoreResult, WriteBatch,
+    code_is_live,
 };
 
 #[async_trait]
@@ -123,11 +124,10 @@ impl EntryStore for MemoryStore {
 
     async fn remove(
         &self,
-        keys: &[EntryKey],
-        now_ms: i64,
-        audit: Vec<AuditRecord>,
+        batch: RemoveBatch<'_>,
         _deadline: Deadline,
     ) -> StoreResult<Vec<Removed>> {
+        let keys = batch.keys;
         let (removed, pending) = {
             let mut st = self.lock();
             self.writable()?;
@@ -143,7 +143,7 @@ impl EntryStore for MemoryStore {
                         if scope != NO_SCOPE {
                             *deltas.entry(scope).or_default() -= 1;
                         }
-                        if code_is_live(c, now_ms) {
+                        if code_is_live(c, batch.now_ms) {
                             Removed::Live
                         } else {
                             Removed::Expired
@@ -151,8 +151,8 @@ impl EntryStore for MemoryStore {
                     }
                 })
                 .collect();
-            st.add_counts(deltas, now_ms, self.durable.is_some(), &mut rows);
-            self.append_audit(&mut st, audit, &mut rows);
+            st.add_counts(deltas, batch.now_ms, self.durable.is_some(), &mut rows);
+            self.append_audit(&mut st, batch.audit, &mut rows);
             (removed, self.record(rows))
         };
         Self::durable(pending).await?;

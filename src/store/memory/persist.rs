@@ -441,7 +441,9 @@ mod tests {
     use crate::domain::now_ms;
     use crate::domain::{Dimension, ListName, Sandbox};
     use crate::store::fingerprint::FingerprintKey;
-    use crate::store::{AuditOp, CountsQuery, Deadline, EntryStore, Hashing, WriteBatch};
+    use crate::store::{
+        AuditOp, CountsQuery, Deadline, EntryStore, Hashing, RemoveBatch, WriteBatch,
+    };
 
     fn layout() -> Layout {
         let material: Vec<u8> = (1..=32).collect();
@@ -493,7 +495,14 @@ mod tests {
             field: 3,
         };
         store
-            .remove(&[removed], now_ms(), Vec::new(), deadline)
+            .remove(
+                RemoveBatch {
+                    keys: &[removed],
+                    now_ms: now_ms(),
+                    audit: Vec::new(),
+                },
+                deadline,
+            )
             .await
             .unwrap();
         assert_eq!(store.audit_tail(100).await.unwrap().len(), 5);
@@ -507,12 +516,14 @@ mod tests {
         // After close, a write is refused, not applied.
         let refused = store
             .remove(
-                &[EntryKey {
-                    bucket: 4,
-                    field: 4,
-                }],
-                now_ms(),
-                Vec::new(),
+                RemoveBatch {
+                    keys: &[EntryKey {
+                        bucket: 4,
+                        field: 4,
+                    }],
+                    now_ms: now_ms(),
+                    audit: Vec::new(),
+                },
                 deadline,
             )
             .await;

@@ -436,17 +436,16 @@ impl EntryStore for RedisStore {
 
     async fn remove(
         &self,
-        keys: &[EntryKey],
-        now_ms: i64,
-        audit: Vec<AuditRecord>,
+        batch: RemoveBatch<'_>,
         deadline: Deadline,
     ) -> StoreResult<Vec<Removed>> {
         self.unless_lost(true)?;
+        let keys = batch.keys;
         let calls = self.removal_calls(keys);
-        let now_rel = ExpiryCode::script_now(now_ms);
+        let now_rel = ExpiryCode::script_now(batch.now_ms);
         let topology = self.monitor.topology();
         let key_buckets: Vec<u32> = keys.iter().map(|k| k.bucket).collect();
-        let mut last = self.audit_cmds(&topology, &audit, &key_buckets);
+        let mut last = self.audit_cmds(&topology, &batch.audit, &key_buckets);
         let scripts = self.removals(keys, &calls, now_rel);
         let route = last.first().or(scripts.first()).map(|(k, _)| k.clone());
         last.push(self.publish_cmd(&Invalidation::removed(keys), route.as_deref()));

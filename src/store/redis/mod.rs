@@ -93,8 +93,8 @@ use crate::store::{
     CountChange, CountsPage, CountsQuery, Deadline, DefinitionKind, DefinitionStore, EntryKey,
     EntryStore, EventMark, Invalidation, InvalidationBus, InvalidationStream, KeyspaceHealth,
     Layout, ListCount, Liveness, LogMark, MetricAnswer, MetricFamily, MetricOp, MetricReading,
-    MetricStore, PrefixLen, Refusal, Removed, Replay, Scope, StoreBase, StoreError, StoreResult,
-    StoredDefinition, WriteBatch,
+    MetricStore, NewDefinition, PrefixLen, Refusal, RemoveBatch, Removed, Replay, Scope, StoreBase,
+    StoreError, StoreResult, StoredDefinition, WriteBatch,
 };
 
 /// How to reach Redis and which keyspace to open. Built from the settings by

@@ -485,17 +485,11 @@ impl DefinitionStore for RedisStore {
         Ok(out)
     }
 
-    async fn put_definition(
-        &self,
-        kind: DefinitionKind,
-        id: &str,
-        fingerprint: &str,
-        body: &str,
-        deadline: Deadline,
-    ) -> StoreResult<u64> {
+    async fn put_definition(&self, d: NewDefinition<'_>, deadline: Deadline) -> StoreResult<u64> {
         self.unless_lost(true)?;
+        let args = [d.id, d.fingerprint, d.body];
         let v = self
-            .definition_call(kind, PUT_DEFINITION, &[id, fingerprint, body], deadline)
+            .definition_call(d.kind, PUT_DEFINITION, &args, deadline)
             .await?;
         redis::from_redis_value(v)
             .map_err(|e| StoreError::corrupt(format!("definition version: {e}")))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Velocity, VelocityError, load, undefined_metric, undefined_rule};
 use crate::domain::{ErrorCode, MetricId, RuleId, ValidationError};
 use crate::metrics::StoreOp;
-use crate::store::{Deadline, DefinitionKind};
+use crate::store::{Deadline, DefinitionKind, NewDefinition};
 use crate::velocity::model::{MetricDef, MetricSpec, RuleDef};
 use crate::velocity::rules;
 
@@ -32,20 +32,14 @@ impl Velocity {
 
     // ---- definitions ----
 
-    /// Stores a definition (`fingerprint` tells a change from the same one again) and
+    /// Stores a definition (its `fingerprint` tells a change from the same one again) and
     /// reloads; its version.
-    async fn store_definition(
-        &self,
-        kind: DefinitionKind,
-        id: &str,
-        fingerprint: &str,
-        body: &str,
-    ) -> Result<u64, VelocityError> {
+    async fn store_definition(&self, definition: NewDefinition<'_>) -> Result<u64, VelocityError> {
         let deadline = Deadline::after(self.settings.write_deadline);
         let version = self
             .definitions
             .call(StoreOp::Define, deadline, |s| {
-                s.put_definition(kind, id, fingerprint, body, deadline)
+                s.put_definition(definition, deadline)
             })
             .await?;
         self.reload().await;
@@ -80,12 +74,12 @@ impl Velocity {
         let spec = MetricSpec::parse(expr, resolution)?;
         let body = serde_json::to_string(&spec).expect("a spec serialises");
         let version = self
-            .store_definition(
-                DefinitionKind::Metric,
-                id.as_str(),
-                &spec.fingerprint(),
-                &body,
-            )
+            .store_definition(NewDefinition {
+                kind: DefinitionKind::Metric,
+                id: id.as_str(),
+                fingerprint: &spec.fingerprint(),
+                body: &body,
+            })
             .await?;
         tracing::info!(metric = %id, version, "metric defined");
         Ok(MetricDef { id, version, spec })
@@ -151,7 +145,12 @@ impl Velocity {
         let expr = expr.trim().to_owned();
         let body = serde_json::json!({ "expr": expr }).to_string();
         let version = self
-            .store_definition(DefinitionKind::Rule, id.as_str(), &expr, &body)
+            .store_definition(NewDefinition {
+                kind: DefinitionKind::Rule,
+                id: id.as_str(),
+                fingerprint: &expr,
+                body: &body,
+            })
             .await?;
         Ok(RuleDef {
             id,

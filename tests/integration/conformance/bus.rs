@@ -4,7 +4,7 @@
 
 use namelist::domain::{Dimension, ListName, Sandbox, Value};
 use namelist::store::Scope;
-use namelist::store::{EntryKey, Invalidation, PrefixLen, WriteBatch};
+use namelist::store::{EntryKey, Invalidation, PrefixLen, RemoveBatch, WriteBatch};
 
 use crate::conformance::{Harness, deadline, next_message};
 
@@ -80,7 +80,14 @@ async fn writes_and_deletes_publish_their_changes(h: &Harness) {
 
     let removed = h
         .store
-        .remove(&[k1], namelist::domain::now_ms(), Vec::new(), deadline())
+        .remove(
+            RemoveBatch {
+                keys: &[k1],
+                now_ms: namelist::domain::now_ms(),
+                audit: Vec::new(),
+            },
+            deadline(),
+        )
         .await
         .unwrap();
     assert_eq!(removed, vec![namelist::store::Removed::Live]);

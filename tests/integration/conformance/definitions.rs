@@ -3,9 +3,24 @@
 
 use std::collections::BTreeMap;
 
-use namelist::store::{DefinitionKind, Invalidation};
+use namelist::store::{DefinitionKind, Invalidation, NewDefinition};
 
 use crate::conformance::{Harness, deadline, next_message};
+
+/// A definition of `kind` to store.
+fn definition<'a>(
+    kind: DefinitionKind,
+    id: &'a str,
+    fingerprint: &'a str,
+    body: &'a str,
+) -> NewDefinition<'a> {
+    NewDefinition {
+        kind,
+        id,
+        fingerprint,
+        body,
+    }
+}
 
 /// Live definitions of a kind: id → (version, body).
 async fn live(h: &Harness, kind: DefinitionKind) -> BTreeMap<String, (u64, String)> {
@@ -22,7 +37,7 @@ async fn versions_are_kept_bumped_and_never_reused(h: &Harness) {
     let metric = DefinitionKind::Metric;
     let put = |fingerprint: &'static str, body: &'static str| async move {
         h.store
-            .put_definition(metric, "m", fingerprint, body, deadline())
+            .put_definition(definition(metric, "m", fingerprint, body), deadline())
             .await
             .unwrap()
     };
@@ -78,7 +93,7 @@ async fn metrics_and_rules_are_apart(h: &Harness) {
     ] {
         let version = h
             .store
-            .put_definition(kind, id, body, body, deadline())
+            .put_definition(definition(kind, id, body, body), deadline())
             .await
             .unwrap();
         assert_eq!(version, 1, "{kind:?} {id}: versions are per kind");
@@ -112,12 +127,12 @@ async fn every_change_is_published(h: &Harness) {
     let mut stream = h.store.subscribe().await.unwrap();
     let kind = DefinitionKind::Metric;
     h.store
-        .put_definition(kind, "p", "a", "A", deadline())
+        .put_definition(definition(kind, "p", "a", "A"), deadline())
         .await
         .unwrap();
     assert_eq!(next_message(&mut stream).await, Invalidation::Definitions);
     h.store
-        .put_definition(kind, "p", "b", "B", deadline())
+        .put_definition(definition(kind, "p", "b", "B"), deadline())
         .await
         .unwrap();
     assert_eq!(next_message(&mut stream).await, Invalidation::Definitions);
