@@ -1,5 +1,6 @@
 //! The `namelist` binary: parse arguments, load configuration, start logging, serve.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -35,8 +36,12 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if matches!(cli.command, Some(Command::Openapi)) {
-        println!("{}", namelist::routes::openapi::document_json());
-        return Ok(());
+        // A reader that stops early (`| head`) is not an error; any other failure to write is.
+        let mut out = std::io::stdout().lock();
+        return match writeln!(out, "{}", namelist::routes::openapi::document_json()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            written => written.context("writing the OpenAPI document to stdout"),
+        };
     }
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     namelist::telemetry::init(settings.log_format);

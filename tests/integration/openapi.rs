@@ -235,3 +235,25 @@ async fn the_docs_are_served_from_the_binary() {
         .unwrap();
     assert!(init.contains("/openapi.json"), "{init}");
 }
+
+/// `namelist openapi | head`: a reader that closes the pipe early is not an error. The
+/// document (~100 KB) is larger than a pipe's buffer, so the write meets the closed pipe.
+#[test]
+fn printing_the_document_to_a_reader_that_stops_early_is_not_an_error() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(common::service_bin())
+        .arg("openapi")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    assert_eq!(&first[..1], b"{");
+    // The read end is dropped here, before the rest is written.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
