@@ -121,12 +121,13 @@ impl Layout {
     /// is made for every metric an event updates or a request reads.
     pub fn metric_key(&self, metric: &str, version: u64, group_values: &[&str]) -> String {
         use std::io::Write;
-        // Writing to a Vec cannot fail.
+        // The bytes hashed for the entity (writing to a Vec cannot fail).
         let mut h: Vec<u8> = Vec::with_capacity(64);
-        // NUL starts neither a metric id nor a length: format 2's parts never meet format 1's bytes.
         if self.velocity == 1 {
             write!(h, "{metric}\n{version}\n").expect("writing to a Vec");
         } else {
+            // NUL starts neither a metric id nor a length: layout 2's parts never meet layout
+            // 1's bytes.
             h.extend_from_slice(b"\0entity\n");
         }
         for v in group_values {
