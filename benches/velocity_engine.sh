@@ -13,7 +13,12 @@
 #    * `POST /v1/check` max (7 never-seen subjects, lists black and grey): the reference;
 #    * `POST /v1/events` max (oha -c 64) and at 2,000/s (p99);
 #    * `POST /v1/evaluate` (the event, 2 lists, the 5 metrics read back) max and at 2,000/s;
-#    * Redis CPU per event applied: `used_cpu_user + used_cpu_sys` around the events' max run.
+#    * Redis CPU per event applied: `used_cpu_user + used_cpu_sys` around the events' max run,
+#      and where it went: `INFO commandstats` per event applied (calls, µs a call);
+#    * the events' max again on a warm keyspace: every device, user and IP first sends one
+#      event (200 bodies of 1,000), then bodies with new ids over the same entities. The first
+#      run starts from an empty keyspace, so most updates create their keys; a production
+#      keyspace has seen most of its entities, and its keys are found, not created.
 # 2. The same events with 50 metrics (45 more, the same five kinds with other windows).
 # 3. Memory at 1,000 events per entity: a fresh keyspace whose event-id buckets are sized
 #    for the ids this step sends (NAMELIST_DEDUPE_EXPECTED_IDS = 20,000, printed: at the
@@ -78,9 +83,9 @@ python3 - "$D" "$ENTITIES" "$LINES" <<'PY'
 import json, random, sys
 d, n, lines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rnd = random.Random(27)
-def tx(i):
+def tx(i, prefix="ev"):
     ip = rnd.randrange(n)
-    return {"id": "ev-%08d" % i, "type": "transaction", "fields": {
+    return {"id": "%s-%08d" % (prefix, i), "type": "transaction", "fields": {
         "device_id": "d%06d" % rnd.randrange(n), "userid": "u%06d" % rnd.randrange(n),
         "ip": "10.%d.%d.%d" % (ip >> 16 & 255, ip >> 8 & 255, ip & 255),
         "amount": rnd.randrange(100000) / 100}}
@@ -93,6 +98,9 @@ def subjects():
 with open(d + "/events.txt", "w") as f:
     for i in range(lines):
         f.write(json.dumps(tx(i)) + "\n")
+with open(d + "/events_warm.txt", "w") as f:
+    for i in range(lines):
+        f.write(json.dumps(tx(i, "warm")) + "\n")
 with open(d + "/checks.txt", "w") as f:
     for i in range(100000):
         f.write(json.dumps({"sandbox": "loan", "lists": ["black", "grey"], "subjects": subjects()}) + "\n")
@@ -116,19 +124,50 @@ curl -sf -X POST -H 'content-type: application/json' "localhost:$SPORT/v1/lists/
   -d '{"entries": [{"dimension": "device", "value": "d000001", "sandbox": "loan"}]}' >/dev/null
 sleep 2
 
-events_run() { # label
+events_run() { # label [bodies]
   local dup0 cpu0 cpu1 dup1 n
+  $R config resetstat >/dev/null
   dup0=$(events_metric duplicate); cpu0=$(redis_cpu)
-  run "events-max-$1" /v1/events "$D/events.txt" -c 64
+  run "events-max-$1" /v1/events "${2:-$D/events.txt}" -c 64
   cpu1=$(redis_cpu); dup1=$(events_metric duplicate)
   n=$(reqs "events-max-$1")
-  python3 -c "
-n, d = $n, ${dup1:-0} - ${dup0:-0}
-cpu = $cpu1 - $cpu0
-print('  %s: %d events, %d of them replays (%.1f %%); Redis CPU %.2f s = %.1f us per event applied' % ('$1', n, d, 100 * d / max(n, 1), cpu, cpu / max(n - d, 1) * 1e6))"
+  $R info commandstats >"$D/commandstats"
+  python3 - "$D/commandstats" "$1" "$n" "${dup0:-0}" "${dup1:-0}" "$cpu0" "$cpu1" <<'PY'
+import re, sys
+label, n = sys.argv[2], int(sys.argv[3])
+d = int(float(sys.argv[5]) - float(sys.argv[4]))
+cpu = float(sys.argv[7]) - float(sys.argv[6])
+applied = max(n - d, 1)
+print('  %s: %d events, %d of them replays (%.1f %%); Redis CPU %.2f s = %.1f us per event applied'
+      % (label, n, d, 100 * d / max(n, 1), cpu, cpu / applied * 1e6))
+# Redis's own time in each command (a script's time includes the commands it calls).
+rows = [(m.group(1), int(m.group(2)), int(m.group(3))) for m in
+        (re.match(r'cmdstat_(\w+):calls=(\d+),usec=(\d+)', l) for l in open(sys.argv[1])) if m]
+print('    per event applied: ' + ', '.join('%s %.2f x %.2f us' % (c, k / applied, u / k)
+      for c, k, u in sorted(rows, key=lambda r: -r[2]) if k >= n / 50))
+PY
+}
+# Every entity sends one event (ids `pre-N`), so that the next run finds its keys.
+prefill() {
+  python3 - "$SPORT" "$ENTITIES" <<'PY'
+import json, sys, urllib.request
+port, n = sys.argv[1], int(sys.argv[2])
+for b in range(0, n, 1000):
+    events = [{"id": "pre-%d" % i, "type": "transaction", "fields": {
+        "device_id": "d%06d" % i, "userid": "u%06d" % i,
+        "ip": "10.%d.%d.%d" % (i >> 16 & 255, i >> 8 & 255, i & 255), "amount": 1.0}}
+        for i in range(b, min(b + 1000, n))]
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/events" % port,
+        data=json.dumps({"events": events}).encode(), headers={"content-type": "application/json"})
+    o = json.load(urllib.request.urlopen(req))
+    assert o["duplicates"] == 0, o
+PY
 }
 run check-max /v1/check "$D/checks.txt" -c 64
 events_run 5-metrics
+prefill
+echo "  warm: every entity has sent one event; $($R dbsize) keys"
+events_run 5-metrics-warm "$D/events_warm.txt"
 run events-2000qps /v1/events "$D/events.txt" -q 2000 --latency-correction -c 16
 run evaluate-max /v1/evaluate "$D/evaluate.txt" -c 64
 run evaluate-2000qps /v1/evaluate "$D/evaluate.txt" -q 2000 --latency-correction -c 16
