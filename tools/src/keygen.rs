@@ -25,11 +25,11 @@ pub struct Args {
 /// The CLI entry point.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let key = FingerprintKey::create_file(&args.out).context("keygen")?;
-    println!(
+    crate::out(format_args!(
         "wrote a new fingerprint key to {} (mode 0600), key id {}",
         args.out.display(),
         key.id()
-    );
+    ))?;
     eprintln!(
         "set NAMELIST_FINGERPRINT_KEY_FILE={} for the service and the tools, and keep a copy in your secret store",
         args.out.display()

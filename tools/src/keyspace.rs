@@ -43,9 +43,9 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
             settings.key_prefix
         );
     }
-    println!(
+    crate::out(format_args!(
         "made a new keyspace at prefix {} ({} buckets); restart the service's instances to adopt it, then load the lists",
         settings.key_prefix, report.buckets
-    );
+    ))?;
     Ok(())
 }

@@ -33,6 +33,7 @@ pub mod pace;
 pub mod progress;
 pub mod sweep;
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -113,4 +114,20 @@ impl Global {
         }
         Ok((store, settings))
     }
+}
+
+/// Writes one report (a line, or lines) to standard output. Every tool's stdout goes through
+/// here, not `println!`, which panics when the reader has gone: a reader that stops early
+/// (`| head`) makes this an error, which `main` ends quietly (`is_broken_pipe`).
+pub fn out(text: impl std::fmt::Display) -> anyhow::Result<()> {
+    writeln!(io::stdout().lock(), "{text}").context("writing to standard output")
+}
+
+/// Whether `e` is standard output's reader having gone (`gen | head`, `audit --json | head`):
+/// it has what it wanted, so the tool stops without an error.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    })
 }

@@ -39,7 +39,7 @@ enum KeyspaceCommand {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     namelist::telemetry::init(namelist::config::LogFormat::Text);
-    match cli.command {
+    let result = match cli.command {
         Command::Import(args) => tools::import::run(&cli.global, args).await,
         Command::Gen(args) => tools::gen_data::run(args),
         Command::Audit(args) => tools::audit::run(&cli.global, args).await,
@@ -48,5 +48,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Keyspace(KeyspaceCommand::Create(args)) => {
             tools::keyspace::run(&cli.global, args).await
         }
+    };
+    match result {
+        // The reader of standard output stopped early (`| head`): it has what it wanted.
+        Err(e) if tools::is_broken_pipe(&e) => Ok(()),
+        result => result,
     }
 }

@@ -638,11 +638,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::out(serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", render::table(&report));
+        crate::out(render::table(&report).trim_end_matches('\n'))?;
         if let Some(path) = &args.html {
-            println!("HTML report: {}", path.display());
+            crate::out(format_args!("HTML report: {}", path.display()))?;
         }
     }
     for w in &report.warnings {

@@ -305,22 +305,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out,
         non_members.as_mut().map(|w| w as &mut dyn Write),
     );
-    match result {
-        Ok(summary) => {
-            eprintln!("{summary}");
-            Ok(())
-        }
-        // `gen | head`: the reader has what it wanted.
-        Err(e) if is_broken_pipe(&e) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
-    })
+    // `gen | head` ends in a broken pipe, which `main` takes for the reader's "enough".
+    eprintln!("{}", result?);
+    Ok(())
 }
 
 fn progress_bar(opts: &Args, total: u64) -> ProgressBar {

@@ -339,7 +339,7 @@ pub async fn run(global: &Global, mut args: Args) -> anyhow::Result<()> {
         summary.buckets_skipped,
     );
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        crate::out(serde_json::to_string(&summary)?)?;
     }
     Ok(())
 }

@@ -492,7 +492,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
         if report.dry_run { " (dry run)" } else { "" },
         report.table()
     );
-    println!("{}", serde_json::to_string(&report)?);
+    crate::out(serde_json::to_string(&report)?)?;
     if !report.done && stop.load(Ordering::Relaxed) {
         bail!(
             "stopped by a signal; continue with --cursor {}{}",

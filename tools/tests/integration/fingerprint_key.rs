@@ -110,6 +110,38 @@ async fn each_tool_reads_the_key_as_the_service_does() {
     }
 }
 
+/// A reader of standard output that stops early (`namelist-tools … | head`) ends the tool
+/// quietly: exit 0 and no panic (`println!` panics on the broken pipe, exit 101). Here the
+/// reader has gone before the tool starts, so every write to stdout fails.
+#[test]
+fn a_reader_that_stops_early_ends_the_tools_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("fingerprint.key");
+    let runs: [&[&str]; 2] = [
+        &["keygen", "--out", key.to_str().unwrap()],
+        &["gen", "--rows", "100000", "--quiet"],
+    ];
+    for args in runs {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = common::without_namelist_env(TOOLS)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    assert!(
+        FingerprintKey::from_file(&key).is_ok(),
+        "the key was written"
+    );
+}
+
 #[test]
 fn gen_needs_no_key_and_keygen_makes_private_keys_it_never_replaces() {
     let dir = tempfile::tempdir().unwrap();
