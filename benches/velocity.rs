@@ -10,7 +10,11 @@
 //!    * through the library (`Velocity::ingest` on the Redis store), 8 concurrent tasks;
 //!    * through HTTP (`POST /v1/events` on the real app, port 0), 4 concurrent clients;
 //!
-//!    each for `NAMELIST_BENCH_SECS` (default 5) seconds: events/s and metric updates/s.
+//!    each for `NAMELIST_BENCH_SECS` (default 5) seconds: events/s, metric updates/s and
+//!    Redis CPU per event (`INFO cpu` around the run). The figures at the engine's rate and
+//!    size (an outside load generator, 200,000 entities, 50 metrics, `POST /v1/evaluate`,
+//!    memory per event id) are `benches/velocity_engine.sh`'s, which `cargo bench --bench
+//!    load` runs.
 //! 2. **Feature latency**, three metrics (COUNT, SUM, AVG) of a random device and user:
 //!    `POST /v1/features` sequentially and from 8 concurrent clients, and the library call
 //!    `Velocity::features` the same two ways: p50 / p99 / max.
@@ -44,7 +48,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, redis_settings, spawn_app};
+use common::{RedisServer, redis_cpu_seconds, redis_settings, spawn_app};
 use namelist::domain::{MetricId, now_ms};
 use namelist::lists::FailMode;
 use namelist::metrics::Metrics;
@@ -152,6 +156,8 @@ struct Rate {
     errors: u64,
     secs: f64,
     batch_latencies: Vec<Duration>,
+    /// Redis's CPU during the run (`INFO cpu` around it).
+    redis_cpu_secs: f64,
 }
 
 impl Rate {
@@ -171,6 +177,7 @@ impl Rate {
             "errors": self.errors,
             "batch_p50_ms": pct(&self.batch_latencies, 0.5) / 1e3,
             "batch_p99_ms": pct(&self.batch_latencies, 0.99) / 1e3,
+            "redis_us_per_event": self.redis_cpu_secs / self.events.max(1) as f64 * 1e6,
         })
     }
 }
@@ -679,10 +686,16 @@ async fn run(redis: &RedisServer) -> Res<Value> {
     // The app shares the keyspace, so it loads the same definitions.
     let app = spawn_app(settings.clone()).await;
 
+    // Redis's CPU around each run, per event (the app's background work is in it: ~nothing).
+    let redis_cpu = || tokio::task::block_in_place(|| redis_cpu_seconds(&redis.url()));
     eprintln!("ingesting through the library for {secs} s...");
+    let cpu = redis_cpu();
     let mut lib = ingest_library(&velocity, entities, secs).await;
+    lib.redis_cpu_secs = redis_cpu() - cpu;
     eprintln!("ingesting through HTTP for {secs} s...");
+    let cpu = redis_cpu();
     let mut http = ingest_http(&app.address, entities, secs).await;
+    http.redis_cpu_secs = redis_cpu() - cpu;
 
     eprintln!("reading features...");
     // Warm-up: connections, scripts, allocator.
@@ -743,8 +756,8 @@ async fn run(redis: &RedisServer) -> Res<Value> {
     );
     println!("  ingestion, 5 metrics on `transaction` (events carry ids):");
     println!(
-        "    {:<40} {:>10} {:>12} {:>10} {:>10} {:>7}",
-        "path", "events/s", "updates/s", "p50 ms", "p99 ms", "errors"
+        "    {:<40} {:>10} {:>12} {:>10} {:>10} {:>7} {:>14}",
+        "path", "events/s", "updates/s", "p50 ms", "p99 ms", "errors", "Redis us/event"
     );
     let lib_json = lib.json();
     let http_json = http.json();
@@ -759,13 +772,14 @@ async fn run(redis: &RedisServer) -> Res<Value> {
         ),
     ] {
         println!(
-            "    {:<40} {:>10.0} {:>12.0} {:>10.2} {:>10.2} {:>7}",
+            "    {:<40} {:>10.0} {:>12.0} {:>10.2} {:>10.2} {:>7} {:>14.1}",
             name,
             v["events_per_sec"].as_f64().unwrap_or(0.0),
             v["updates_per_sec"].as_f64().unwrap_or(0.0),
             v["batch_p50_ms"].as_f64().unwrap_or(0.0),
             v["batch_p99_ms"].as_f64().unwrap_or(0.0),
-            v["errors"]
+            v["errors"],
+            v["redis_us_per_event"].as_f64().unwrap_or(0.0)
         );
     }
     println!("  feature reads, 3 metrics (COUNT, SUM, AVG) of one device and user:");

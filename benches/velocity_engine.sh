@@ -29,16 +29,20 @@
 #
 # The load generator shares the 2 cores with the service and Redis. Needs redis-server,
 # python3 and oha ($OHA, PATH, or target/oha/bin, which `cargo bench --bench load` installs).
+# With VELOCITY_JSON=FILE the figures are also written there as one JSON object (the load
+# bench, `cargo bench --bench load`, runs this script and puts them in its JSON line).
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
 BIN=${BIN:-target/release/namelist}
-TOOLS=target/release/namelist-tools
+TOOLS=${TOOLS:-target/release/namelist-tools}
 OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 SECS=${SECS:-10}
 ENTITIES=${ENTITIES:-200000}
 LINES=${LINES:-600000}
 start_redis
+# Every step appends its figures here as JSON lines; merged into $VELOCITY_JSON at the end.
+export SUMMARY="$D/summary.jsonl"
 "$TOOLS" keygen --out "$D/fp.key" >/dev/null
 R="redis-cli -p $RPORT"
 
@@ -68,12 +72,15 @@ run() {
   "$OHA" --no-tui --output-format json -z "${SECS}s" -m POST -H 'content-type: application/json' \
     -Z "$lines" "$@" "http://127.0.0.1:$SPORT$path" >"$D/$name.json"
   python3 - "$name" "$D/$name.json" <<'PY'
-import json, sys
+import json, os, sys
 o = json.load(open(sys.argv[2]))
 s, p = o["summary"], o["latencyPercentiles"]
 ms = lambda v: "%.2f" % (v * 1e3) if v is not None else "-"
 print("%-22s %8.0f/s  p50 %s ms  p99 %s ms  max %s ms  %s" % (sys.argv[1], s["requestsPerSec"],
       ms(p["p50"]), ms(p["p99"]), ms(s["slowest"]), o["statusCodeDistribution"]))
+with open(os.environ["SUMMARY"], "a") as f:
+    f.write(json.dumps({"run": sys.argv[1], "per_sec": s["requestsPerSec"], "p50_ms": p["p50"] and p["p50"] * 1e3,
+                        "p99_ms": p["p99"] and p["p99"] * 1e3, "statuses": o["statusCodeDistribution"]}) + "\n")
 PY
 }
 rps() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requestsPerSec"])' "$D/$1.json"; }
@@ -133,7 +140,7 @@ events_run() { # label [bodies]
   n=$(reqs "events-max-$1")
   $R info commandstats >"$D/commandstats"
   python3 - "$D/commandstats" "$1" "$n" "${dup0:-0}" "${dup1:-0}" "$cpu0" "$cpu1" <<'PY'
-import re, sys
+import json, os, re, sys
 label, n = sys.argv[2], int(sys.argv[3])
 d = int(float(sys.argv[5]) - float(sys.argv[4]))
 cpu = float(sys.argv[7]) - float(sys.argv[6])
@@ -145,6 +152,10 @@ rows = [(m.group(1), int(m.group(2)), int(m.group(3))) for m in
         (re.match(r'cmdstat_(\w+):calls=(\d+),usec=(\d+)', l) for l in open(sys.argv[1])) if m]
 print('    per event applied: ' + ', '.join('%s %.2f x %.2f us' % (c, k / applied, u / k)
       for c, k, u in sorted(rows, key=lambda r: -r[2]) if k >= n / 50))
+with open(os.environ["SUMMARY"], "a") as f:
+    f.write(json.dumps({"events": label, "requests": n, "replays": d,
+                        "redis_us_per_event": cpu / applied * 1e6,
+                        "commands": {c: {"per_event": k / applied, "us": u / k} for c, k, u in rows}}) + "\n")
 PY
 }
 # Every entity sends one event (ids `pre-N`), so that the next run finds its keys.
@@ -171,7 +182,11 @@ events_run 5-metrics-warm "$D/events_warm.txt"
 run events-2000qps /v1/events "$D/events.txt" -q 2000 --latency-correction -c 16
 run evaluate-max /v1/evaluate "$D/evaluate.txt" -c 64
 run evaluate-2000qps /v1/evaluate "$D/evaluate.txt" -q 2000 --latency-correction -c 16
-python3 -c "print('events max / check max = %.2f (target >= 0.6)' % ($(rps events-max-5-metrics) / $(rps check-max)))"
+python3 -c "
+import json, os
+r = $(rps events-max-5-metrics) / $(rps check-max)
+print('events max / check max = %.2f (target >= 0.6)' % r)
+open(os.environ['SUMMARY'], 'a').write(json.dumps({'events_over_check': r}) + '\n')"
 
 # 45 more metrics: 9 more windows of each kind.
 for w in 2 3 4 5 6 7 8 9 10; do
@@ -192,8 +207,9 @@ define avg_user_1d "AVG(1d, transaction, amount) BY userid"
 define users_dev_30d "COUNT_DISTINCT(30d, transaction, userid) BY device_id"
 define devs_ip_1d "APPROX_COUNT_DISTINCT(1d, transaction, device_id) BY ip"
 python3 - "$SPORT" "$RPORT" <<'PY'
-import json, subprocess, sys, urllib.request
+import json, os, subprocess, sys, urllib.request
 port, rport = sys.argv[1], sys.argv[2]
+summary = open(os.environ["SUMMARY"], "a")
 for b in range(20):
     events = [{"id": "m-%d-%d" % (b, i), "type": "transaction", "fields": {
         "device_id": "md%02d" % ((b + i) % 20), "userid": "mu%02d" % (i % 20),
@@ -210,6 +226,7 @@ ekeys, ebytes = usage("mem:e{*")
 ids = sum(int(cli("hlen", k)) for k in ekeys)
 if ids:
     print("  event ids: %d remembered in %d buckets, %.1f B per id (MEMORY USAGE), target <= 24" % (ids, len(ekeys), ebytes / ids))
+    summary.write(json.dumps({"id_bytes": ebytes / ids, "ids": ids, "id_buckets": len(ekeys)}) + "\n")
 else:
     print("  no buckets of event ids (an older build keeps them per metric key, below)")
 vkeys, _ = usage("mem:v{*")
@@ -219,4 +236,23 @@ for k in vkeys:
     kinds.setdefault(cli("type", k).strip() + "/" + enc, []).append(int(cli("memory", "usage", k, "samples", "0")))
 for kind, sizes in sorted(kinds.items()):
     print("  %-20s %4d keys, %.0f B each" % (kind, len(sizes), sum(sizes) / len(sizes)))
+    summary.write(json.dumps({"memory": kind, "keys": len(sizes), "bytes_each": sum(sizes) / len(sizes)}) + "\n")
+summary.close()
 PY
+if [ -n "${VELOCITY_JSON:-}" ]; then
+  python3 - "$SUMMARY" "$VELOCITY_JSON" <<'PY'
+import json, sys
+out = {"runs": {}, "events": {}, "memory": {}}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "run" in r:
+        out["runs"][r.pop("run")] = r
+    elif "events" in r:
+        out["events"][r.pop("events")] = r
+    elif "memory" in r:
+        out["memory"][r.pop("memory")] = r
+    else:
+        out.update(r)
+json.dump(out, open(sys.argv[2], "w"))
+PY
+fi

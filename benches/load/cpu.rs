@@ -74,18 +74,5 @@ impl CpuMark {
 
 /// Redis's own CPU seconds so far (`used_cpu_user + used_cpu_sys` of `INFO cpu`).
 pub(crate) fn redis_cpu_seconds(url: &str) -> f64 {
-    tokio::task::block_in_place(|| {
-        let info: String = redis::Client::open(url)
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| redis::cmd("INFO").arg("cpu").query(&mut c))
-            .unwrap_or_default();
-        ["used_cpu_user:", "used_cpu_sys:"]
-            .iter()
-            .filter_map(|k| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(k))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            })
-            .sum()
-    })
+    tokio::task::block_in_place(|| crate::common::redis_cpu_seconds(url))
 }

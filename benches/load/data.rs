@@ -15,7 +15,7 @@ use crate::settings::{DIMS, LISTED_PCT, LISTS, RANGES, Rng, SANDBOX, run, target
 /// (`cargo build --release -p namelist-tools`; nothing to do when it is up to date). It belongs
 /// to the workspace's other package, so there is no `CARGO_BIN_EXE_namelist-tools` here, and a
 /// binary merely found in `target/` could be older than the source.
-fn tools_bin() -> PathBuf {
+pub(crate) fn tools_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
         let target = target_dir();

@@ -5,7 +5,7 @@
 //! all in one run; plus Redis CPU per 1,000 checks, the tier's memory per entry and its
 //! start-up load time.
 //!
-//! `cargo bench --bench load` (needs `redis-server` on PATH or `$REDIS_SERVER`). About 8
+//! `cargo bench --bench load` (needs `redis-server` on PATH or `$REDIS_SERVER`). About 11
 //! minutes after compiling with the defaults; the first run also installs `oha` (below).
 //!
 //! What it does:
@@ -70,6 +70,13 @@
 //!    headline memory figure when it is run: an instance's idle resident memory varies by
 //!    ~2 MiB from start to start, ±2 B an entry at 1M entries but ±0.2 B at 10M.
 //!
+//! Before step 5, **velocity** (issue 27, the mix `velocity`): `benches/velocity_engine.sh`
+//! with the same binary and `oha`, on its own `redis-server`: events/s and Redis CPU per
+//! event with 5 metrics (from an empty keyspace, then a warm one) and 50, Redis's time per
+//! command, `POST /v1/evaluate` max and p99 at 2,000/s, memory per (metric, entity) and per
+//! event id at 1,000 events per entity; about 2.5 minutes. Its figures join the JSON line
+//! (`velocity`) and the targets.
+//!
 //! Prints a table, the targets of issue 11 (met or not), then one JSON line.
 //!
 //! **The load generator shares the 2 cores** with the service and Redis (and the baseline's
@@ -89,15 +96,16 @@
 //! `NAMELIST_LOAD_BUDGET_FACTOR` (20), `NAMELIST_LOAD_STARTUP_ENTRIES` (10000000),
 //! `NAMELIST_LOAD_WRITE_RATE` (50 upserts/s during every service run; 0: none),
 //! `NAMELIST_LOAD_CONNECTIONS` (64), `NAMELIST_LOAD_GEN_THREADS` (1), `NAMELIST_LOAD_OHA`,
-//! `NAMELIST_LOAD_MIXES` (all: `hit,new,new-off,new-20x,new-cap1,redis-direct`; a subset runs
-//! only those, for a quicker look at one), `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
+//! `NAMELIST_LOAD_MIXES` (all: `hit,new,new-off,new-20x,new-cap1,redis-direct,velocity`; a
+//! subset runs only those, for a quicker look at one), `NAMELIST_LOAD_EXPECTED_ENTRIES` (= entries; sizes the keyspace: `ceil(n / 200)` buckets, so
 //! a larger figure makes smaller buckets), `NAMELIST_LOAD_PERF=DIR` (`perf record -e cpu-clock
 //! -g` of the service and of Redis during each run, into DIR; `perf report -i`).
 //!
 //! Where things are: `settings` (constants, knobs, small helpers), `data` (`gen` and
 //! `import`, subjects, bodies), `service` (the service as a child process, answers verified),
 //! `generator` (oha or wrk), `phase` (a mix's runs against one instance, writes meanwhile),
-//! `cpu` (CPU accounting), `baseline` (the direct-Redis baseline), `report` (a row); here,
+//! `cpu` (CPU accounting), `baseline` (the direct-Redis baseline), `report` (a row),
+//! `velocity` (issue 27's figures, by `benches/velocity_engine.sh`); here,
 //! `main` and the whole run (`bench`), the targets and the JSON line.
 
 #[path = "../../tests/common/mod.rs"]
@@ -111,6 +119,7 @@ mod phase;
 mod report;
 mod service;
 mod settings;
+mod velocity;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -368,6 +377,12 @@ async fn bench(knobs: Knobs) {
         knobs.connections
     );
 
+    let velocity = if knobs.runs("velocity") {
+        velocity::run(&generator, knobs.secs, dir.path())
+    } else {
+        Json::Null
+    };
+
     // Start-up load time of a larger keyspace.
     let mut startup = Json::Null;
     if knobs.startup_entries > 0 {
@@ -522,6 +537,9 @@ async fn bench(knobs: Knobs) {
         bpe.map(|b| format!("{b:.2}")).unwrap_or("-".into()),
         accounted.unwrap_or(0.0)
     );
+    for (name, met, figure) in velocity::targets(&velocity) {
+        println!("  target {name}: {} ({figure})", verdict(met));
+    }
     println!(
         "{}",
         json!({
@@ -539,6 +557,7 @@ async fn bench(knobs: Knobs) {
             "runs": rows.iter().map(Row::json).collect::<Vec<_>>(),
             "baseline": base_rows.iter().map(Row::json).collect::<Vec<_>>(),
             "redis_cpu_ms_per_1000": {"tier_off": off_cpu, "tier_complete": on_cpu, "ratio": cpu_ratio},
+            "velocity": velocity,
             "targets": {
                 "new_p99_le_1ms_at_5000": t_new_p99,
                 "new_max_ge_0_8_hit_max": t_new_max,
@@ -547,6 +566,9 @@ async fn bench(knobs: Knobs) {
                 "budget_20x_max_ge_cap1": t_small_cap1,
                 "redis_cpu_ratio_ge_10": cpu_ratio.map(|r| r >= 10.0),
                 "bytes_per_entry_le_14": bpe.map(|b| b <= 14.0),
+                "velocity": velocity::targets(&velocity).into_iter()
+                    .map(|(name, met, _)| (name.to_owned(), json!(met)))
+                    .collect::<serde_json::Map<_, _>>(),
             },
         })
     );

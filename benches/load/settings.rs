@@ -98,13 +98,14 @@ impl Knobs {
 }
 
 /// Every mix, in the order they run.
-const MIXES: [&str; 6] = [
+const MIXES: [&str; 7] = [
     "hit",
     "new",
     "new-off",
     "new-20x",
     "new-cap1",
     "redis-direct",
+    "velocity",
 ];
 
 /// A deterministic splitmix64 stream.

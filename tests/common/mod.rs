@@ -182,6 +182,23 @@ pub fn redis_server_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
+/// Redis's CPU so far (`used_cpu_user + used_cpu_sys` of `INFO cpu`), in seconds; 0 when it
+/// does not answer. The benches read it around a run: Redis's time per request.
+pub fn redis_cpu_seconds(url: &str) -> f64 {
+    let info: String = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("INFO").arg("cpu").query(&mut c))
+        .unwrap_or_default();
+    ["used_cpu_user:", "used_cpu_sys:"]
+        .iter()
+        .filter_map(|k| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .sum()
+}
+
 impl RedisServer {
     /// Starts a server with the test defaults (no persistence, DEBUG allowed).
     pub fn start() -> Self {
