@@ -213,6 +213,8 @@ impl RedisStore {
 
     /// The metric ops at `idx` that only read, in calls of `metric_calls`, on the read path
     /// (with the read-only script unless the call counts a HyperLogLog). (index, answer) each.
+    /// On an HTTP worker that path is the worker's own connection, as for a check
+    /// (`worker_conn`): over the shared one, a `POST /v1/features` hopped threads twice.
     pub(super) async fn metric_reads(
         &self,
         ops: &[MetricOp],
@@ -240,7 +242,7 @@ impl RedisStore {
                     self.metric_call_cmd(script, ops, &calls[c], now)
                 })
                 .collect();
-            let replies = self.conn.run(cmds).await.map_err(unavailable)?;
+            let replies = self.reads().run(cmds).await.map_err(unavailable)?;
             let again =
                 self.sort_replies(ops, &calls, &pending, replies, attempt == 0, &mut out)?;
             if !again.is_empty() {

@@ -190,3 +190,35 @@ async fn a_distinct_count_at_its_cap_is_reported() {
     let res = ok(app.post("/v1/evaluate", &ask).await, "evaluate").await;
     assert_eq!(res["capped"], json!(["users"]), "{res}");
 }
+
+/// Feature reads on an HTTP worker go over that worker's own read connection once it is up
+/// (`store::redis::worker_conn`, as checks do), not the shared one, whose round trip hops
+/// threads twice: after 40 reads a connection speaking RESP3 (the worker's own; the shared
+/// read connection speaks RESP2, and the write pool carries nothing here: no events) has
+/// run the metric script last. Over the shared connection alone, none would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn features_ride_the_workers_own_read_connection() {
+    let redis = RedisServer::start();
+    let app = app_on(&redis).await;
+    put_metric(&app, "cnt", "COUNT(1h, tx) BY device_id", None).await;
+    for i in 0..40 {
+        let read = features(&app, &["cnt"], json!({"device_id": format!("r-{i}")}), None).await;
+        assert_eq!(read["cnt"], 0, "{read}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.conn())
+        .unwrap();
+    let own = list
+        .lines()
+        .filter(|l| {
+            let mut fields = l.split_whitespace();
+            l.contains(" cmd=evalsha ") && fields.any(|f| f == "resp=3")
+        })
+        .count();
+    assert_eq!(
+        own, 1,
+        "connections speaking RESP3 whose last command ran the metric script:\n{list}"
+    );
+}
