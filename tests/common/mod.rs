@@ -280,6 +280,15 @@ impl RedisServer {
             .expect("connection")
     }
 
+    /// `CLIENT LIST`: a line per connection, with its last command (`cmd=`) and protocol
+    /// (`resp=`), for tests of which connection carried what.
+    pub fn client_list(&self) -> String {
+        redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut self.conn())
+            .expect("CLIENT LIST")
+    }
+
     /// SIGKILL: the server vanishes mid-conversation, as in a crash.
     /// `DBSIZE`: keys in the server.
     pub fn dbsize(&self) -> u64 {

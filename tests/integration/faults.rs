@@ -414,10 +414,7 @@ async fn checks_ride_the_workers_own_connections() {
         assert_eq!(body["degraded"], false);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(&mut redis.conn())
-        .unwrap();
+    let list = redis.client_list();
     let reading = list.lines().filter(|l| l.contains(" cmd=hget ")).count();
     assert!(
         reading >= 2,

@@ -257,10 +257,7 @@ async fn events_ride_the_workers_own_write_connection() {
         assert_eq!(events(&app, &body).await["applied"], 1);
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(&mut redis.conn())
-        .unwrap();
+    let list = redis.client_list();
     let writing = list
         .lines()
         .filter(|l| l.contains(" cmd=evalsha ") || l.contains(" cmd=eval "))

@@ -206,10 +206,7 @@ async fn features_ride_the_workers_own_read_connection() {
         assert_eq!(read["cnt"], 0, "{read}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(&mut redis.conn())
-        .unwrap();
+    let list = redis.client_list();
     let own = list
         .lines()
         .filter(|l| {
