@@ -116,18 +116,54 @@ impl Global {
     }
 }
 
-/// Writes one report (a line, or lines) to standard output. Every tool's stdout goes through
+/// Writes one report (a line, or lines) to standard output. Every tool's report goes through
 /// here, not `println!`, which panics when the reader has gone: a reader that stops early
-/// (`| head`) makes this an error, which `main` ends quietly (`is_broken_pipe`).
+/// (`audit --json | head`) makes this a [`StdoutClosed`], which `main` ends quietly.
 pub fn out(text: impl std::fmt::Display) -> anyhow::Result<()> {
-    writeln!(io::stdout().lock(), "{text}").context("writing to standard output")
+    writeln!(io::stdout().lock(), "{text}").map_err(|e| match e.kind() {
+        io::ErrorKind::BrokenPipe => anyhow::Error::new(StdoutClosed),
+        _ => anyhow::Error::new(e).context("writing to standard output"),
+    })
 }
 
-/// Whether `e` is standard output's reader having gone (`gen | head`, `audit --json | head`):
-/// it has what it wanted, so the tool stops without an error.
-pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
-    })
+/// A report written after standard output's reader had gone: it has what it wanted, so the
+/// tool stops without an error. Only [`out`] says so (and `gen`, whose output is stdout or
+/// files): a broken pipe anywhere else, say a socket's `io::Error` passed up with `?`, stays
+/// an error, so a tool that failed never exits 0.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed by its reader")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Whether `e` is (or was caused by) a [`StdoutClosed`].
+pub fn stdout_closed(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<StdoutClosed>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a report's write to a closed stdout ends a tool quietly: any other broken pipe,
+    /// a bare `io::Error` or Redis's, is an error.
+    #[test]
+    fn only_a_closed_stdout_ends_a_tool_quietly() {
+        assert!(stdout_closed(
+            &anyhow::Error::new(StdoutClosed).context("the audit's report")
+        ));
+        let pipe = || io::Error::new(io::ErrorKind::BrokenPipe, "Broken pipe");
+        assert!(!stdout_closed(
+            &anyhow::Error::new(pipe()).context("writing the checkpoint")
+        ));
+        let redis = redis::RedisError::from(pipe());
+        assert!(!stdout_closed(
+            &anyhow::Error::new(redis).context("importing")
+        ));
+    }
 }

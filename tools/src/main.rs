@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     };
     match result {
         // The reader of standard output stopped early (`| head`): it has what it wanted.
-        Err(e) if tools::is_broken_pipe(&e) => Ok(()),
+        Err(e) if tools::stdout_closed(&e) => Ok(()),
         result => result,
     }
 }

@@ -59,7 +59,7 @@ use namelist::domain::Dimension;
 pub use generator::Generator;
 pub use values::{id_card_check_char, luhn_check_digit};
 
-use crate::progress;
+use crate::{StdoutClosed, progress};
 use output::RowWriter;
 
 /// The seed used when `--seed` is not given.
@@ -305,9 +305,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out,
         non_members.as_mut().map(|w| w as &mut dyn Write),
     );
-    // `gen | head` ends in a broken pipe, which `main` takes for the reader's "enough".
-    eprintln!("{}", result?);
-    Ok(())
+    match result {
+        Ok(summary) => {
+            eprintln!("{summary}");
+            Ok(())
+        }
+        // `gen | head`: the reader has what it wanted. (gen writes to files and stdout
+        // only, so a broken pipe here is its reader's.)
+        Err(e) if is_broken_pipe(&e) => Err(StdoutClosed.into()),
+        Err(e) => Err(e),
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn progress_bar(opts: &Args, total: u64) -> ProgressBar {
