@@ -4,12 +4,12 @@
 //! is printed as it goes; its figures (`VELOCITY_JSON`) go into the JSON line and the
 //! targets. The mix `velocity` of `NAMELIST_LOAD_MIXES`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value as Json;
 
-use crate::common::service_bin;
+use crate::common::{redis_server_bin, service_bin};
 use crate::data::tools_bin;
 use crate::generator::Generator;
 
@@ -22,11 +22,25 @@ pub(crate) fn run(generator: &Generator, secs: f64, dir: &Path) -> Json {
     println!();
     println!("velocity (benches/velocity_engine.sh, its own redis-server, the same binary):");
     let figures = dir.join("velocity.json");
+    // The script runs `redis-server` and `redis-cli` from PATH: the ones this bench uses
+    // (`$REDIS_SERVER`'s directory) come first.
+    // (A bare `redis-server` has an empty parent, which in PATH would mean ".": left out.)
+    let mut path: Vec<PathBuf> = redis_server_bin()
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .into_iter()
+        .collect();
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let path = std::env::join_paths(path).expect("PATH entries");
     let status = Command::new("bash")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/benches/velocity_engine.sh"
         ))
+        .env("PATH", path)
         .env("OHA", oha)
         .env("BIN", service_bin())
         .env("TOOLS", tools_bin())
