@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
@@ -36,13 +37,19 @@ pub async fn healthz() -> HttpResponse {
 /// `GET /readyz`: 200 only while the store answers a ping within a second (a failure is
 /// logged by the store call).
 pub async fn readyz(lists: web::Data<NameLists>) -> HttpResponse {
-    let kind = lists.store().kind();
-    match lists.ping(Duration::from_secs(1)).await {
-        Ok(()) => HttpResponse::Ok().json(json!({"status": "ready", "store": kind})),
-        Err(_) => {
-            HttpResponse::ServiceUnavailable().json(json!({"status": "unavailable", "store": kind}))
-        }
+    let store = lists.store();
+    let (status, mut body) = match lists.ping(Duration::from_secs(1)).await {
+        Ok(()) => (StatusCode::OK, json!({"status": "ready"})),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable"}),
+        ),
+    };
+    body["store"] = json!(store.kind());
+    if let Some(durable) = store.durable() {
+        body["durable"] = json!(durable);
     }
+    HttpResponse::build(status).json(body)
 }
 
 #[utoipa::path(

@@ -118,11 +118,17 @@ pub struct EvaluateDoc {
     rules: serde_json::Value,
 }
 
-/// `{"status": "ok"}`, or `/readyz`'s `{"status": "ready"|"unavailable", "store": kind}`.
+/// `{"status": "ok"}`, or `/readyz`'s `{"status": "ready"|"unavailable", "store": kind}`, with
+/// `"durable"` for the embedded store.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct StatusDoc {
     status: String,
+    /// `redis` or `memory` (the embedded store).
     #[schema(required = false)]
     store: Option<String>,
+    /// The embedded store only: whether what it acknowledges survives a restart (a data
+    /// directory) or lives in this process's memory alone.
+    #[schema(required = false)]
+    durable: Option<bool>,
 }

@@ -66,6 +66,13 @@ pub trait StoreBase: Send + Sync + 'static {
     /// `redis` or `memory`, for logs and `/readyz`.
     fn kind(&self) -> &'static str;
 
+    /// Whether what this store acknowledges survives the process, for `/readyz` and the
+    /// console: the embedded store knows (a data directory or not); Redis's persistence is
+    /// its own configuration's, which the service does not judge (`None`).
+    fn durable(&self) -> Option<bool> {
+        None
+    }
+
     /// The keyspace this store was opened with. Callers build entry and metric keys with it;
     /// the store maps them to its own keys with the same one.
     fn layout(&self) -> &Layout;

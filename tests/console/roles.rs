@@ -192,6 +192,8 @@ async fn roles_decide_the_controls_and_parse_errors_point_at_their_column() {
     assert!(verdict.starts_with("Well"), "{verdict}");
     let summary = b.text("health-summary").await;
     assert!(summary.contains("Embedded store"), "{summary}");
+    // No data directory in these tests: the summary says nothing survives the process.
+    assert!(summary.contains("in memory only"), "{summary}");
     assert!(!summary.contains("invalidation"), "{summary}");
     let page = b.text("page-health").await;
     assert!(

@@ -472,14 +472,20 @@ async fn a_damaged_database_is_refused_with_its_name() {
 }
 
 /// Without a data directory the store says at start-up, at WARN, that nothing survives a
-/// restart; with the deprecated `snapshot_path` alone it says to use `data_dir`.
+/// restart, and `/readyz` says `"durable": false`; with the deprecated `snapshot_path` alone
+/// it says to use `data_dir`, and `/readyz` says `"durable": true`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_says_what_survives() {
     let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
     let mut service = ServiceProcess::builder()
         .env("NAMELIST_LOG_FORMAT", "text")
         .start()
         .await;
+    let (status, ready) = get(&client, service.url("/readyz")).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["store"], "memory", "{ready}");
+    assert_eq!(ready["durable"], false, "{ready}");
     service.sigterm();
     service.wait_exit(Duration::from_secs(10));
     let log = service.log();
@@ -493,6 +499,9 @@ async fn start_up_says_what_survives() {
         .env("NAMELIST_SNAPSHOT_PATH", dir.path().join("lists.snapshot"))
         .start()
         .await;
+    let (status, ready) = get(&client, service.url("/readyz")).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["durable"], true, "{ready}");
     service.sigterm();
     service.wait_exit(Duration::from_secs(10));
     let log = service.log();

@@ -102,6 +102,7 @@ fn sigterm_drains_the_request_in_flight_and_keeps_the_lists() {
     let (status, body) = service.request("GET", "/readyz", "");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""store":"memory""#), "{body}");
+    assert!(body.contains(r#""durable":true"#), "{body}");
     let (status, body) = service.request("POST", "/v1/lists/black/entries", &upsert_body("before"));
     assert_eq!(status, 200, "{body}");
 

@@ -108,7 +108,8 @@ async function loadHealth() {
   }
   const now = Date.now();
   const embedded = ready && ready.body && ready.body.store === "memory";
-  const storeName = !ready || !ready.body ? "unknown" : embedded ? "Embedded store, in this process (no Redis)" : ready.body.store === "redis" ? "Redis" : ready.body.store;
+  const kept = !embedded ? "" : ready.body.durable === true ? ", kept in its data directory" : ready.body.durable === false ? ", in memory only: lost when the process ends" : "";
+  const storeName = !ready || !ready.body ? "unknown" : embedded ? "Embedded store, in this process (no Redis)" + kept : ready.body.store === "redis" ? "Redis" : ready.body.store;
   const checks = metric(all, "namelist_http_request_duration_seconds_count", { route: "/v1/check" });
   const degraded = metric(all, "namelist_degraded_answers_total");
   const refused = metric(all, "namelist_refused_answers_total");

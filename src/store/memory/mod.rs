@@ -183,6 +183,10 @@ impl StoreBase for MemoryStore {
         "memory"
     }
 
+    fn durable(&self) -> Option<bool> {
+        Some(self.durable.is_some())
+    }
+
     fn layout(&self) -> &Layout {
         &self.layout
     }
