@@ -11,7 +11,9 @@
 # Prints, best of 3 rounds, Redis CPU (`INFO cpu`) and `EVALSHA` time (`INFO commandstats`)
 # per event for: the script on fresh keys (every update opens its sub-window: the sparse
 # entities of the engine's traffic), with each command it ran; the same calls again (every
-# event a replay: the deduplication alone); an empty script given the same keys and
+# event a replay: the deduplication alone); the script on fresh keys again, each event-id
+# bucket first holding FILL (default 200, the mean a keyspace in service is sized for) other
+# live ids; an empty script given the same keys and
 # argument (the cost of a call); a script that only unpacks the argument. The difference
 # between the first and the sum of the others is the script's own Lua.
 set -eu
@@ -62,7 +64,7 @@ kill "$MON" "$SVC"
 wait "$SVC" 2>/dev/null || true
 SVC=
 "$VENV/bin/python" - "$RPORT" "$D/monitor.txt" <<'PY'
-import re, sys
+import os, random, re, sys
 import redis
 r = redis.Redis(port=int(sys.argv[1]))
 ESC = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", '"': b'"', "\\": b"\\"}
@@ -103,11 +105,13 @@ def replay(cmds):
     cpu = sum(cpu1[k] - cpu0[k] for k in ("used_cpu_user", "used_cpu_sys"))
     stats = {k[8:] if k.startswith("cmdstat_") else k: v for k, v in r.info("commandstats").items()}
     return cpu / n * 1e6, stats
-def best(label, make, twice=False):
+def best(label, make, twice=False, setup=None):
     runs = []
     for _ in range(3):
         prefix = b"r%d:" % next(rounds)
         cmds = [make(c, prefix) for c in calls]
+        if setup:
+            setup(prefix)
         if twice:
             replay(cmds)
         runs.append(replay(cmds))
@@ -121,6 +125,19 @@ for k, v in sorted(stats.items(), key=lambda x: -x[1]["usec"]):
     if k not in ("evalsha", "config|resetstat", "info"):
         print("    %-10s %4.2f an event, %4.2f us each" % (k, v["calls"] / n, v["usec"] / v["calls"]))
 best("the script, every event a replay", fresh, twice=True)
+# A keyspace in service holds dedupe_expected_ids live ids (200 a bucket by default; a
+# bucket drops its expired ones past 256): the calls above find their id buckets nearly
+# empty. The same calls, each bucket first holding FILL other live ids.
+def fill_buckets(prefix, fill=int(os.environ.get("FILL", "200"))):
+    rnd = random.Random(prefix)
+    p = r.pipeline(transaction=False)
+    for i, key in enumerate(sorted({c[3] for c in calls})):
+        p.hset(prefix + key[2:], mapping={str(rnd.getrandbits(64) - (1 << 63)): "4000000000"
+                                          for _ in range(fill)})
+        if i % 200 == 199:
+            p.execute()
+    p.execute()
+best("the script, id buckets holding %s ids" % os.environ.get("FILL", "200"), fresh, setup=fill_buckets)
 for label, body in (("an empty script, the same keys and arg", "return 1"),
                     ("a script that only unpacks the arg", "return #cmsgpack.unpack(ARGV[1])")):
     sha = r.script_load(body).encode()

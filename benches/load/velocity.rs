@@ -62,7 +62,12 @@ pub(crate) fn run(generator: &Generator, secs: f64, dir: &Path) -> Json {
 
 /// The targets of issue 27 on the figures: (name, met, the figure as printed).
 pub(crate) fn targets(v: &Json) -> Vec<(&'static str, Option<bool>, String)> {
-    let redis = v["events"]["5-metrics"]["redis_us_per_event"].as_f64();
+    // Judged in service (the warm run: entities seen, event-id buckets at their designed
+    // fill), which costs more than the empty keyspace of the first run; both are shown.
+    let cold = v["events"]["5-metrics"]["redis_us_per_event"].as_f64();
+    let redis = v["events"]["5-metrics-warm"]["redis_us_per_event"]
+        .as_f64()
+        .or(cold);
     let ratio = v["events_over_check"].as_f64();
     let p99 = v["runs"]["evaluate-2000qps"]["p99_ms"].as_f64();
     let id = v["id_bytes"].as_f64();
@@ -71,7 +76,11 @@ pub(crate) fn targets(v: &Json) -> Vec<(&'static str, Option<bool>, String)> {
         (
             "velocity: Redis CPU per event, 5 metrics <= 30 us",
             redis.map(|x| x <= 30.0),
-            show(redis, " us"),
+            format!(
+                "{} in service; {} from an empty keyspace",
+                show(redis, " us"),
+                show(cold, " us")
+            ),
         ),
         (
             "velocity: events max >= 0.6x check max",
