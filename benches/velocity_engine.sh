@@ -17,7 +17,7 @@
 #      and where it went: `INFO commandstats` per event applied (calls, µs a call);
 #    * the events' max again on a warm keyspace, as in service: every device, user and IP
 #      first sends one event (200 bodies of 1,000), and every event-id bucket is topped up to
-#      ID_FILL (200) live ids, the mean the default dedupe_expected_ids is sized for; then
+#      ID_FILL live ids (default: what the default dedupe_expected_ids sizes it for); then
 #      bodies with new ids over the same entities. The first run starts from an empty
 #      keyspace, so most updates create their keys and find their id buckets nearly empty; a
 #      production keyspace has seen most of its entities, and its id buckets are full.
@@ -176,14 +176,16 @@ for b in range(0, n, 1000):
     assert o["duplicates"] == 0, o
 PY
 }
-# Every event-id bucket topped up to ~ID_FILL live ids: the mean fill the default
-# dedupe_expected_ids (10,000,000 ids remembered at once: 50,000 buckets) is sized for, which
-# a keyspace in service holds. The ids the runs send are a few per bucket: without this the
+# Every event-id bucket topped up to ~ID_FILL live ids (default: the fill the default
+# dedupe_expected_ids, 10,000,000 ids remembered at once, gives the keyspace's recorded
+# buckets: 100 a bucket), which a keyspace in service holds. The ids the runs send are a few per bucket: without this the
 # warm run would check and record each id in a nearly empty listpack, cheaper than in service
 # (an HSETNX scans its bucket). Synthetic ids: 18-digit integers (a listpack integer, as a
 # real 64-bit hash is), remembered for a day.
 fill_id_buckets() {
-  export FILL=${ID_FILL:-200} CODE=$(( $(date +%s) - 1577836800 + 86400 )) SCRIPT="
+  local buckets
+  buckets=$($R hget bench5:meta event_buckets)
+  export FILL=${ID_FILL:-$(( (10000000 + buckets - 1) / buckets ))} CODE=$(( $(date +%s) - 1577836800 + 86400 )) SCRIPT="
     for _, k in ipairs(KEYS) do
       local n, args = tonumber(ARGV[1]) - redis.call('HLEN', k), {}
       for i = 1, n do
@@ -201,7 +203,7 @@ run check-max /v1/check "$D/checks.txt" -c 64
 events_run 5-metrics
 prefill
 fill_id_buckets
-echo "  warm, as in service: every entity has sent one event, and its $(wc -l <"$D/id-buckets") event-id buckets hold ~${ID_FILL:-200} live ids each (ID_FILL); $($R dbsize) keys"
+echo "  warm, as in service: every entity has sent one event, and its $(wc -l <"$D/id-buckets") event-id buckets hold ~$FILL live ids each (ID_FILL); $($R dbsize) keys"
 events_run 5-metrics-warm "$D/events_warm.txt"
 run events-2000qps /v1/events "$D/events.txt" -q 2000 --latency-correction -c 16
 run evaluate-max /v1/evaluate "$D/evaluate.txt" -c 64

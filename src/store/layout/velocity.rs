@@ -48,21 +48,23 @@
 //!
 //! where `tag` is the smallest decimal number whose cluster slot is `s` (`event_tags`), so
 //! that every slot has buckets of its own. The keyspace records `event_buckets` = `n`
-//! (`ceil(dedupe_expected_ids / 200)`, fixed when first recorded): each slot has
+//! (`ceil(dedupe_expected_ids / 100)`, `EVENT_IDS_PER_BUCKET`; 200 in keyspaces made before
+//! 2026-11-28; fixed when first recorded): each slot has
 //! `ceil(n / 16384)` buckets. The check and the record are in the same atomic script call as
 //! the event's updates. On a single node that is one call per event: bucket `h mod n` (slot
 //! `i mod min(n, 16384)`, `b = i / min(n, 16384)`), whatever keys the event updates. On a
 //! cluster, one call per slot the event's keys live in, each remembering the event in a
 //! bucket of that slot (`b = (h >> 14) mod ceil(n / 16384)`): an event updating metrics of
 //! three entities is remembered three times. A remembered id whose code has passed counts as
-//! absent (the lazy rule); a bucket past 256 fields drops its expired ones every 32 new ids;
+//! absent (the lazy rule); a bucket past 1.28× the live ids it is sized for (128 fields, 256 in
+//! a keyspace sized for 200) drops its expired ones, looked at by one new id in 25;
 //! `namelist-tools sweep` deletes the expired ids of the buckets nobody writes (one walk of
 //! `<prefix>[be][:{]*`: list buckets and event-id buckets). Definitions live in the hashes
 //! `<prefix>defs:metric` and `<prefix>defs:rule`: field = id, value =
 //! `<version>\n<fingerprint>\n<JSON>` (a deleted one keeps `<version>\n\n` so a re-created
 //! metric never reuses an old version's counts).
 
-use super::{CLUSTER_SLOTS, Layout, MAX_MEAN_FILL, key_slot};
+use super::{CLUSTER_SLOTS, Layout, key_slot};
 
 /// The hash tags of the event-id buckets: for slot `s`, the smallest decimal number whose
 /// slot is `s`. Computed once (~170,000 CRC16s of short strings, a few milliseconds);
@@ -91,6 +93,13 @@ pub const VELOCITY_LAYOUT: u32 = 2;
 /// Event ids a keyspace's buckets are sized for when nothing is configured.
 pub const DEFAULT_EXPECTED_EVENT_IDS: u64 = 10_000_000;
 
+/// Live event ids a bucket is sized for: half the 200 entries a list bucket holds. An event's
+/// check and record (`HSETNX`) scans its bucket's listpack, so it costs with the fill: ~10 µs
+/// more at 200 ids than in an empty bucket, ~5 µs at 100, for ~0.4 B more per id
+/// (docs/performance.md, *Event-id buckets at their designed fill*). Keyspaces made before
+/// keep the count they recorded (200 a bucket).
+pub const EVENT_IDS_PER_BUCKET: u64 = 100;
+
 impl Layout {
     /// The same keyspace with velocity layout `velocity` (1 or 2) and `event_buckets`
     /// buckets of event ids, as its meta hash records them.
@@ -113,7 +122,7 @@ impl Layout {
 
     /// The number of event-id buckets for `expected_ids` ids remembered at once.
     pub fn event_buckets_for(expected_ids: u64) -> u32 {
-        let n = expected_ids.div_ceil(MAX_MEAN_FILL).max(1);
+        let n = expected_ids.div_ceil(EVENT_IDS_PER_BUCKET).max(1);
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
@@ -313,7 +322,8 @@ mod tests {
     #[test]
     fn event_buckets_are_per_slot_and_recognised() {
         let l = Layout::new("nl:", 1, keyed()).with_velocity(2, 100_000);
-        assert_eq!(Layout::event_buckets_for(10_000_000), 50_000);
+        assert_eq!(Layout::event_buckets_for(10_000_000), 100_000);
+        assert_eq!(Layout::event_buckets_for(150), 2);
         assert_eq!(Layout::event_buckets_for(0), 1);
         // Pinned: these are key names in existing keyspaces.
         assert_eq!(event_tags()[..4], [3_560, 22_179, 48_756, 2_977]);

@@ -189,6 +189,8 @@ pub struct RedisStore {
     count_changes: Script,
     counts_page: Script,
     metric_scripts: MetricScripts,
+    /// Ids a bucket of event ids holds before it drops its expired ones (`velocity::purge_from`).
+    id_purge_from: u32,
     pubsub_timeout: Duration,
     write_replicas: u32,
     /// The server refused `DUMP` once (ACLs, renamed command): buckets are read with
@@ -573,6 +575,7 @@ impl RedisStore {
             count_changes: Script::new(COUNT_CHANGES),
             counts_page: Script::new(COUNTS_PAGE),
             metric_scripts: MetricScripts::new(),
+            id_purge_from: velocity::purge_from(opts.dedupe_expected_ids, event_buckets),
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,
             dump_refused: AtomicBool::new(false),

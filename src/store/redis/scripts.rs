@@ -101,9 +101,10 @@ return out
 /// then the ops' keys. ARGV[1] is one MessagePack array (unpacked in C by `cmsgpack`: ~60
 /// separate arguments cost Redis more than the updates themselves): 1 the event's field (its
 /// 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until which
-/// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 1 when this new id
+/// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 when this new id
 /// is one to look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the
-/// caller from the hash), 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s` COUNT/SUM, `a`
+/// caller from the hash) the fill from which the bucket drops its expired ids
+/// (`velocity::purge_from`), else 0, 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s` COUNT/SUM, `a`
 /// AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p` APPROX_COUNT_DISTINCT), first key index, key
 /// count, update sub-window as a string ('' for a read; for AVG the sum's field `2i`), the
 /// second field (AVG's count field `2i+1`, else ''), value (a string), read_hi, slots,
@@ -115,7 +116,7 @@ return out
 /// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
 /// after any failure or timeout applies each update exactly once. A remembered event whose
 /// code has passed counts as absent and is overwritten (the lazy rule); one new id in
-/// `velocity::PURGE_EVERY` (by its hash) reads the bucket's length, and a bucket past `PURGE_FROM`
+/// `velocity::PURGE_EVERY` (by its hash) reads the bucket's length, and a bucket past `velocity::purge_from`
 /// fields then drops its expired ones (bounded work, amortised to a fraction of a field read
 /// per event); the sweep reclaims the rest. The common path is one `HSETNX`.
 ///
@@ -136,7 +137,7 @@ return out
 const METRIC_BODY: &str = r"
 -- Globals are looked up through a metatable in Redis 7's scripts: locals halve the work.
 local call, tonumber, floor, KEYS = redis.call, tonumber, math.floor, KEYS
-local PURGE_FROM, OP_ARGS = 256, 12
+local OP_ARGS = 12
 local A = cmsgpack.unpack(ARGV[1])
 local event, now = A[1], A[3]
 local dup, fill = 0, 0
@@ -146,10 +147,11 @@ if event ~= '' and call('HSETNX', KEYS[1], event, A[2]) == 0 then
   else
     call('HSET', KEYS[1], event, A[2])
   end
-elseif event ~= '' and A[4] == 1 then
-  -- The new ids the caller chose (one in PURGE_EVERY, by hash) look at the bucket's length.
+elseif event ~= '' and A[4] > 0 then
+  -- The new ids the caller chose (one in PURGE_EVERY, by hash) look at the bucket's length;
+  -- A[4] is how many ids the bucket may hold before its expired ones go.
   fill = call('HLEN', KEYS[1])
-  if fill >= PURGE_FROM then
+  if fill >= A[4] then
     local all, gone = call('HGETALL', KEYS[1]), {}
     for i = 1, #all, 2 do
       if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end

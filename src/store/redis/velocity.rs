@@ -45,9 +45,20 @@ pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Ve
 }
 
 /// One new event id in this many looks at its bucket's length in the metric script (which
-/// then drops the bucket's expired ids past `PURGE_FROM`: `scripts::METRIC_BODY`). 25 is the
+/// then drops the bucket's expired ids past `purge_from`: `scripts::METRIC_BODY`). 25 is the
 /// rate the script had when it chose by the hash's last two decimal digits (0, 32, 64, 96).
 const PURGE_EVERY: u64 = 25;
+
+/// How many ids a bucket of event ids holds before a looking id drops its expired ones: 1.28×
+/// the live ids it is sized for (`expected_ids` over the keyspace's recorded `buckets`; 256
+/// for the 200 a bucket of keyspaces made before `EVENT_IDS_PER_BUCKET`, which the script
+/// had as a constant), within 16–320. A bucket's fill then moves between its live ids and
+/// this, ~1.14× on average, so a check scans what the sizing chose rather than up to 256 ids
+/// whatever it chose; the top stays under `EVENT_BUCKET_WARN`, which is about live ids.
+pub(super) fn purge_from(expected_ids: u64, buckets: u32) -> u32 {
+    let live = expected_ids as f64 / f64::from(buckets.max(1));
+    (live * 1.28).ceil().clamp(16.0, 320.0) as u32
+}
 
 /// Whether the new event id with keyed hash `hash` is one of those: by the hash, so a replay
 /// of an id decides the same.
@@ -370,10 +381,8 @@ impl RedisStore {
             }
         }
         pack::int(&mut blob, ExpiryCode::script_now(now_ms));
-        pack::int(
-            &mut blob,
-            call.event.is_some_and(|e| looks_at_fill(e.hash)).into(),
-        );
+        let looks = call.event.is_some_and(|e| looks_at_fill(e.hash));
+        pack::int(&mut blob, if looks { self.id_purge_from.into() } else { 0 });
         pack::int(&mut blob, i64::from(rand::random::<u8>() % 8));
         for &i in &call.ops {
             let op = &ops[i];
@@ -516,6 +525,20 @@ impl DefinitionStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bucket_purges_past_its_sizing() {
+        assert_eq!(
+            purge_from(10_000_000, 50_000),
+            256,
+            "200 a bucket: as before"
+        );
+        assert_eq!(purge_from(10_000_000, 100_000), 128);
+        assert_eq!(purge_from(100, 1), 128);
+        assert_eq!(purge_from(1, 1), 16);
+        assert_eq!(purge_from(100_000_000, 50_000), 320, "under the warning");
+        assert_eq!(purge_from(5, 0), 16, "no division by zero");
+    }
 
     /// One new id in `PURGE_EVERY` looks at its bucket's length, negative hashes as often.
     #[test]

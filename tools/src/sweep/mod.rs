@@ -4,7 +4,7 @@
 //! The service already treats an expired entry as absent and deletes the ones reads find
 //! (lazy expiry); the sweep reclaims the memory of those nobody reads. Likewise a remembered
 //! event id whose code has passed counts as absent, and a bucket of event ids drops its
-//! expired ones only as it is written (past 256 ids, every 32 new ones); the sweep reclaims
+//! expired ones only as it is written (past 1.28× the ids it is sized for); the sweep reclaims
 //! those of the buckets nobody writes. It changes no answer, so, like lazy expiry, it writes no audit record and
 //! publishes no invalidation.
 //!
