@@ -307,6 +307,63 @@ async fn event_ids_are_compact_and_forgotten() {
     assert_eq!(f.values[&mid("a")], json!(321));
 }
 
+/// A bucket of event ids drops its expired ids once it holds 1.28× the ids it is sized for
+/// (128 for a bucket sized for 100), and not before: one new id in 25 (by its hash) looks.
+/// The ids are chosen by their keyed hash, so which of them look is known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_bucket_drops_its_expired_ids_past_its_sizing() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let store = redis_at(redis.url(), Vec::new(), &prefix, 100).await;
+    assert_eq!(store.layout().event_buckets(), 1);
+    let v = velocity_with(
+        store.clone(),
+        VelocitySettings {
+            dedupe_window: Duration::from_secs(2),
+            ..settings()
+        },
+    )
+    .await;
+    v.put_metric(mid("n"), "COUNT(1h, tx) BY user", None)
+        .await
+        .unwrap();
+    // `velocity::looks_at_fill`, pinned here: one hash in 25.
+    let looks = |id: &str| store.layout().event_hash("tx", id).unsigned_abs() % 25 == 0;
+    let mut candidates = (0..).map(|i| format!("id-{i}"));
+    let mut ids = |n: usize, looking: bool| -> Vec<EventInput> {
+        candidates
+            .by_ref()
+            .filter(|id| looks(id) == looking)
+            .take(n)
+            .map(|id| event(Some(&id), "tx", now_ms(), &[("user", "u")]))
+            .collect()
+    };
+    let mut conn = redis.conn();
+    let key = store.layout().event_bucket_key(0, None);
+    let mut len = || -> u64 { redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap() };
+
+    let first = v.ingest(&ids(100, false)).await.unwrap();
+    assert_eq!(first.applied, 100);
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    // 121 ids, 100 of them expired: a looking id finds the bucket under 128 and keeps them.
+    v.ingest(&ids(20, false)).await.unwrap();
+    v.ingest(&ids(1, true)).await.unwrap();
+    assert_eq!(
+        len(),
+        121,
+        "under its threshold a bucket keeps its expired ids"
+    );
+    // 132: the next looking id drops the 100 expired ones, and only them.
+    v.ingest(&ids(10, false)).await.unwrap();
+    v.ingest(&ids(1, true)).await.unwrap();
+    assert_eq!(len(), 32, "past 128 the expired ids go");
+    let f = v
+        .features(&[mid("n")], &fields(&[("user", "u")]), None)
+        .await
+        .unwrap();
+    assert_eq!(f.values[&mid("n")], json!(132));
+}
+
 /// A keyspace made before velocity layout 2 (its meta hash has neither `velocity` nor
 /// `event_buckets`) keeps its metric keys, so counts written before an upgrade are read
 /// after it; a new keyspace records layout 2.
