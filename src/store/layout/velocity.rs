@@ -95,7 +95,7 @@ pub const DEFAULT_EXPECTED_EVENT_IDS: u64 = 10_000_000;
 
 /// Live event ids a bucket is sized for: half the 200 entries a list bucket holds. An event's
 /// check and record (`HSETNX`) scans its bucket's listpack, so it costs with the fill: ~10 µs
-/// more at 200 ids than in an empty bucket, ~5 µs at 100, for ~0.4 B more per id
+/// more at 200 ids than in an empty bucket, 3–5 µs more at 100, for ~0.4 B more per id
 /// (docs/performance.md, *Event-id buckets at their designed fill*). Keyspaces made before
 /// keep the count they recorded (200 a bucket).
 pub const EVENT_IDS_PER_BUCKET: u64 = 100;

@@ -4,11 +4,13 @@
 
 use crate::common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, unique_prefix};
 use namelist::domain::now_ms;
 use namelist::store::StoreBase;
+use namelist::store::redis::RedisStore;
 use namelist::velocity::model::MetricDef;
 use namelist::velocity::{EventInput, Velocity, VelocitySettings};
 use serde_json::json;
@@ -194,6 +196,19 @@ async fn a_flushed_script_cache_is_reloaded() {
     assert_eq!(f.values[&mid("users")], json!(3));
 }
 
+/// A keyspace with one bucket of event ids, sized for 100 (it drops its expired ids past
+/// 128), and a velocity service on it that remembers ids for 2 s.
+async fn one_id_bucket(redis: &RedisServer, prefix: &str) -> (Arc<RedisStore>, Arc<Velocity>) {
+    let store = redis_at(redis.url(), Vec::new(), prefix, 100).await;
+    assert_eq!(store.layout().event_buckets(), 1);
+    let settings = VelocitySettings {
+        dedupe_window: Duration::from_secs(2),
+        ..settings()
+    };
+    let v = velocity_with(store.clone(), settings).await;
+    (store, v)
+}
+
 /// Event ids cost under 24 B each in Redis, for the whole event whatever its metrics; they
 /// are forgotten after the dedupe window (a replay then counts again), and a bucket drops
 /// its expired ids as it fills.
@@ -201,18 +216,8 @@ async fn a_flushed_script_cache_is_reloaded() {
 async fn event_ids_are_compact_and_forgotten() {
     let redis = RedisServer::start();
     let prefix = unique_prefix();
-    // 100 ids: one bucket, sized for 100 ids (it drops its expired ones past 128); the test
-    // puts 200 in it.
-    let store = redis_at(redis.url(), Vec::new(), &prefix, 100).await;
-    assert_eq!(store.layout().event_buckets(), 1);
-    let v = velocity_with(
-        store.clone(),
-        VelocitySettings {
-            dedupe_window: Duration::from_secs(2),
-            ..settings()
-        },
-    )
-    .await;
+    // The test puts 200 ids in the one bucket.
+    let (store, v) = one_id_bucket(&redis, &prefix).await;
     for (id, expr) in [
         ("a", "COUNT(1h, tx) BY user"),
         ("b", "SUM(1d, tx, amount) BY user"),
@@ -313,17 +318,7 @@ async fn event_ids_are_compact_and_forgotten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_bucket_drops_its_expired_ids_past_its_sizing() {
     let redis = RedisServer::start();
-    let prefix = unique_prefix();
-    let store = redis_at(redis.url(), Vec::new(), &prefix, 100).await;
-    assert_eq!(store.layout().event_buckets(), 1);
-    let v = velocity_with(
-        store.clone(),
-        VelocitySettings {
-            dedupe_window: Duration::from_secs(2),
-            ..settings()
-        },
-    )
-    .await;
+    let (store, v) = one_id_bucket(&redis, &unique_prefix()).await;
     v.put_metric(mid("n"), "COUNT(1h, tx) BY user", None)
         .await
         .unwrap();
