@@ -38,6 +38,20 @@ impl ValidationError {
         Ok(())
     }
 
+    /// Refuses a source text (`what`: "an expression", "a rule") longer than `max` bytes,
+    /// before it is parsed.
+    pub fn check_len(src: &str, max: usize, code: ErrorCode, what: &str) -> Result<(), Self> {
+        if src.len() > max {
+            return Err(Self::new(code, format!("{what} is at most {max} bytes")));
+        }
+        Ok(())
+    }
+
+    /// An error in a parsed text, at its 1-based `col`umn.
+    pub fn at_column(code: ErrorCode, col: usize, msg: impl Into<String>) -> Self {
+        Self::new(code, format!("column {col}: {}", msg.into()))
+    }
+
     /// Prefixes the message with where the bad input sits, e.g. `entries[3].value`.
     pub fn at(mut self, location: impl fmt::Display) -> Self {
         self.message = format!("{location}: {}", self.message);

@@ -346,8 +346,7 @@ mod tests {
     fn events() -> impl Strategy<Value = Vec<Event>> {
         proptest::collection::vec(
             prop_oneof![
-                (0i64..4, proptest::option::of(1u32..4))
-                    .prop_map(|(f, c)| Event::Write(f, c.map(|c| LATER - c))),
+                other_write(0..4).prop_map(|(f, c)| Event::Write(f, c)),
                 Just(Event::Deliver),
             ],
             0..24,
@@ -369,83 +368,55 @@ mod tests {
         ) {
             // Complete mode with copies, or partial mode with a read for the filter only.
             let t = if filter_only { filtered_tier(Duration::ZERO) } else { tier(Duration::ZERO) };
-            let mut store: BTreeMap<i64, u32> =
-                initial.iter().map(|(f, c)| (*f, LATER - c)).collect();
+            let mut model = Model::new(&initial);
             if held_before {
-                install(&t, store.iter().map(|(f, c)| (*f, *c)).collect());
+                install(&t, model.pairs());
             }
             let n = events.len();
-            let mut m = [marks.0.min(n), marks.1.min(n), marks.2.min(n)];
-            m.sort_unstable();
-            let (begin_at, read_at, install_at) = (m[0], m[1], m[2]);
-            let mut writes: Vec<(i64, Option<u32>)> = Vec::new();
+            let mut racing = RacingRead::new(marks, n, filter_only);
             let mut delivered = 0;
-            let mut read = None;
-            let mut snapshot = None;
-            let mut installed = false;
-            let check = |t: &LocalTier, store: &BTreeMap<i64, u32>, writes: &[(i64, Option<u32>)], delivered: usize| {
+            let check = |t: &LocalTier, model: &Model, delivered: usize| {
                 for f in 0..4 {
-                    let answer = match t.lookup(&key(f), Instant::now()) {
-                        Lookup::Local(c) => c,
-                        Lookup::Remote => store.get(&f).copied(),
-                    };
+                    let answer = model.answer(t, f);
                     // Values the field may show: the last delivered write's or any later one.
-                    let last = writes[..delivered].iter().rposition(|(g, _)| *g == f);
-                    let allowed = allowed_values(&initial, writes, f, last);
+                    let last = model.writes[..delivered].iter().rposition(|(g, _)| *g == f);
+                    let allowed = allowed_values(&initial, &model.writes, f, last);
                     prop_assert!(allowed.contains(&answer), "field {f}: {answer:?} not in {allowed:?}");
                 }
                 Ok(())
             };
             for i in 0..=n {
-                if i == begin_at {
-                    let only = if filter_only { HashSet::from([1]) } else { HashSet::new() };
-                    read = Some(t.begin_read(&[1], only));
-                }
-                if i == read_at {
-                    snapshot = Some(store.iter().map(|(f, c)| (*f, *c)).collect::<Vec<_>>());
-                }
-                if i == install_at {
-                    let r = read.take().expect("begun before");
-                    t.finish_read(r, Ok(vec![snapshot.take().expect("read before")])).unwrap();
-                    installed = true;
-                }
-                if installed {
-                    check(&t, &store, &writes, delivered)?;
+                if racing.before_step(i, &t, &model) {
+                    check(&t, &model, delivered)?;
                 }
                 match events.get(i) {
-                    Some(Event::Write(f, c)) => {
-                        match c {
-                            Some(c) => { store.insert(*f, *c); }
-                            None => { store.remove(f); }
-                        }
-                        writes.push((*f, *c));
-                    }
-                    Some(Event::Deliver) if delivered < writes.len() => {
-                        let (f, c) = writes[delivered];
+                    Some(Event::Write(f, c)) => model.write(*f, *c),
+                    Some(Event::Deliver) if delivered < model.writes.len() => {
+                        let (f, c) = model.writes[delivered];
                         t.apply(&[(key(f), c)], false);
                         delivered += 1;
                     }
                     _ => {}
                 }
             }
-            while delivered < writes.len() {
-                let (f, c) = writes[delivered];
+            while delivered < model.writes.len() {
+                let (f, c) = model.writes[delivered];
                 t.apply(&[(key(f), c)], false);
                 delivered += 1;
-                check(&t, &store, &writes, delivered)?;
+                check(&t, &model, delivered)?;
             }
             if filter_only && !held_before {
                 prop_assert!(t.get(1).is_none(), "a filter-only read keeps no copy");
                 let f = t.filters.load();
                 let f = f.as_ref().unwrap();
                 prop_assert!(f.stamp(1, t.generation()).is_some(), "usable");
-                for field in store.keys() {
+                for field in model.store.keys() {
                     prop_assert!(f.may_hold(1, *field), "field {field} lost");
                 }
             } else {
                 let copy = t.get(1).expect("installed");
                 prop_assert!(copy.dirty_since.is_none());
-                prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), store);
+                prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), model.store);
             }
         }
     }

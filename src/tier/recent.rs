@@ -314,8 +314,7 @@ mod tests {
     fn steps() -> impl Strategy<Value = Vec<Step>> {
         proptest::collection::vec(
             prop_oneof![
-                (0i64..3, proptest::option::of(1u32..4))
-                    .prop_map(|(f, c)| Step::Other(f, c.map(|c| LATER - c))),
+                other_write(0..3).prop_map(|(f, c)| Step::Other(f, c)),
                 (0i64..3, 1u32..4).prop_map(|(f, c)| Step::Own(f, LATER - c)),
                 Just(Step::Ack),
                 Just(Step::Deliver),
@@ -338,30 +337,21 @@ mod tests {
             marks in (0usize..=28, 0usize..=28, 0usize..=28),
         ) {
             let t = tier(Duration::from_secs(3));
-            let mut store: BTreeMap<i64, u32> =
-                initial.iter().map(|(f, c)| (*f, LATER - c)).collect();
-            install(&t, store.iter().map(|(f, c)| (*f, *c)).collect());
+            let mut model = Model::new(&initial);
+            install(&t, model.pairs());
             let n = steps.len();
-            let mut m = [marks.0.min(n), marks.1.min(n), marks.2.min(n)];
-            m.sort_unstable();
-            let (begin_at, read_at, install_at) = (m[0], m[1], m[2]);
-            // Every write in the order it landed; own writes waiting for their
-            // acknowledgement (index, field, code, mark); the newest acknowledged own write
-            // of each field.
-            let mut writes: Vec<(i64, Option<u32>)> = Vec::new();
+            let mut racing = RacingRead::new(marks, n, false);
+            // Own writes waiting for their acknowledgement (index, field, code, mark); the
+            // newest acknowledged own write of each field.
             let mut unacked: VecDeque<(usize, i64, u32, WriteMark)> = VecDeque::new();
             let mut acked: HashMap<i64, usize> = HashMap::new();
             let mut delivered = 0;
-            let (mut read, mut snapshot) = (None, None);
-            let check = |t: &LocalTier, store: &BTreeMap<i64, u32>, writes: &[(i64, Option<u32>)], delivered: usize, acked: &HashMap<i64, usize>| {
+            let check = |t: &LocalTier, model: &Model, delivered: usize, acked: &HashMap<i64, usize>| {
                 for f in 0..3 {
-                    let answer = match t.lookup(&key(f), Instant::now()) {
-                        Lookup::Local(c) => c,
-                        Lookup::Remote => store.get(&f).copied(),
-                    };
-                    let heard = writes[..delivered].iter().rposition(|(g, _)| *g == f);
+                    let answer = model.answer(t, f);
+                    let heard = model.writes[..delivered].iter().rposition(|(g, _)| *g == f);
                     let floor = heard.max(acked.get(&f).copied());
-                    let allowed = allowed_values(&initial, writes, f, floor);
+                    let allowed = allowed_values(&initial, &model.writes, f, floor);
                     prop_assert!(allowed.contains(&answer), "field {f}: {answer:?} not in {allowed:?}");
                 }
                 Ok(())
@@ -371,30 +361,14 @@ mod tests {
                 t.apply(&[(key(f), c)], c.is_some());
             };
             for i in 0..=n {
-                if i == begin_at {
-                    read = Some(t.begin_read(&[1], HashSet::new()));
-                }
-                if i == read_at {
-                    snapshot = Some(store.iter().map(|(f, c)| (*f, *c)).collect::<Vec<_>>());
-                }
-                if i == install_at {
-                    let r = read.take().expect("begun before");
-                    t.finish_read(r, Ok(vec![snapshot.take().expect("read before")])).unwrap();
-                }
-                check(&t, &store, &writes, delivered, &acked)?;
+                racing.before_step(i, &t, &model);
+                check(&t, &model, delivered, &acked)?;
                 match steps.get(i) {
-                    Some(Step::Other(f, c)) => {
-                        match c {
-                            Some(c) => { store.insert(*f, *c); }
-                            None => { store.remove(f); }
-                        }
-                        writes.push((*f, *c));
-                    }
+                    Some(Step::Other(f, c)) => model.write(*f, *c),
                     Some(Step::Own(f, c)) => {
                         let mark = t.write_mark();
-                        store.insert(*f, *c);
-                        writes.push((*f, Some(*c)));
-                        unacked.push_back((writes.len() - 1, *f, *c, mark));
+                        model.write(*f, Some(*c));
+                        unacked.push_back((model.writes.len() - 1, *f, *c, mark));
                     }
                     Some(Step::Ack) => {
                         if let Some((j, f, c, mark)) = unacked.pop_front() {
@@ -403,8 +377,8 @@ mod tests {
                             *newest = (*newest).max(j);
                         }
                     }
-                    Some(Step::Deliver) if delivered < writes.len() => {
-                        deliver(&t, writes[delivered]);
+                    Some(Step::Deliver) if delivered < model.writes.len() => {
+                        deliver(&t, model.writes[delivered]);
                         delivered += 1;
                     }
                     _ => {}
@@ -413,20 +387,20 @@ mod tests {
             while let Some((j, f, c, mark)) = unacked.pop_front() {
                 t.wrote_acked(&[(key(f), Some(c))], mark);
                 acked.insert(f, acked.get(&f).copied().unwrap_or(j).max(j));
-                check(&t, &store, &writes, delivered, &acked)?;
+                check(&t, &model, delivered, &acked)?;
             }
-            while delivered < writes.len() {
-                deliver(&t, writes[delivered]);
+            while delivered < model.writes.len() {
+                deliver(&t, model.writes[delivered]);
                 delivered += 1;
-                check(&t, &store, &writes, delivered, &acked)?;
+                check(&t, &model, delivered, &acked)?;
             }
             // What was marked dirty is read again, as the worker does.
             if t.get(1).expect("installed").dirty_since.is_some() {
-                install(&t, store.iter().map(|(f, c)| (*f, *c)).collect());
+                install(&t, model.pairs());
             }
             let copy = t.get(1).expect("installed");
             prop_assert!(copy.dirty_since.is_none());
-            prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), store);
+            prop_assert_eq!(copy.pairs().collect::<BTreeMap<_, _>>(), model.store);
         }
     }
 }

@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{LocalTier, Mode, TierSettings};
+use super::coherence::Read;
+use super::{LocalTier, Lookup, Mode, TierSettings};
 use crate::store::EntryKey;
 
 /// Codes far in the future (2088 is u32::MAX seconds after 2020).
@@ -98,4 +99,101 @@ pub(super) fn read_full_buckets(t: &LocalTier, n: u32) {
             .collect();
         t.finish_read(read, Ok(vec![pairs])).unwrap();
     }
+}
+
+/// The store of the interleaving proptests: bucket 1's fields as they stand, and every write
+/// in the order it landed.
+pub(super) struct Model {
+    pub store: BTreeMap<i64, u32>,
+    pub writes: Vec<(i64, Option<u32>)>,
+}
+
+impl Model {
+    /// The store holding `initial` (field → how far before `LATER` it expires).
+    pub fn new(initial: &BTreeMap<i64, u32>) -> Self {
+        Self {
+            store: initial.iter().map(|(f, c)| (*f, LATER - c)).collect(),
+            writes: Vec::new(),
+        }
+    }
+
+    /// A write lands: `Some` upserts, `None` deletes.
+    pub fn write(&mut self, f: i64, c: Option<u32>) {
+        match c {
+            Some(c) => self.store.insert(f, c),
+            None => self.store.remove(&f),
+        };
+        self.writes.push((f, c));
+    }
+
+    /// The bucket as a read of it now returns it.
+    pub fn pairs(&self) -> Vec<(i64, u32)> {
+        self.store.iter().map(|(f, c)| (*f, *c)).collect()
+    }
+
+    /// What a check of field `f` answers: the tier's copy, or the store when sent there.
+    pub fn answer(&self, t: &LocalTier, f: i64) -> Option<u32> {
+        match t.lookup(&key(f), Instant::now()) {
+            Lookup::Local(c) => c,
+            Lookup::Remote => self.store.get(&f).copied(),
+        }
+    }
+}
+
+/// A read of bucket 1 racing the steps of an interleaving: it begins, reads the store and is
+/// installed at three points within them, in that order.
+pub(super) struct RacingRead {
+    points: [usize; 3],
+    filter_only: bool,
+    read: Option<Read>,
+    snapshot: Option<Vec<(i64, u32)>>,
+    installed: bool,
+}
+
+impl RacingRead {
+    /// The three points, each at most `n` (the number of steps); `filter_only` reads the
+    /// bucket for its filter only, as the partial sweep does.
+    pub fn new(marks: (usize, usize, usize), n: usize, filter_only: bool) -> Self {
+        let mut points = [marks.0.min(n), marks.1.min(n), marks.2.min(n)];
+        points.sort_unstable();
+        Self {
+            points,
+            filter_only,
+            read: None,
+            snapshot: None,
+            installed: false,
+        }
+    }
+
+    /// Before step `i`: begins, reads or installs the read where it is due. True once it
+    /// is installed.
+    pub fn before_step(&mut self, i: usize, t: &LocalTier, model: &Model) -> bool {
+        if i == self.points[0] {
+            let only = if self.filter_only {
+                HashSet::from([1])
+            } else {
+                HashSet::new()
+            };
+            self.read = Some(t.begin_read(&[1], only));
+        }
+        if i == self.points[1] {
+            self.snapshot = Some(model.pairs());
+        }
+        if i == self.points[2] {
+            let read = self.read.take().expect("begun before");
+            let pairs = self.snapshot.take().expect("read before");
+            t.finish_read(read, Ok(vec![pairs])).unwrap();
+            self.installed = true;
+        }
+        self.installed
+    }
+}
+
+/// Another instance's write to one of `fields` of bucket 1: an upsert of a code before
+/// `LATER`, or a delete.
+pub(super) fn other_write(
+    fields: std::ops::Range<i64>,
+) -> impl proptest::strategy::Strategy<Value = (i64, Option<u32>)> {
+    use proptest::prelude::*;
+    (fields, proptest::option::of(1u32..4)).prop_map(|(f, c)| (f, c.map(|c| LATER - c)))
 }

@@ -157,10 +157,7 @@ impl Lexer {
 }
 
 fn err(col: usize, msg: impl Into<String>) -> ValidationError {
-    ValidationError::new(
-        ErrorCode::InvalidExpr,
-        format!("column {col}: {}", msg.into()),
-    )
+    ValidationError::at_column(ErrorCode::InvalidExpr, col, msg)
 }
 
 struct Parser {
@@ -222,12 +219,7 @@ pub const MAX_GROUP_BY: usize = 8;
 
 /// Parses a metric expression.
 pub fn parse(src: &str) -> Result<Parsed, ValidationError> {
-    if src.len() > MAX_EXPR_LEN {
-        return Err(ValidationError::new(
-            ErrorCode::InvalidExpr,
-            format!("an expression is at most {MAX_EXPR_LEN} bytes"),
-        ));
-    }
+    ValidationError::check_len(src, MAX_EXPR_LEN, ErrorCode::InvalidExpr, "an expression")?;
     let mut p = Parser {
         toks: Lexer::run(src)?,
         pos: 0,
@@ -424,13 +416,7 @@ mod tests {
             ("COUNT(7d, t$x) BY d", 12, "unexpected character"),
             ("SUM(1d, tx, amount) BY amount", 24, "both"),
         ] {
-            let e = parse(src).expect_err(src);
-            assert_eq!(e.code, "invalid_expr");
-            assert!(
-                e.message.starts_with(&format!("column {col}:")) && e.message.contains(what),
-                "{src}: {}",
-                e.message
-            );
+            super::super::assert_points_at(parse(src), "invalid_expr", src, col, what);
         }
     }
 }

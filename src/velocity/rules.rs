@@ -135,10 +135,7 @@ enum Tok {
 }
 
 fn err(col: usize, msg: impl Into<String>) -> ValidationError {
-    ValidationError::new(
-        ErrorCode::InvalidRule,
-        format!("column {col}: {}", msg.into()),
-    )
+    ValidationError::at_column(ErrorCode::InvalidRule, col, msg)
 }
 
 /// `what` was expected at `col`, and `found` stands there.
@@ -368,12 +365,7 @@ fn metric(w: String, col: usize) -> Result<MetricId, ValidationError> {
 
 /// Parses a rule expression.
 pub fn parse(src: &str) -> Result<Rule, ValidationError> {
-    if src.len() > MAX_RULE_LEN {
-        return Err(ValidationError::new(
-            ErrorCode::InvalidRule,
-            format!("a rule is at most {MAX_RULE_LEN} bytes"),
-        ));
-    }
+    ValidationError::check_len(src, MAX_RULE_LEN, ErrorCode::InvalidRule, "a rule")?;
     let mut p = Parser {
         toks: lex(src)?,
         pos: 0,
@@ -524,13 +516,7 @@ mod tests {
                 "nested deeper",
             ),
         ] {
-            let e = parse(src).expect_err(src);
-            assert_eq!(e.code, "invalid_rule");
-            assert!(
-                e.message.starts_with(&format!("column {col}:")) && e.message.contains(what),
-                "{src}: {}",
-                e.message
-            );
+            super::super::assert_points_at(parse(src), "invalid_rule", src, col, what);
         }
     }
 }
