@@ -147,8 +147,8 @@ impl Marks {
 /// the gap's start (a resubscription already reads everything again).
 ///
 /// Its cost, per instance: one `INFO server` per Redis primary and one `XINFO STREAM` per
-/// audit part (64) a second, whatever the keyspace's size, and every record once
-/// (`XRANGE`).
+/// audit part (64) a second, whatever the keyspace's size (an `EXISTS` instead for a part
+/// never written: no error replies), and every record once (`XRANGE`).
 pub async fn follow_log(
     bus: Instrumented<dyn InvalidationBus>,
     marks: Arc<Marks>,

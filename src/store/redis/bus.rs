@@ -2,6 +2,7 @@
 
 use super::audit::parse_stream;
 use super::*;
+use crate::store::PartMark;
 
 impl RedisStore {
     /// A write's `PUBLISH` on one node, inside its `MULTI`: only while the keyspace id is
@@ -28,6 +29,69 @@ impl RedisStore {
         cmd.arg(&channel).arg(message.encode());
         let key = route.map_or_else(|| channel.into_bytes(), <[u8]>::to_vec);
         (key, cmd)
+    }
+}
+
+/// Every audit part has a bit in `RedisStore::audit_parts_seen`.
+const _: () = assert!(AUDIT_PARTS <= 64);
+
+impl RedisStore {
+    /// Every audit part's mark, for `log_mark`. `XINFO STREAM` of a part never written is an
+    /// error reply (`no such key`), counted in Redis's `total_error_replies` and
+    /// `errorstat_ERR`: asked of 64 parts a second by every instance, a small or new keyspace
+    /// would show operators a steady stream of errors. So parts not yet known to exist are
+    /// asked `EXISTS` first, and only those that exist `XINFO STREAM`; a missing one is at
+    /// zero, as a part with nothing in it (taken at its `EXISTS`, still after the nodes'
+    /// ids). A part known to exist is not asked again; one lost since (data loss) answers
+    /// `no such key` once, is at zero and is forgotten.
+    async fn part_marks(&self) -> StoreResult<Vec<PartMark>> {
+        let seen = self.audit_parts_seen.load(Ordering::Relaxed);
+        let unknown: Vec<usize> = (0..AUDIT_PARTS).filter(|i| seen & (1 << i) == 0).collect();
+        let mut found = 0u64;
+        if !unknown.is_empty() {
+            let cmds = unknown
+                .iter()
+                .map(|&i| {
+                    Self::keyed(self.layout.audit_part_key(i), |c, key| {
+                        c.arg("EXISTS").arg(key);
+                    })
+                })
+                .collect();
+            let replies = self.log.run(cmds).await.map_err(unavailable)?;
+            for (&i, r) in unknown.iter().zip(replies) {
+                if r.map_err(unavailable)? == redis::Value::Int(1) {
+                    found |= 1 << i;
+                }
+            }
+        }
+        let present = seen | found;
+        let asked: Vec<usize> = (0..AUDIT_PARTS)
+            .filter(|i| present & (1 << i) != 0)
+            .collect();
+        let cmds = asked
+            .iter()
+            .map(|&i| {
+                Self::keyed(self.layout.audit_part_key(i), |c, key| {
+                    c.arg("XINFO").arg("STREAM").arg(key);
+                })
+            })
+            .collect();
+        let replies = self.log.run(cmds).await.map_err(unavailable)?;
+        let mut parts = vec![PartMark::default(); AUDIT_PARTS];
+        let mut lost = 0u64;
+        for (&i, r) in asked.iter().zip(replies) {
+            if changelog::no_such_key_reply(&r) {
+                lost |= 1 << i;
+            }
+            parts[i] = changelog::part_mark_of(r)?;
+        }
+        if found != 0 {
+            self.audit_parts_seen.fetch_or(found, Ordering::Relaxed);
+        }
+        if lost != 0 {
+            self.audit_parts_seen.fetch_and(!lost, Ordering::Relaxed);
+        }
+        Ok(parts)
     }
 }
 
@@ -111,20 +175,7 @@ impl InvalidationBus for RedisStore {
             nodes.push(changelog::run_id(&info)?);
         }
         nodes.sort();
-        let cmds = (0..AUDIT_PARTS)
-            .map(|i| {
-                Self::keyed(self.layout.audit_part_key(i), |c, key| {
-                    c.arg("XINFO").arg("STREAM").arg(key);
-                })
-            })
-            .collect();
-        let parts = conn
-            .run(cmds)
-            .await
-            .map_err(unavailable)?
-            .into_iter()
-            .map(changelog::part_mark_of)
-            .collect::<StoreResult<Vec<_>>>()?;
+        let parts = self.part_marks().await?;
         Ok(Some(LogMark { parts, nodes }))
     }
 

@@ -99,11 +99,14 @@ pub fn part_mark(v: &Value) -> StoreResult<PartMark> {
 pub fn part_mark_of(r: redis::RedisResult<Value>) -> StoreResult<PartMark> {
     match r {
         Ok(v) => part_mark(&v),
-        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) && no_such_key(&e) => {
-            Ok(PartMark::default())
-        }
+        Err(_) if no_such_key_reply(&r) => Ok(PartMark::default()),
         Err(e) => Err(StoreError::unavailable_from(e)),
     }
+}
+
+/// Whether `XINFO STREAM`'s outcome says its key does not exist.
+pub fn no_such_key_reply(r: &redis::RedisResult<Value>) -> bool {
+    matches!(r, Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) && no_such_key(e))
 }
 
 fn no_such_key(e: &redis::RedisError) -> bool {

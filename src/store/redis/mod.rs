@@ -63,7 +63,7 @@ mod velocity;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -159,6 +159,9 @@ pub struct RedisStore {
     /// One client per configured URL, for pub/sub (tried in turn).
     pubsub_clients: Vec<Client>,
     pubsub_next: AtomicUsize,
+    /// Audit parts known to exist (bit `i`: part `i`), so that the change log's marks ask
+    /// `XINFO STREAM` only of those (`bus`, `log_mark`).
+    audit_parts_seen: AtomicU64,
     /// Reads, and nothing that blocks on the server.
     conn: RedisConn,
     /// The checks' reads on an HTTP worker: a connection of the worker's own (one node).
@@ -561,6 +564,7 @@ impl RedisStore {
         let store = Self {
             pubsub_clients,
             pubsub_next: AtomicUsize::new(0),
+            audit_parts_seen: AtomicU64::new(0),
             conn,
             per_worker,
             bulk,
