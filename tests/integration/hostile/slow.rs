@@ -253,10 +253,18 @@ async fn slow_clients_do_not_block_others() {
             .all(|e| e.closed_after.is_none_or(|t| t >= Duration::from_secs(5))),
         "a slow but live client is not cut off early"
     );
-    let idle_open = idle_ends.iter().filter(|e| late(e)).count();
-    assert_eq!(
-        idle_open, 0,
-        "{idle_open} of 100 idle connections were still open after the request timeout"
+    let idle_late: Vec<Option<Duration>> = idle_ends
+        .iter()
+        .filter(|e| late(e))
+        .map(|e| e.closed_after)
+        .collect();
+    // (Once in many CI runs one was: whether it closed late or not at all says which.)
+    assert!(
+        idle_late.is_empty(),
+        "{} of 100 idle connections were still open {:?} after they connected (closed after: \
+         {idle_late:?}; None: not by {give_up:?})",
+        idle_late.len(),
+        REQUEST_HEAD_TIMEOUT + Duration::from_secs(2)
     );
     // Still whole.
     timed_checks(&app, 5).await;
