@@ -44,7 +44,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::domain::{
     Dimension, ErrorCode, ListName, PhoneRegions, Rules, Sandbox, ValidationError, Value,
@@ -70,8 +70,12 @@ pub const MAX_CHUNK: usize = 512;
 pub const CLOCK_MARGIN_MS: u64 = 60_000;
 
 page_query! {
-    /// The query string of `GET /v1/audit`, as sent (every field checked by `AuditQuery`):
-    /// `list`, `sandbox`, these, then `limit` and `cursor`.
+    /// The filters of the audit trail, as sent (every field checked by `AuditQuery`): the query
+    /// string of `GET /v1/audit`, or the JSON body of `POST /v1/audit`, which keeps a value
+    /// searched for out of URLs (and out of proxies' access logs) and may give `since`,
+    /// `until` and `limit` as numbers. `list`, `sandbox`, these, then `limit` and `cursor`.
+    /// (The body's schema keeps the name it had as a type of its own.)
+    #[schema(as = AuditSearch)]
     pub struct RawAuditQuery {
         /// Only this dimension (needed with `value`).
         pub dimension: Option<String>,
@@ -82,58 +86,13 @@ page_query! {
         /// `upsert`, `delete` or `import`.
         pub op: Option<String>,
         /// Unix ms, inclusive.
+        #[serde(default, deserialize_with = "crate::domain::text_or_number")]
+        #[schema(value_type = Option<i64>)]
         pub since: Option<String>,
         /// Unix ms, inclusive.
+        #[serde(default, deserialize_with = "crate::domain::text_or_number")]
+        #[schema(value_type = Option<i64>)]
         pub until: Option<String>,
-    }
-}
-
-/// The same filters in a JSON body (`POST /v1/audit`), so that a value searched for stays
-/// out of URLs (and out of proxies' access logs): strings, or numbers for `since`, `until` and
-/// `limit`.
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AuditSearch {
-    pub list: Option<String>,
-    pub sandbox: Option<String>,
-    pub dimension: Option<String>,
-    pub value: Option<String>,
-    pub who: Option<String>,
-    pub op: Option<String>,
-    #[schema(value_type = Option<i64>)]
-    pub since: Option<serde_json::Value>,
-    #[schema(value_type = Option<i64>)]
-    pub until: Option<serde_json::Value>,
-    #[schema(value_type = Option<u32>)]
-    pub limit: Option<serde_json::Value>,
-    pub cursor: Option<String>,
-}
-
-fn scalar(name: &str, v: Option<serde_json::Value>) -> Result<Option<String>, ValidationError> {
-    match v {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(serde_json::Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(filter_error(format!("{name}: expected a number"))),
-    }
-}
-
-impl TryFrom<AuditSearch> for RawAuditQuery {
-    type Error = ValidationError;
-
-    fn try_from(b: AuditSearch) -> Result<Self, Self::Error> {
-        Ok(Self {
-            list: b.list,
-            sandbox: b.sandbox,
-            dimension: b.dimension,
-            value: b.value,
-            who: b.who,
-            op: b.op,
-            since: scalar("since", b.since)?,
-            until: scalar("until", b.until)?,
-            limit: scalar("limit", b.limit)?,
-            cursor: b.cursor,
-        })
     }
 }
 

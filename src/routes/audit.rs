@@ -6,7 +6,7 @@ use super::gate::Offload;
 use super::json::JsonBody;
 use super::query::Query;
 use super::schemas::ErrorBody;
-use crate::audit_trail::{AuditPage, AuditQuery, AuditSearch, AuditTrail, RawAuditQuery};
+use crate::audit_trail::{AuditPage, AuditQuery, AuditTrail, RawAuditQuery};
 use crate::error::ApiError;
 
 /// The 200 of both ways to read the trail.
@@ -36,7 +36,7 @@ pub async fn audit(
     path = "/v1/audit",
     summary = "The audit trail, filters in the body (a searched value stays out of the URL)",
     description = "The same filters and answer as `GET /v1/audit`; the console uses it.",
-    request_body = AuditSearch,
+    request_body = RawAuditQuery,
     responses(
         (status = 200, description = PAGE, body = AuditPage),
         (status = 400, description = "A bad body, filter or cursor", body = ErrorBody),
@@ -45,10 +45,10 @@ pub async fn audit(
 /// `POST /v1/audit` with the filters as a JSON object.
 pub async fn search(
     trail: web::Data<AuditTrail>,
-    body: JsonBody<AuditSearch>,
+    body: JsonBody<RawAuditQuery>,
     offload: Offload,
 ) -> Result<HttpResponse, ApiError> {
-    page(trail, RawAuditQuery::try_from(body.0)?, offload).await
+    page(trail, body.0, offload).await
 }
 
 /// Checks the query here, then reads and filters the trail on the operator lane.

@@ -305,6 +305,8 @@ async fn bad_filters_and_cursors_are_400s_that_name_them() {
     for (body, code, names) in [
         (json!({"op": "drop"}), "invalid_filter", "op"),
         (json!({"since": true}), "invalid_filter", "since"),
+        (json!({"since": 1.5}), "invalid_filter", "since"),
+        (json!({"until": [1]}), "invalid_body", "until"),
         (json!({"limit": 0}), "invalid_filter", "limit"),
         (json!({"value": PHONE}), "invalid_filter", "value"),
         (json!({"cursor": "x"}), "invalid_cursor", "cursor"),
