@@ -101,16 +101,17 @@ return out
 /// then the ops' keys. ARGV[1] is one MessagePack array (unpacked in C by `cmsgpack`: ~60
 /// separate arguments cost Redis more than the updates themselves): 1 the event's field (its
 /// 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until which
-/// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 when this new id
-/// is one to look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the
-/// caller from the hash) the fill from which the bucket drops its expired ids
-/// (`velocity::purge_from`), else 0, 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s` COUNT/SUM, `a`
-/// AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p` APPROX_COUNT_DISTINCT), first key index, key
-/// count, update sub-window as a string ('' for a read; for AVG the sum's field `2i`), the
-/// second field (AVG's count field `2i+1`, else ''), value (a string), read_hi, slots,
-/// trim_hi, expire_at (a string), 1 to read back (else 0), the distinct cap. Whatever goes to
-/// a Redis command is a string: a Lua number would be formatted by `%.17g` on every call
-/// (and a 64-bit hash does not fit a double); numbers are only what the script computes with.
+/// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 the fill from
+/// which the bucket drops its expired ids (`velocity::purge_from`) when this new id is one to
+/// look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the caller from the
+/// hash), else 0, 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s`
+/// COUNT/SUM, `a` AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p` APPROX_COUNT_DISTINCT),
+/// first key index, key count, update sub-window as a string ('' for a read; for AVG the
+/// sum's field `2i`), the second field (AVG's count field `2i+1`, else ''), value (a string),
+/// read_hi, slots, trim_hi, expire_at (a string), 1 to read back (else 0), the distinct
+/// cap. Whatever goes to a Redis command is a string: a Lua number would be formatted by
+/// `%.17g` on every call (and a 64-bit hash does not fit a double); numbers are only what the
+/// script computes with.
 ///
 /// Deduplication: an event already remembered live in its bucket is not applied again
 /// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
