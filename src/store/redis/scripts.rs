@@ -98,20 +98,26 @@ return out
 /// `no-writes`: it may run on a replica), after `ENTRY_PREAMBLE` (`live_code`).
 ///
 /// KEYS[1] is the event's deduplication bucket (any key of the slot when there is no event),
-/// then the ops' keys. ARGV[1] is one MessagePack array (unpacked in C by `cmsgpack`: ~60
-/// separate arguments cost Redis more than the updates themselves): 1 the event's field (its
-/// 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until which
-/// the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 the fill from
-/// which the bucket drops its expired ids (`velocity::purge_from`) when this new id is one to
-/// look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the caller from the
-/// hash), else 0, 5 a random number 0–7 (`seed`), then `OP_ARGS` per op: family (`s`
-/// COUNT/SUM, `a` AVG, `n` MIN, `x` MAX, `d` COUNT_DISTINCT, `p` APPROX_COUNT_DISTINCT),
-/// first key index, key count, update sub-window as a string ('' for a read; for AVG the
-/// sum's field `2i`), the second field (AVG's count field `2i+1`, else ''), value (a string),
-/// read_hi, slots, trim_hi, expire_at (a string), 1 to read back (else 0), the distinct
-/// cap. Whatever goes to a Redis command is a string: a Lua number would be formatted by
-/// `%.17g` on every call (and a 64-bit hash does not fit a double); numbers are only what the
-/// script computes with.
+/// then the ops' keys in order: one each, and for an APPROX_COUNT_DISTINCT read its window's
+/// `slots` sub-window keys after it. ARGV[1] is one MessagePack array (unpacked in C by
+/// `cmsgpack`: ~60 separate arguments cost Redis more than the updates themselves; each
+/// value unpacked costs ~0.1 µs, so an op carries only what it uses): 1 the event's field
+/// (its 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until
+/// which the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 the fill
+/// from which the bucket drops its expired ids (`velocity::purge_from`) when this new id is
+/// one to look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the caller
+/// from the hash), else 0, 5 a random number 0–7 (`seed`), then per op (`velocity::pack_op`):
+/// - its head: the family (1 COUNT/SUM, 2 AVG, 3 MIN, 4 MAX, 5 COUNT_DISTINCT,
+///   6 APPROX_COUNT_DISTINCT) + 8 if it updates + 16 if it reads back;
+/// - COUNT_DISTINCT: the member cap;
+/// - an update: its sub-window as a string (AVG: the sum's field `2i`, then the count's
+///   `2i+1`), the value (a string), expire_at (a string), then but for
+///   APPROX_COUNT_DISTINCT the window's slots and trim_hi;
+/// - a read: read_hi, slots.
+///
+/// Whatever goes to a Redis command is a string: a Lua number would be formatted by `%.17g`
+/// on every call (and a 64-bit hash does not fit a double); numbers are only what the script
+/// computes with.
 ///
 /// Deduplication: an event already remembered live in its bucket is not applied again
 /// (`dup` = 1), checked and recorded in the same atomic call as its updates, so a retry
@@ -138,7 +144,6 @@ return out
 const METRIC_BODY: &str = r"
 -- Globals are looked up through a metatable in Redis 7's scripts: locals halve the work.
 local call, tonumber, floor, KEYS = redis.call, tonumber, math.floor, KEYS
-local OP_ARGS = 12
 local A = cmsgpack.unpack(ARGV[1])
 local event, now = A[1], A[3]
 local dup, fill = 0, 0
@@ -190,34 +195,42 @@ local function read_window(k, width, lo, hi, out, fields)
   out[at] = n
 end
 local out = {dup, fill}
-for i = 0, (#A - 5) / OP_ARGS - 1 do
-  local a = 6 + i * OP_ARGS
-  local fam, k, sub = A[a], KEYS[A[a + 1]], A[a + 3]
-  if sub ~= '' and dup == 0 then
-    local v, at = A[a + 5], A[a + 9]
+local a, ki, i = 6, 2, 0
+while a <= #A do
+  local h = A[a]
+  local fam, k, cap = h % 8, KEYS[ki], 0
+  a, ki = a + 1, ki + 1
+  if fam == 5 then cap, a = A[a], a + 1 end
+  if h % 16 >= 8 then
+    local sub, sub2 = A[a], ''
+    if fam == 2 then sub2, a = A[a + 1], a + 1 end
+    local v, at, slots, trim_hi = A[a + 1], A[a + 2], 0, 0
+    a = a + 3
+    if fam ~= 6 then slots, trim_hi, a = A[a], A[a + 1], a + 2 end
     -- A new field is a new sub-window: the only update that may move the key's expiry.
-    if fam == 's' then
+    if dup == 1 then
+    elseif fam == 1 then
       if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
-    elseif fam == 'a' then
+    elseif fam == 2 then
       call('HINCRBY', k, sub, v)
-      if call('HINCRBY', k, A[a + 4], 1) == 1 then call('PEXPIREAT', k, at) end
-    elseif fam == 'n' or fam == 'x' then
+      if call('HINCRBY', k, sub2, 1) == 1 then call('PEXPIREAT', k, at) end
+    elseif fam == 3 or fam == 4 then
       local cur = call('HGET', k, sub)
       local x = tonumber(v)
       if not cur then
         call('HSET', k, sub, v)
         call('PEXPIREAT', k, at)
-      elseif (fam == 'n' and x < tonumber(cur)) or (fam == 'x' and x > tonumber(cur)) then
+      elseif (fam == 3 and x < tonumber(cur)) or (fam == 4 and x > tonumber(cur)) then
         call('HSET', k, sub, v)
       end
-    elseif fam == 'd' then
+    elseif fam == 5 then
       if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
         call('PEXPIREAT', k, at)
-        local card, cap = call('ZCARD', k), A[a + 11]
+        local card = call('ZCARD', k)
         -- Members that left the window go when the set reaches its cap, before any
         -- member of the window would.
         if card >= cap then
-          call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (A[a + 8] - A[a + 7] + 1))
+          call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - slots + 1))
           card = call('ZCARD', k)
           if card > cap then call('ZPOPMIN', k, card - cap) end
         end
@@ -226,43 +239,43 @@ for i = 0, (#A - 5) / OP_ARGS - 1 do
       -- One HyperLogLog per sub-window: its expiry is that sub-window's.
       call('PEXPIREAT', k, at)
     end
-    if (seed + i) % 8 == 0 and fam ~= 'd' and fam ~= 'p' then
+    if dup == 0 and (seed + i) % 8 == 0 and fam < 5 then
       local width = 1
-      if fam == 'a' then width = 2 end
-      trim(k, width, A[a + 7], A[a + 8])
+      if fam == 2 then width = 2 end
+      trim(k, width, slots, trim_hi)
     end
   end
-  if A[a + 10] ~= 1 then
+  if h < 16 then
     out[#out + 1] = 0
   else
-    local hi = A[a + 6]
-    local lo = hi - A[a + 7] + 1
-    if fam == 's' or fam == 'n' or fam == 'x' then
+    local hi, slots = A[a], A[a + 1]
+    local lo = hi - slots + 1
+    a = a + 2
+    if fam == 1 or fam == 3 or fam == 4 then
       read_window(k, 1, lo, hi, out, false)
-    elseif fam == 'a' then
+    elseif fam == 2 then
       read_window(k, 2, lo, hi, out, true)
-    elseif fam == 'd' then
+    elseif fam == 5 then
       local capped = 0
-      if call('ZCARD', k) >= A[a + 11] then capped = 1 end
+      if call('ZCARD', k) >= cap then capped = 1 end
       out[#out + 1] = 2
       out[#out + 1] = call('ZCOUNT', k, lo, hi)
       out[#out + 1] = capped
     else
-      local ki, nk = A[a + 1], A[a + 2]
+      -- The window's sub-window keys follow the op's own.
       out[#out + 1] = 1
-      if nk > 1 then
-        out[#out + 1] = call('PFCOUNT', unpack(KEYS, ki + 1, ki + nk - 1))
+      if slots > 0 then
+        out[#out + 1] = call('PFCOUNT', unpack(KEYS, ki, ki + slots - 1))
       else
         out[#out + 1] = 0
       end
+      ki = ki + slots
     end
   end
+  i = i + 1
 end
 return out
 ";
-
-/// Values per op in `METRIC_BODY`'s argument array.
-pub const METRIC_OP_ARGS: usize = 12;
 
 /// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
 /// message. Values are `<version>\n<fingerprint>\n<body>`. Returns the version.

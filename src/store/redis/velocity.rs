@@ -93,16 +93,54 @@ mod pack {
     }
 }
 
-/// The metric script's family code (`scripts::METRIC_BODY`).
-pub(super) fn family_code(f: MetricFamily) -> &'static str {
+/// The metric script's family number (`scripts::METRIC_BODY`).
+fn family_number(f: MetricFamily) -> i64 {
     match f {
-        MetricFamily::Sum => "s",
-        MetricFamily::Avg => "a",
-        MetricFamily::Min => "n",
-        MetricFamily::Max => "x",
-        MetricFamily::Distinct => "d",
-        MetricFamily::Approx => "p",
+        MetricFamily::Sum => 1,
+        MetricFamily::Avg => 2,
+        MetricFamily::Min => 3,
+        MetricFamily::Max => 4,
+        MetricFamily::Distinct => 5,
+        MetricFamily::Approx => 6,
     }
+}
+
+/// Packs one op's values into the metric script's argument (`scripts::METRIC_BODY`: only
+/// what the op uses, 4–7 values for an update); returns how many.
+pub(super) fn pack_op(blob: &mut Vec<u8>, op: &MetricOp) -> usize {
+    let head = family_number(op.family)
+        + if op.update.is_some() { 8 } else { 0 }
+        + if op.read { 16 } else { 0 };
+    pack::int(blob, head);
+    let mut n = 1;
+    if op.family == MetricFamily::Distinct {
+        pack::int(blob, op.cap.into());
+        n += 1;
+    }
+    if let Some((sub, v)) = op.update {
+        // AVG keeps sub-window i in the fields 2i (sum) and 2i + 1 (count).
+        if op.family == MetricFamily::Avg {
+            pack::decimal(blob, 2 * sub);
+            pack::decimal(blob, 2 * sub + 1);
+            n += 1;
+        } else {
+            pack::decimal(blob, sub);
+        }
+        pack::decimal(blob, v);
+        pack::decimal(blob, op.key_expire_at().unwrap_or(0));
+        n += 3;
+        if op.family != MetricFamily::Approx {
+            pack::int(blob, op.slots);
+            pack::int(blob, op.trim_hi);
+            n += 2;
+        }
+    }
+    if op.read {
+        pack::int(blob, op.read_hi);
+        pack::int(blob, op.slots);
+        n += 2;
+    }
+    n
 }
 
 /// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op
@@ -365,9 +403,25 @@ impl RedisStore {
             None => first.clone(),
         };
         let mut keys: Vec<String> = vec![route];
-        // One MessagePack array (see `scripts::METRIC_BODY` for its layout).
-        let mut blob = Vec::with_capacity(48 + call.ops.len() * 64);
-        let len = 5 + call.ops.len() * METRIC_OP_ARGS;
+        // The ops' values first, to know the length of the one MessagePack array the call
+        // takes (see `scripts::METRIC_BODY` for its layout), then the header before them.
+        let mut body = Vec::with_capacity(call.ops.len() * 40);
+        let mut len = 5;
+        for &i in &call.ops {
+            let op = &ops[i];
+            if op.family == MetricFamily::Approx {
+                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
+                keys.push(Layout::metric_sub_key(&op.key, sub));
+                if op.read {
+                    let lo = op.read_hi - op.slots + 1;
+                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+                }
+            } else {
+                keys.push(op.key.clone());
+            }
+            len += pack_op(&mut body, op);
+        }
+        let mut blob = Vec::with_capacity(48 + body.len());
         pack::array(&mut blob, len);
         match call.event {
             Some(e) => {
@@ -384,47 +438,7 @@ impl RedisStore {
         let looks = call.event.is_some_and(|e| looks_at_fill(e.hash));
         pack::int(&mut blob, if looks { self.id_purge_from.into() } else { 0 });
         pack::int(&mut blob, i64::from(rand::random::<u8>() % 8));
-        for &i in &call.ops {
-            let op = &ops[i];
-            let at = keys.len() + 1;
-            if op.family == MetricFamily::Approx {
-                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
-                keys.push(Layout::metric_sub_key(&op.key, sub));
-                if op.read {
-                    let lo = op.read_hi - op.slots + 1;
-                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
-                }
-            } else {
-                keys.push(op.key.clone());
-            }
-            pack::text(&mut blob, family_code(op.family));
-            pack::int(&mut blob, at as i64);
-            pack::int(&mut blob, (keys.len() + 1 - at) as i64);
-            // AVG keeps sub-window i in the fields 2i (sum) and 2i + 1 (count).
-            match op.update {
-                Some((sub, v)) if op.family == MetricFamily::Avg => {
-                    pack::decimal(&mut blob, 2 * sub);
-                    pack::decimal(&mut blob, 2 * sub + 1);
-                    pack::decimal(&mut blob, v);
-                }
-                Some((sub, v)) => {
-                    pack::decimal(&mut blob, sub);
-                    pack::text(&mut blob, "");
-                    pack::decimal(&mut blob, v);
-                }
-                None => {
-                    pack::text(&mut blob, "");
-                    pack::text(&mut blob, "");
-                    pack::text(&mut blob, "0");
-                }
-            }
-            pack::int(&mut blob, op.read_hi);
-            pack::int(&mut blob, op.slots);
-            pack::int(&mut blob, op.trim_hi);
-            pack::decimal(&mut blob, op.key_expire_at().unwrap_or(0));
-            pack::int(&mut blob, op.read.into());
-            pack::int(&mut blob, op.cap.into());
-        }
+        blob.extend_from_slice(&body);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(keys.len())
