@@ -16,6 +16,13 @@
 # live ids; an empty script given the same keys and
 # argument (the cost of a call); a script that only unpacks the argument. The difference
 # between the first and the sum of the others is the script's own Lua.
+#
+# This machine's speed moves by a third within minutes, more than most changes to the
+# script. INSTRUCTIONS=1 (needs valgrind: `apt-get install -y valgrind`) runs redis-server
+# under callgrind instead and prints, for the same rows, the instructions Redis executed per
+# event (one round each: the count repeats to within a fraction of a per cent), the figure to
+# compare two builds' scripts by; it says nothing of cache misses, so a warm keyspace's cost
+# is the CPU rows' to tell.
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -24,7 +31,14 @@ TOOLS=target/release/namelist-tools
 EVENTS=${EVENTS:-5000}
 VENV=target/bench-venv
 [ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q redis; }
-start_redis
+if [ -n "${INSTRUCTIONS:-}" ]; then
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$D/callgrind.out" \
+    redis-server --port "$RPORT" --save '' --appendonly no --dir "$D" >"$D/valgrind.log" 2>&1 &
+  RPID=$!
+  for _ in $(seq 300); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+else
+  start_redis
+fi
 "$TOOLS" keygen --out "$D/fp.key" >/dev/null
 SPORT=$(free_port)
 NAMELIST_LISTEN=127.0.0.1:$SPORT NAMELIST_REDIS_URL=redis://127.0.0.1:$RPORT \
@@ -63,8 +77,8 @@ sleep 0.3
 kill "$MON" "$SVC"
 wait "$SVC" 2>/dev/null || true
 SVC=
-"$VENV/bin/python" - "$RPORT" "$D/monitor.txt" <<'PY'
-import os, random, re, sys
+RPID=${RPID:-} CG="$D/callgrind.out" "$VENV/bin/python" - "$RPORT" "$D/monitor.txt" <<'PY'
+import glob, os, random, re, subprocess, sys
 import redis
 r = redis.Redis(port=int(sys.argv[1]))
 ESC = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", '"': b'"', "\\": b"\\"}
@@ -91,9 +105,17 @@ rounds = iter(range(1, 100))
 def fresh(c, prefix):  # the same call on keys no earlier round wrote
     keys = int(c[2])
     return c[:3] + [prefix + k[2:] for k in c[3:3 + keys]] + c[3 + keys:]
+RPID = os.environ["RPID"]
+def callgrind(*args):
+    subprocess.run(["callgrind_control", *args, RPID], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
 def replay(cmds):
     r.config_resetstat()
-    cpu0 = r.info("cpu")
+    if RPID:
+        callgrind("-i", "on")
+        callgrind("-z")
+    else:
+        cpu0 = r.info("cpu")
     for i in range(0, len(cmds), 200):
         p = r.pipeline(transaction=False)
         for c in cmds[i:i + 200]:
@@ -101,13 +123,20 @@ def replay(cmds):
         for reply in p.execute(raise_on_error=False):
             if isinstance(reply, Exception):
                 sys.exit("a replayed call failed: %s" % reply)
-    cpu1 = r.info("cpu")
-    cpu = sum(cpu1[k] - cpu0[k] for k in ("used_cpu_user", "used_cpu_sys"))
+    if RPID:  # instructions since the zero, from the dump just written
+        callgrind("-d")
+        callgrind("-i", "off")
+        dump = max(glob.glob(os.environ["CG"] + "*"), key=os.path.getmtime)
+        totals = [l for l in open(dump) if l.startswith(("summary:", "totals:"))]
+        cost = int(totals[-1].split()[1]) / n
+    else:
+        cpu1 = r.info("cpu")
+        cost = sum(cpu1[k] - cpu0[k] for k in ("used_cpu_user", "used_cpu_sys")) / n * 1e6
     stats = {k[8:] if k.startswith("cmdstat_") else k: v for k, v in r.info("commandstats").items()}
-    return cpu / n * 1e6, stats
+    return cost, stats
 def best(label, make, twice=False, setup=None):
     runs = []
-    for _ in range(3):
+    for _ in range(1 if RPID else 3):
         prefix = b"r%d:" % next(rounds)
         cmds = [make(c, prefix) for c in calls]
         if setup:
@@ -115,14 +144,17 @@ def best(label, make, twice=False, setup=None):
         if twice:
             replay(cmds)
         runs.append(replay(cmds))
-    cpu, stats = min(runs, key=lambda x: x[0])
+    cost, stats = min(runs, key=lambda x: x[0])
+    if RPID:
+        print("%-40s %7.0f instructions an event" % (label, cost))
+        return stats
     script = stats.get("evalsha", {}).get("usec", 0) / n
     inner = sum(v["usec"] for k, v in stats.items() if k not in ("evalsha", "config|resetstat", "info")) / n
-    print("%-40s Redis CPU %5.1f us, EVALSHA %5.1f us (commands it ran %4.1f us) an event" % (label, cpu, script, inner))
+    print("%-40s Redis CPU %5.1f us, EVALSHA %5.1f us (commands it ran %4.1f us) an event" % (label, cost, script, inner))
     return stats
 stats = best("the script, fresh keys", fresh)
 for k, v in sorted(stats.items(), key=lambda x: -x[1]["usec"]):
-    if k not in ("evalsha", "config|resetstat", "info"):
+    if k not in ("evalsha", "config|resetstat", "info") and not RPID:
         print("    %-10s %4.2f an event, %4.2f us each" % (k, v["calls"] / n, v["usec"] / v["calls"]))
 best("the script, every event a replay", fresh, twice=True)
 # A keyspace in service holds dedupe_expected_ids live ids (100 a bucket by default, 200 in
@@ -139,7 +171,7 @@ def fill_buckets(prefix, fill=int(os.environ.get("FILL", "100"))):
     p.execute()
 best("the script, id buckets holding %s ids" % os.environ.get("FILL", "100"), fresh, setup=fill_buckets)
 for label, body in (("an empty script, the same keys and arg", "return 1"),
-                    ("a script that only unpacks the arg", "return #cmsgpack.unpack(ARGV[1])")):
+                    ("a script that only unpacks the arg", "return select('#', cmsgpack.unpack_limit(ARGV[1], 4000, 0))")):
     sha = r.script_load(body).encode()
     best(label, lambda c, prefix, sha=sha: [c[0], sha] + fresh(c, prefix)[2:])
 PY

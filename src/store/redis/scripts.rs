@@ -99,9 +99,9 @@ return out
 ///
 /// KEYS[1] is the event's deduplication bucket (any key of the slot when there is no event),
 /// then the ops' keys in order: one each, and for an APPROX_COUNT_DISTINCT read its window's
-/// `slots` sub-window keys after it. ARGV[1] is one MessagePack array (unpacked in C by
-/// `cmsgpack`: ~60 separate arguments cost Redis more than the updates themselves; each
-/// value unpacked costs ~0.1 µs, so an op carries only what it uses): 1 the event's field
+/// `slots` sub-window keys after it. ARGV[1] is a sequence of MessagePack values, not an
+/// array (unpacked in C by `cmsgpack`: ~60 separate arguments cost Redis more than the
+/// updates themselves; and each value costs, so an op carries only what it uses): 1 the event's field
 /// (its 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until
 /// which the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 the fill
 /// from which the bucket drops its expired ids (`velocity::purge_from`) when this new id is
@@ -144,20 +144,30 @@ return out
 const METRIC_BODY: &str = r"
 -- Globals are looked up through a metatable in Redis 7's scripts: locals halve the work.
 local call, tonumber, floor, KEYS = redis.call, tonumber, math.floor, KEYS
-local A = cmsgpack.unpack(ARGV[1])
-local event, now = A[1], A[3]
+-- The values come as a sequence, not an array: unpacked onto the stack and into a table
+-- made at its size once (an array is built one `lua_settable` at a time, rehashing as it
+-- grows: a third of the unpacking). At most 4,000 at a time (the stack holds ~8,000); an
+-- event with more (hundreds of metrics) comes in parts. A[1] is where the next part starts
+-- (-1: none), so the values start at A[2].
+local A = {cmsgpack.unpack_limit(ARGV[1], 4000, 0)}
+while A[1] >= 0 do
+  local more = {cmsgpack.unpack_limit(ARGV[1], 4000, A[1])}
+  A[1] = more[1]
+  for i = 2, #more do A[#A + 1] = more[i] end
+end
+local event, now = A[2], A[4]
 local dup, fill = 0, 0
-if event ~= '' and call('HSETNX', KEYS[1], event, A[2]) == 0 then
+if event ~= '' and call('HSETNX', KEYS[1], event, A[3]) == 0 then
   if live_code(tonumber(call('HGET', KEYS[1], event)), now) then
     dup = 1
   else
-    call('HSET', KEYS[1], event, A[2])
+    call('HSET', KEYS[1], event, A[3])
   end
-elseif event ~= '' and A[4] > 0 then
+elseif event ~= '' and A[5] > 0 then
   -- The new ids the caller chose (one in PURGE_EVERY, by hash) look at the bucket's length;
-  -- A[4] is how many ids the bucket may hold before its expired ones go.
+  -- A[5] is how many ids the bucket may hold before its expired ones go.
   fill = call('HLEN', KEYS[1])
-  if fill >= A[4] then
+  if fill >= A[5] then
     local all, gone = call('HGETALL', KEYS[1]), {}
     for i = 1, #all, 2 do
       if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
@@ -168,11 +178,11 @@ elseif event ~= '' and A[4] > 0 then
     fill = fill - #gone
   end
 end
--- One hash update in eight (every eighth op of the call from a random start, A[5])
+-- One hash update in eight (every eighth op of the call from a random start, A[6])
 -- also reads the hash's length; one holding more fields than its window needs is trimmed
 -- by its field names. So a hash holds a few sub-windows more than it needs at most, and
 -- the common path reads nothing.
-local seed = A[5]
+local seed = A[6]
 local function trim(k, width, n, trim_hi)
   if call('HLEN', k) > width * n then
     local lo = trim_hi - n + 1
@@ -195,7 +205,7 @@ local function read_window(k, width, lo, hi, out, fields)
   out[at] = n
 end
 local out = {dup, fill}
-local a, ki, i = 6, 2, 0
+local a, ki, i = 7, 2, 0
 while a <= #A do
   local h = A[a]
   local fam, k, cap = h % 8, KEYS[ki], 0

@@ -70,11 +70,6 @@ pub(super) fn looks_at_fill(hash: i64) -> bool {
 mod pack {
     use std::io::Write;
 
-    pub fn array(out: &mut Vec<u8>, len: usize) {
-        let len = u32::try_from(len).expect("a metric call's arguments fit a MessagePack array");
-        rmp::encode::write_array_len(out, len).expect("writing to a Vec");
-    }
-
     pub fn text(out: &mut Vec<u8>, s: &str) {
         rmp::encode::write_str(out, s).expect("writing to a Vec");
     }
@@ -106,41 +101,34 @@ fn family_number(f: MetricFamily) -> i64 {
 }
 
 /// Packs one op's values into the metric script's argument (`scripts::METRIC_BODY`: only
-/// what the op uses, 4–7 values for an update); returns how many.
-pub(super) fn pack_op(blob: &mut Vec<u8>, op: &MetricOp) -> usize {
+/// what the op uses, 4–7 values for an update).
+pub(super) fn pack_op(blob: &mut Vec<u8>, op: &MetricOp) {
     let head = family_number(op.family)
         + if op.update.is_some() { 8 } else { 0 }
         + if op.read { 16 } else { 0 };
     pack::int(blob, head);
-    let mut n = 1;
     if op.family == MetricFamily::Distinct {
         pack::int(blob, op.cap.into());
-        n += 1;
     }
     if let Some((sub, v)) = op.update {
         // AVG keeps sub-window i in the fields 2i (sum) and 2i + 1 (count).
         if op.family == MetricFamily::Avg {
             pack::decimal(blob, 2 * sub);
             pack::decimal(blob, 2 * sub + 1);
-            n += 1;
         } else {
             pack::decimal(blob, sub);
         }
         pack::decimal(blob, v);
         pack::decimal(blob, op.key_expire_at().unwrap_or(0));
-        n += 3;
         if op.family != MetricFamily::Approx {
             pack::int(blob, op.slots);
             pack::int(blob, op.trim_hi);
-            n += 2;
         }
     }
     if op.read {
         pack::int(blob, op.read_hi);
         pack::int(blob, op.slots);
-        n += 2;
     }
-    n
 }
 
 /// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op
@@ -403,26 +391,8 @@ impl RedisStore {
             None => first.clone(),
         };
         let mut keys: Vec<String> = vec![route];
-        // The ops' values first, to know the length of the one MessagePack array the call
-        // takes (see `scripts::METRIC_BODY` for its layout), then the header before them.
-        let mut body = Vec::with_capacity(call.ops.len() * 40);
-        let mut len = 5;
-        for &i in &call.ops {
-            let op = &ops[i];
-            if op.family == MetricFamily::Approx {
-                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
-                keys.push(Layout::metric_sub_key(&op.key, sub));
-                if op.read {
-                    let lo = op.read_hi - op.slots + 1;
-                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
-                }
-            } else {
-                keys.push(op.key.clone());
-            }
-            len += pack_op(&mut body, op);
-        }
-        let mut blob = Vec::with_capacity(48 + body.len());
-        pack::array(&mut blob, len);
+        // A sequence of MessagePack values (see `scripts::METRIC_BODY` for its layout).
+        let mut blob = Vec::with_capacity(48 + call.ops.len() * 40);
         match call.event {
             Some(e) => {
                 let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
@@ -438,7 +408,20 @@ impl RedisStore {
         let looks = call.event.is_some_and(|e| looks_at_fill(e.hash));
         pack::int(&mut blob, if looks { self.id_purge_from.into() } else { 0 });
         pack::int(&mut blob, i64::from(rand::random::<u8>() % 8));
-        blob.extend_from_slice(&body);
+        for &i in &call.ops {
+            let op = &ops[i];
+            if op.family == MetricFamily::Approx {
+                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
+                keys.push(Layout::metric_sub_key(&op.key, sub));
+                if op.read {
+                    let lo = op.read_hi - op.slots + 1;
+                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+                }
+            } else {
+                keys.push(op.key.clone());
+            }
+            pack_op(&mut blob, op);
+        }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(keys.len())

@@ -421,3 +421,48 @@ async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
     let again = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
     assert_eq!(again.layout().velocity(), 1);
 }
+
+/// An event's updates are one script call however many metrics it feeds. The call's argument
+/// is a sequence of values the script unpacks onto Lua's stack, which holds ~8,000: 840
+/// metrics of every family (~5,000 values) make the script unpack it in parts. Every metric
+/// counts the event once, and its replay none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_feeding_hundreds_of_metrics_is_applied_whole_and_once() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let v = velocity(store).await;
+    let exprs = [
+        "COUNT(1h, tx) BY device",
+        "SUM(1d, tx, amount) BY device",
+        "AVG(1d, tx, amount) BY device",
+        "MIN(1h, tx, amount) BY device",
+        "MAX(1h, tx, amount) BY device",
+        "COUNT_DISTINCT(1d, tx, user) BY device",
+        "APPROX_COUNT_DISTINCT(1d, tx, user) BY device",
+    ];
+    let expected = [1.0, 2.5, 2.5, 2.5, 2.5, 1.0, 1.0];
+    let ids: Vec<_> = (0..840).map(|i| mid(&format!("m{i}"))).collect();
+    for (i, id) in ids.iter().enumerate() {
+        v.put_metric(id.clone(), exprs[i % exprs.len()], None)
+            .await
+            .unwrap();
+    }
+    let f = [("device", "d1"), ("user", "u1"), ("amount", "2.5")];
+    let ev = event(Some("e-1"), "tx", now_ms(), &f);
+    let out = v.ingest(std::slice::from_ref(&ev)).await.unwrap();
+    assert_eq!((out.applied, out.duplicates), (840, 0));
+    let again = v.ingest(&[ev]).await.unwrap();
+    assert_eq!((again.applied, again.duplicates), (0, 1), "a replay");
+    // A read names at most 64 metrics.
+    for (c, chunk) in ids.chunks(64).enumerate() {
+        let read = v
+            .features(chunk, &fields(&[("device", "d1")]), None)
+            .await
+            .unwrap();
+        for (j, id) in chunk.iter().enumerate() {
+            let i = c * 64 + j;
+            let got = read.values[id].as_f64();
+            assert_eq!(got, Some(expected[i % 7]), "{id}: {}", exprs[i % 7]);
+        }
+    }
+}
