@@ -178,7 +178,7 @@ PY
 }
 # Every event-id bucket topped up to ~ID_FILL live ids (default: the fill the default
 # dedupe_expected_ids, 10,000,000 ids remembered at once, gives the keyspace's recorded
-# buckets: 100 a bucket), which a keyspace in service holds. The ids the runs send are a few per bucket: without this the
+# buckets: 50 a bucket), which a keyspace in service holds. The ids the runs send are a few per bucket: without this the
 # warm run would check and record each id in a nearly empty listpack, cheaper than in service
 # (an HSETNX scans its bucket). Synthetic ids: 18-digit integers (a listpack integer, as a
 # real 64-bit hash is), remembered for a day.

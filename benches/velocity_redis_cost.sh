@@ -12,7 +12,7 @@
 # per event for: the script on fresh keys (every update opens its sub-window: the sparse
 # entities of the engine's traffic), with each command it ran; the same calls again (every
 # event a replay: the deduplication alone); the script on fresh keys again, each event-id
-# bucket first holding FILL (default 100, what a keyspace in service is sized for) other
+# bucket first holding FILL (default 50, what a keyspace in service is sized for) other
 # live ids; an empty script given the same keys and
 # argument (the cost of a call); a script that only unpacks the argument. The difference
 # between the first and the sum of the others is the script's own Lua.
@@ -157,10 +157,10 @@ for k, v in sorted(stats.items(), key=lambda x: -x[1]["usec"]):
     if k not in ("evalsha", "config|resetstat", "info") and not RPID:
         print("    %-10s %4.2f an event, %4.2f us each" % (k, v["calls"] / n, v["usec"] / v["calls"]))
 best("the script, every event a replay", fresh, twice=True)
-# A keyspace in service holds dedupe_expected_ids live ids (100 a bucket by default, 200 in
-# keyspaces made before 2026-11-28; a bucket drops its expired ones past 1.28x that): the calls above find their id buckets nearly
-# empty. The same calls, each bucket first holding FILL other live ids.
-def fill_buckets(prefix, fill=int(os.environ.get("FILL", "100"))):
+# A keyspace in service holds dedupe_expected_ids live ids (50 a bucket by default; 100 or
+# 200 in keyspaces made earlier; a bucket drops its expired ones past 1.28x that): the calls
+# above find their id buckets nearly empty. The same calls, each bucket first holding FILL other live ids.
+def fill_buckets(prefix, fill=int(os.environ.get("FILL", "50"))):
     rnd = random.Random(prefix)
     p = r.pipeline(transaction=False)
     for i, key in enumerate(sorted({c[3] for c in calls})):
@@ -169,7 +169,7 @@ def fill_buckets(prefix, fill=int(os.environ.get("FILL", "100"))):
         if i % 200 == 199:
             p.execute()
     p.execute()
-best("the script, id buckets holding %s ids" % os.environ.get("FILL", "100"), fresh, setup=fill_buckets)
+best("the script, id buckets holding %s ids" % os.environ.get("FILL", "50"), fresh, setup=fill_buckets)
 for label, body in (("an empty script, the same keys and arg", "return 1"),
                     ("a script that only unpacks the arg", "return select('#', cmsgpack.unpack_limit(ARGV[1], 4000, 0))")):
     sha = r.script_load(body).encode()

@@ -48,16 +48,16 @@
 //!
 //! where `tag` is the smallest decimal number whose cluster slot is `s` (`event_tags`), so
 //! that every slot has buckets of its own. The keyspace records `event_buckets` = `n`
-//! (`ceil(dedupe_expected_ids / 100)`, `EVENT_IDS_PER_BUCKET`; 200 in keyspaces made before
-//! 2026-11-28; fixed when first recorded): each slot has
+//! (`ceil(dedupe_expected_ids / 50)`, `EVENT_IDS_PER_BUCKET`; 100 in keyspaces made on
+//! 2026-11-28, 200 in those made before; fixed when first recorded): each slot has
 //! `ceil(n / 16384)` buckets. The check and the record are in the same atomic script call as
 //! the event's updates. On a single node that is one call per event: bucket `h mod n` (slot
 //! `i mod min(n, 16384)`, `b = i / min(n, 16384)`), whatever keys the event updates. On a
 //! cluster, one call per slot the event's keys live in, each remembering the event in a
 //! bucket of that slot (`b = (h >> 14) mod ceil(n / 16384)`): an event updating metrics of
 //! three entities is remembered three times. A remembered id whose code has passed counts as
-//! absent (the lazy rule); a bucket past 1.28× the live ids it is sized for (128 fields, 256 in
-//! a keyspace sized for 200) drops its expired ones, looked at by one new id in 25;
+//! absent (the lazy rule); a bucket past 1.28× the live ids it is sized for (64 fields; 128 or
+//! 256 in a keyspace sized for 100 or 200) drops its expired ones, looked at by one new id in 25;
 //! `namelist-tools sweep` deletes the expired ids of the buckets nobody writes (one walk of
 //! `<prefix>[be][:{]*`: list buckets and event-id buckets). Definitions live in the hashes
 //! `<prefix>defs:metric` and `<prefix>defs:rule`: field = id, value =
@@ -93,12 +93,13 @@ pub const VELOCITY_LAYOUT: u32 = 2;
 /// Event ids a keyspace's buckets are sized for when nothing is configured.
 pub const DEFAULT_EXPECTED_EVENT_IDS: u64 = 10_000_000;
 
-/// Live event ids a bucket is sized for: half the 200 entries a list bucket holds. An event's
-/// check and record (`HSETNX`) scans its bucket's listpack, so it costs with the fill: ~10 µs
-/// more at 200 ids than in an empty bucket, 3–5 µs more at 100, for ~0.4 B more per id
-/// (docs/performance.md, *Event-id buckets at their designed fill*). Keyspaces made before
-/// keep the count they recorded (200 a bucket).
-pub const EVENT_IDS_PER_BUCKET: u64 = 100;
+/// Live event ids a bucket is sized for. An event's check and record (`HSETNX`) scans its
+/// bucket's listpack, so it costs with the fill: counted under callgrind, an event's Redis
+/// instructions are 152,900 with its bucket nearly empty, 156,400 at 32 ids, 160,600 at 50,
+/// 174,200 at 100; memory per id is ~19.5 B at 50 against ~18.7 B at 100
+/// (docs/performance.md, *Event-id buckets of 50*). Keyspaces made before keep the count
+/// they recorded (100 a bucket from 2026-11-28, 200 before).
+pub const EVENT_IDS_PER_BUCKET: u64 = 50;
 
 impl Layout {
     /// The same keyspace with velocity layout `velocity` (1 or 2) and `event_buckets`
@@ -322,8 +323,8 @@ mod tests {
     #[test]
     fn event_buckets_are_per_slot_and_recognised() {
         let l = Layout::new("nl:", 1, keyed()).with_velocity(2, 100_000);
-        assert_eq!(Layout::event_buckets_for(10_000_000), 100_000);
-        assert_eq!(Layout::event_buckets_for(150), 2);
+        assert_eq!(Layout::event_buckets_for(10_000_000), 200_000);
+        assert_eq!(Layout::event_buckets_for(150), 3);
         assert_eq!(Layout::event_buckets_for(0), 1);
         // Pinned: these are key names in existing keyspaces.
         assert_eq!(event_tags()[..4], [3_560, 22_179, 48_756, 2_977]);

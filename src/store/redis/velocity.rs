@@ -50,9 +50,9 @@ pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Ve
 const PURGE_EVERY: u64 = 25;
 
 /// How many ids a bucket of event ids holds before a looking id drops its expired ones: 1.28×
-/// the live ids it is sized for (`expected_ids` over the keyspace's recorded `buckets`; 256
-/// for the 200 a bucket of keyspaces made before `EVENT_IDS_PER_BUCKET`, which the script
-/// had as a constant), within 16–320. A bucket's fill then moves between its live ids and
+/// the live ids it is sized for (`expected_ids` over the keyspace's recorded `buckets`: 64 at
+/// `EVENT_IDS_PER_BUCKET`; 256 for the 200 a bucket of keyspaces made before 2026-11-28,
+/// which the script had as a constant), within 16–320. A bucket's fill then moves between its live ids and
 /// this, ~1.14× on average, so a check scans what the sizing chose rather than up to 256 ids
 /// whatever it chose; the top stays under `EVENT_BUCKET_WARN`, which is about live ids.
 pub(super) fn purge_from(expected_ids: u64, buckets: u32) -> u32 {
@@ -530,7 +530,13 @@ mod tests {
             256,
             "200 a bucket: as before"
         );
-        assert_eq!(purge_from(10_000_000, 100_000), 128);
+        assert_eq!(
+            purge_from(10_000_000, 100_000),
+            128,
+            "100 a bucket: as before"
+        );
+        let new = Layout::event_buckets_for(10_000_000);
+        assert_eq!(purge_from(10_000_000, new), 64);
         assert_eq!(purge_from(100, 1), 128);
         assert_eq!(purge_from(1, 1), 16);
         assert_eq!(purge_from(100_000_000, 50_000), 320, "under the warning");

@@ -196,10 +196,10 @@ async fn a_flushed_script_cache_is_reloaded() {
     assert_eq!(f.values[&mid("users")], json!(3));
 }
 
-/// A keyspace with one bucket of event ids, sized for 100 (it drops its expired ids past
-/// 128), and a velocity service on it that remembers ids for 2 s.
+/// A keyspace with one bucket of event ids, sized for 50 (it drops its expired ids past 64),
+/// and a velocity service on it that remembers ids for 2 s.
 async fn one_id_bucket(redis: &RedisServer, prefix: &str) -> (Arc<RedisStore>, Arc<Velocity>) {
-    let store = redis_at(redis.url(), Vec::new(), prefix, 100).await;
+    let store = redis_at(redis.url(), Vec::new(), prefix, 50).await;
     assert_eq!(store.layout().event_buckets(), 1);
     let settings = VelocitySettings {
         dedupe_window: Duration::from_secs(2),
@@ -293,7 +293,7 @@ async fn event_ids_are_compact_and_forgotten() {
         (5, 0),
         "a replay after the dedupe window counts again"
     );
-    // Past 128 (1.28 × the 100 it is sized for), the expired ids go (one new id in 25 looks,
+    // Past 64 (1.28 × the 50 it is sized for), the expired ids go (one new id in 25 looks,
     // by its hash).
     v.ingest(&batch(200, 320)).await.unwrap();
     let len: u64 = redis::cmd("HLEN")
@@ -313,7 +313,7 @@ async fn event_ids_are_compact_and_forgotten() {
 }
 
 /// A bucket of event ids drops its expired ids once it holds 1.28× the ids it is sized for
-/// (128 for a bucket sized for 100), and not before: one new id in 25 (by its hash) looks.
+/// (64 for a bucket sized for 50), and not before: one new id in 25 (by its hash) looks.
 /// The ids are chosen by their keyed hash, so which of them look is known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_bucket_drops_its_expired_ids_past_its_sizing() {
@@ -337,26 +337,26 @@ async fn an_id_bucket_drops_its_expired_ids_past_its_sizing() {
     let key = store.layout().event_bucket_key(0, None);
     let mut len = || -> u64 { redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap() };
 
-    let first = v.ingest(&ids(100, false)).await.unwrap();
-    assert_eq!(first.applied, 100);
+    let first = v.ingest(&ids(50, false)).await.unwrap();
+    assert_eq!(first.applied, 50);
     tokio::time::sleep(Duration::from_millis(3_100)).await;
-    // 121 ids, 100 of them expired: a looking id finds the bucket under 128 and keeps them.
-    v.ingest(&ids(20, false)).await.unwrap();
+    // 62 ids, 50 of them expired: a looking id finds the bucket under 64 and keeps them.
+    v.ingest(&ids(11, false)).await.unwrap();
     v.ingest(&ids(1, true)).await.unwrap();
     assert_eq!(
         len(),
-        121,
+        62,
         "under its threshold a bucket keeps its expired ids"
     );
-    // 132: the next looking id drops the 100 expired ones, and only them.
-    v.ingest(&ids(10, false)).await.unwrap();
+    // 72: the next looking id drops the 50 expired ones, and only them.
+    v.ingest(&ids(9, false)).await.unwrap();
     v.ingest(&ids(1, true)).await.unwrap();
-    assert_eq!(len(), 32, "past 128 the expired ids go");
+    assert_eq!(len(), 22, "past 64 the expired ids go");
     let f = v
         .features(&[mid("n")], &fields(&[("user", "u")]), None)
         .await
         .unwrap();
-    assert_eq!(f.values[&mid("n")], json!(132));
+    assert_eq!(f.values[&mid("n")], json!(72));
 }
 
 /// A keyspace made before velocity layout 2 (its meta hash has neither `velocity` nor
