@@ -11,6 +11,8 @@
 //! * the seeds' examples and the "logins in the last hour > 3" rule through `/v1/evaluate`;
 //! * two instances on one Redis (definitions propagate by pub/sub within 100 ms);
 //! * a killed Redis: events refused with 503, evaluate degraded (open) or 503 (closed);
+//! * a primary's failover on a cluster with `write_replicas = 1`: every event, sent to two
+//!   instances at once and retried after a 503, counted exactly once (`failover`);
 //! * a COUNT_DISTINCT at its member cap says so (`capped`);
 //! * ingestion across store timeouts: an event refused with 503 is applied by its retry, and
 //!   never twice (the last of these drives the library over a store whose answers come
@@ -21,12 +23,14 @@
 //! their docs) and guard their fixes.
 //!
 //! The tests are in `definitions`, `events`, `features` (the distinct cap included),
-//! `evaluate` (the seeds' examples), `instances` and `store_failures` (a killed Redis, store
-//! timeouts); this module holds the helpers they share.
+//! `evaluate` (the seeds' examples), `instances`, `store_failures` (a killed Redis, store
+//! timeouts) and `failover` (a cluster's primary killed under events); this module holds the
+//! helpers they share.
 
 mod definitions;
 mod evaluate;
 mod events;
+mod failover;
 mod features;
 mod instances;
 mod store_failures;
