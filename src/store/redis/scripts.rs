@@ -146,12 +146,12 @@ const METRIC_BODY: &str = r"
 local call, tonumber, floor, KEYS = redis.call, tonumber, math.floor, KEYS
 -- The values come as a sequence, not an array: unpacked onto the stack and into a table
 -- made at its size once (an array is built one `lua_settable` at a time, rehashing as it
--- grows: a third of the unpacking). At most 4,000 at a time (the stack holds ~8,000); an
--- event with more (hundreds of metrics) comes in parts. A[1] is where the next part starts
+-- grows: a third of the unpacking). At most 1,000 at a time (the stack holds ~8,000): an
+-- event with more (over ~150 metrics) comes in parts. A[1] is where the next part starts
 -- (-1: none), so the values start at A[2].
-local A = {cmsgpack.unpack_limit(ARGV[1], 4000, 0)}
+local A = {cmsgpack.unpack_limit(ARGV[1], 1000, 0)}
 while A[1] >= 0 do
-  local more = {cmsgpack.unpack_limit(ARGV[1], 4000, A[1])}
+  local more = {cmsgpack.unpack_limit(ARGV[1], 1000, A[1])}
   A[1] = more[1]
   for i = 2, #more do A[#A + 1] = more[i] end
 end
