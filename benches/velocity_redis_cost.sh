@@ -171,7 +171,7 @@ def fill_buckets(prefix, fill=int(os.environ.get("FILL", "50"))):
     p.execute()
 best("the script, id buckets holding %s ids" % os.environ.get("FILL", "50"), fresh, setup=fill_buckets)
 for label, body in (("an empty script, the same keys and arg", "return 1"),
-                    ("a script that only unpacks the arg", "return select('#', cmsgpack.unpack_limit(ARGV[1], 4000, 0))")):
+                    ("a script that only unpacks the arg", "return select('#', cmsgpack.unpack_limit(ARGV[1], 1000, 0))")):
     sha = r.script_load(body).encode()
     best(label, lambda c, prefix, sha=sha: [c[0], sha] + fresh(c, prefix)[2:])
 PY
