@@ -101,7 +101,8 @@ return out
 /// then the ops' keys in order: one each, and for an APPROX_COUNT_DISTINCT read its window's
 /// `slots` sub-window keys after it. ARGV[1] is a sequence of MessagePack values, not an
 /// array (unpacked in C by `cmsgpack`: ~60 separate arguments cost Redis more than the
-/// updates themselves; and each value costs, so an op carries only what it uses): 1 the event's field
+/// updates themselves, and each value costs, so an op carries only what it uses; in the
+/// script value i is `A[i + 1]`, `A[1]` being the unpacker's offset): 1 the event's field
 /// (its 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until
 /// which the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 the fill
 /// from which the bucket drops its expired ids (`velocity::purge_from`) when this new id is
