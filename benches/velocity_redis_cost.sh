@@ -160,7 +160,8 @@ best("the script, every event a replay", fresh, twice=True)
 # A keyspace in service holds dedupe_expected_ids live ids (50 a bucket by default; 100 or
 # 200 in keyspaces made earlier; a bucket drops its expired ones past 1.28x that): the calls
 # above find their id buckets nearly empty. The same calls, each bucket first holding FILL other live ids.
-def fill_buckets(prefix, fill=int(os.environ.get("FILL", "50"))):
+FILL = int(os.environ.get("FILL", "50"))
+def fill_buckets(prefix, fill=FILL):
     rnd = random.Random(prefix)
     p = r.pipeline(transaction=False)
     for i, key in enumerate(sorted({c[3] for c in calls})):
@@ -169,7 +170,7 @@ def fill_buckets(prefix, fill=int(os.environ.get("FILL", "50"))):
         if i % 200 == 199:
             p.execute()
     p.execute()
-best("the script, id buckets holding %s ids" % os.environ.get("FILL", "50"), fresh, setup=fill_buckets)
+best("the script, id buckets holding %d ids" % FILL, fresh, setup=fill_buckets)
 for label, body in (("an empty script, the same keys and arg", "return 1"),
                     ("a script that only unpacks the arg", "return select('#', cmsgpack.unpack_limit(ARGV[1], 1000, 0))")):
     sha = r.script_load(body).encode()

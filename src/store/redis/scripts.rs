@@ -218,42 +218,44 @@ while a <= #A do
     local v, at, slots, trim_hi = A[a + 1], A[a + 2], 0, 0
     a = a + 3
     if fam ~= 6 then slots, trim_hi, a = A[a], A[a + 1], a + 2 end
-    -- A new field is a new sub-window: the only update that may move the key's expiry.
-    if dup == 1 then
-    elseif fam == 1 then
-      if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
-    elseif fam == 2 then
-      call('HINCRBY', k, sub, v)
-      if call('HINCRBY', k, sub2, 1) == 1 then call('PEXPIREAT', k, at) end
-    elseif fam == 3 or fam == 4 then
-      local cur = call('HGET', k, sub)
-      local x = tonumber(v)
-      if not cur then
-        call('HSET', k, sub, v)
-        call('PEXPIREAT', k, at)
-      elseif (fam == 3 and x < tonumber(cur)) or (fam == 4 and x > tonumber(cur)) then
-        call('HSET', k, sub, v)
-      end
-    elseif fam == 5 then
-      if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
-        call('PEXPIREAT', k, at)
-        local card = call('ZCARD', k)
-        -- Members that left the window go when the set reaches its cap, before any
-        -- member of the window would.
-        if card >= cap then
-          call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - slots + 1))
-          card = call('ZCARD', k)
-          if card > cap then call('ZPOPMIN', k, card - cap) end
+    -- A replay's values are read past, and nothing is applied.
+    if dup == 0 then
+      -- A new field is a new sub-window: the only update that may move the key's expiry.
+      if fam == 1 then
+        if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
+      elseif fam == 2 then
+        call('HINCRBY', k, sub, v)
+        if call('HINCRBY', k, sub2, 1) == 1 then call('PEXPIREAT', k, at) end
+      elseif fam == 3 or fam == 4 then
+        local cur = call('HGET', k, sub)
+        local x = tonumber(v)
+        if not cur then
+          call('HSET', k, sub, v)
+          call('PEXPIREAT', k, at)
+        elseif (fam == 3 and x < tonumber(cur)) or (fam == 4 and x > tonumber(cur)) then
+          call('HSET', k, sub, v)
         end
+      elseif fam == 5 then
+        if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
+          call('PEXPIREAT', k, at)
+          local card = call('ZCARD', k)
+          -- Members that left the window go when the set reaches its cap, before any
+          -- member of the window would.
+          if card >= cap then
+            call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - slots + 1))
+            card = call('ZCARD', k)
+            if card > cap then call('ZPOPMIN', k, card - cap) end
+          end
+        end
+      elseif call('PFADD', k, v) == 1 then
+        -- One HyperLogLog per sub-window: its expiry is that sub-window's.
+        call('PEXPIREAT', k, at)
       end
-    elseif call('PFADD', k, v) == 1 then
-      -- One HyperLogLog per sub-window: its expiry is that sub-window's.
-      call('PEXPIREAT', k, at)
-    end
-    if dup == 0 and (seed + i) % 8 == 0 and fam < 5 then
-      local width = 1
-      if fam == 2 then width = 2 end
-      trim(k, width, slots, trim_hi)
+      if (seed + i) % 8 == 0 and fam < 5 then
+        local width = 1
+        if fam == 2 then width = 2 end
+        trim(k, width, slots, trim_hi)
+      end
     end
   end
   if h < 16 then

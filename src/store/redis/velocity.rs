@@ -52,8 +52,8 @@ const PURGE_EVERY: u64 = 25;
 /// How many ids a bucket of event ids holds before a looking id drops its expired ones: 1.28×
 /// the live ids it is sized for (`expected_ids` over the keyspace's recorded `buckets`: 64 at
 /// `EVENT_IDS_PER_BUCKET`; 256 for the 200 a bucket of keyspaces made before 2026-11-28,
-/// which the script had as a constant), within 16–320. A bucket's fill then moves between its live ids and
-/// this, ~1.14× on average, so a check scans what the sizing chose rather than up to 256 ids
+/// which the script had as a constant), within 16–320. A bucket's fill then moves between
+/// its live ids and this, ~1.14× on average, so a check scans what the sizing chose rather than up to 256 ids
 /// whatever it chose; the top stays under `EVENT_BUCKET_WARN`, which is about live ids.
 pub(super) fn purge_from(expected_ids: u64, buckets: u32) -> u32 {
     let live = expected_ids as f64 / f64::from(buckets.max(1));
@@ -102,7 +102,7 @@ fn family_number(f: MetricFamily) -> i64 {
 
 /// Packs one op's values into the metric script's argument (`scripts::METRIC_BODY`: only
 /// what the op uses, 4–7 values for an update).
-pub(super) fn pack_op(blob: &mut Vec<u8>, op: &MetricOp) {
+fn pack_op(blob: &mut Vec<u8>, op: &MetricOp) {
     let head = family_number(op.family)
         + if op.update.is_some() { 8 } else { 0 }
         + if op.read { 16 } else { 0 };
