@@ -289,12 +289,30 @@ impl RedisServer {
             .expect("CLIENT LIST")
     }
 
-    /// SIGKILL: the server vanishes mid-conversation, as in a crash.
     /// `DBSIZE`: keys in the server.
     pub fn dbsize(&self) -> u64 {
         redis::cmd("DBSIZE").query(&mut self.conn()).unwrap()
     }
 
+    /// One figure (`calls`, `usec`, `failed_calls`, ...) of one command (a subcommand as
+    /// `xinfo|stream`) in `INFO commandstats`, the commands scripts ran included; 0 if it
+    /// never ran.
+    pub fn command_stat(&self, command: &str, figure: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .expect("INFO commandstats");
+        let line = format!("cmdstat_{command}:");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|rest| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(figure)?.strip_prefix('=')?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// SIGKILL: the server vanishes mid-conversation, as in a crash.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

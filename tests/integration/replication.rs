@@ -386,18 +386,9 @@ async fn too_few_replicas_refuse_every_write_at_once_until_one_joins() {
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["values"]["logins_1h"], 1, "{body}");
     assert!(
-        client_info_calls(&mut primary.conn()) > 0,
+        primary.command_stat("client|info", "calls") > 0,
         "writes that wait for a replica name their connection"
     );
-}
-
-/// How many `CLIENT INFO`s the server has answered.
-fn client_info_calls(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_client|info:calls="))
-        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,7 +433,7 @@ async fn writes_that_wait_for_no_replica_do_not_name_their_connection() {
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["values"]["logins_1h"], 1, "{body}");
     assert_eq!(
-        client_info_calls(&mut redis.conn()),
+        redis.command_stat("client|info", "calls"),
         0,
         "no write asked Redis to name its connection"
     );
