@@ -664,6 +664,7 @@ async fn run(redis: &RedisServer) -> Res<Value> {
             fail_mode: FailMode::Closed,
             distinct_cap: settings.distinct_cap,
             dedupe_window: std::time::Duration::from_secs(86_400),
+            limits: namelist::velocity::DefinitionLimits::default(),
         },
         Arc::new(Metrics::new()),
     )

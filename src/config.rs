@@ -105,9 +105,15 @@ pub struct Settings {
     /// its metrics (`ts` + the longest window). A replay older than this is counted again.
     pub dedupe_window_secs: u64,
     /// Event ids remembered at once (`dedupe_window_secs` × events with ids per second) the
-    /// buckets of ids are sized for (`ceil(n / 200)`), fixed when a keyspace first records
+    /// buckets of ids are sized for (`ceil(n / 50)`), fixed when a keyspace first records
     /// them (Redis; the embedded store needs no sizing).
     pub dedupe_expected_ids: u64,
+    /// Most metrics, and most rules, that may be defined: each costs every instance a parse
+    /// whenever any definition changes (`velocity::DefinitionLimits`).
+    pub max_definitions: usize,
+    /// Most metrics one event type may feed: each is one more update in every event of that
+    /// type, all of them in one script call.
+    pub max_metrics_per_event: usize,
     /// Writes are acknowledged only once this many replicas have them (`WAIT`), so an
     /// acknowledged write survives a failover. 0: once the primary has them.
     pub write_replicas: u32,
@@ -186,6 +192,8 @@ impl Default for Settings {
             distinct_cap: 10_000,
             dedupe_window_secs: 86_400,
             dedupe_expected_ids: crate::store::layout::DEFAULT_EXPECTED_EVENT_IDS,
+            max_definitions: crate::velocity::DefinitionLimits::default().definitions,
+            max_metrics_per_event: crate::velocity::DefinitionLimits::default().metrics_per_event,
             write_replicas: 0,
             write_connections: crate::store::redis::DEFAULT_WRITE_CONNECTIONS,
             tokens_file: None,
@@ -265,6 +273,8 @@ const KEYS: &[&str] = &[
     "distinct_cap",
     "dedupe_window_secs",
     "dedupe_expected_ids",
+    "max_definitions",
+    "max_metrics_per_event",
     "write_replicas",
     "write_connections",
     "tokens_file",
@@ -366,6 +376,9 @@ impl Settings {
         if self.dedupe_window_secs == 0 || self.dedupe_expected_ids == 0 {
             return bad("dedupe_window_secs and dedupe_expected_ids must be at least 1".into());
         }
+        if self.max_definitions == 0 || self.max_metrics_per_event == 0 {
+            return bad("max_definitions and max_metrics_per_event must be at least 1".into());
+        }
         if !(1..=MAX_WRITE_CONNECTIONS).contains(&self.write_connections) {
             return bad(format!(
                 "write_connections must be 1 to {MAX_WRITE_CONNECTIONS}"
@@ -403,6 +416,10 @@ impl Settings {
             fail_mode: self.fail_mode,
             distinct_cap: self.distinct_cap.max(1),
             dedupe_window: Duration::from_secs(self.dedupe_window_secs),
+            limits: crate::velocity::DefinitionLimits {
+                metrics_per_event: self.max_metrics_per_event,
+                definitions: self.max_definitions,
+            },
         }
     }
 

@@ -205,6 +205,7 @@ mod tests {
             ApiError::Missing(v(ErrorCode::UnknownMetric)),
             ApiError::Missing(v(ErrorCode::UnknownRule)),
             ApiError::Conflict(v(ErrorCode::MetricInUse)),
+            ApiError::Conflict(v(ErrorCode::TooManyDefinitions)),
             ApiError::MethodNotAllowed,
             ApiError::Unauthorized("x".into()),
             ApiError::Forbidden("x".into()),

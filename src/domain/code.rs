@@ -104,6 +104,9 @@ error_codes! {
     TooManyEvents = "too_many_events", [400];
     /// DELETE of a metric a rule reads.
     MetricInUse = "metric_in_use", [409];
+    /// PUT of a new metric or rule past `max_definitions`, or of a metric past
+    /// `max_metrics_per_event` on its event type: nothing is stored.
+    TooManyDefinitions = "too_many_definitions", [409];
     /// No valid `Authorization: Bearer` while tokens are configured.
     Unauthorized = "unauthorized", [401];
     /// The token lacks the permission the route needs (`POST /v1/evaluate` with an `event`

@@ -51,7 +51,7 @@ fn path_id<I: TryFrom<String, Error = ValidationError>>(
 ///
 /// ```text
 /// "noun", "plural": Id, Def, ListDoc, "/v1/plural", "/v1/plural/{id}";
-/// put_handler(Body, "its 200", "its 400") = |v, id, body| the service's put of them;
+/// put_handler(Body, "its 200", "its 400", "its 409") = |v, id, body| the service's put of them;
 /// get_handler("its 200") = the service's read;
 /// list_handler("its 200") = the service's list;
 /// delete_handler(a response beside 200, 400 and 404, if any) = the service's delete;
@@ -61,7 +61,7 @@ fn path_id<I: TryFrom<String, Error = ValidationError>>(
 macro_rules! definitions {
     (
         $noun:literal, $nouns:literal: $Id:ident, $Def:ident, $Doc:ident, $all:literal, $one:literal;
-        $put:ident($Body:ident, $put_ok:literal, $put_bad:literal) = |$v:ident, $id:ident, $body:ident| $put_call:expr;
+        $put:ident($Body:ident, $put_ok:literal, $put_bad:literal, $put_full:literal) = |$v:ident, $id:ident, $body:ident| $put_call:expr;
         $get:ident($get_ok:literal) = $read:ident;
         $list:ident($list_ok:literal) = $read_all:ident;
         $delete:ident($($in_use:tt)?) = $remove:ident;
@@ -75,6 +75,7 @@ macro_rules! definitions {
             responses(
                 (status = 200, description = $put_ok, body = $Def),
                 (status = 400, description = $put_bad, body = ErrorBody),
+                (status = 409, description = $put_full, body = ErrorBody),
             )
         )]
         #[doc = concat!("`PUT ", $one, "`")]
@@ -152,7 +153,7 @@ macro_rules! definitions {
 
 definitions! {
     "metric", "metrics": MetricId, MetricDef, MetricsDoc, "/v1/metrics", "/v1/metrics/{id}";
-    put_metric(MetricBody, "The definition (a changed one gets a new version)", "A bad id, expression (the message gives the column) or resolution") = |v, id, body| v.put_metric(id, &body.expr, body.resolution.as_deref());
+    put_metric(MetricBody, "The definition (a changed one gets a new version)", "A bad id, expression (the message gives the column) or resolution", "A new metric past `max_definitions`, or past `max_metrics_per_event` on its event type (`too_many_definitions`)") = |v, id, body| v.put_metric(id, &body.expr, body.resolution.as_deref());
     get_metric("The definition") = metric;
     list_metrics("Every definition") = list_metrics;
     delete_metric((status = 409, description = "A rule reads it (`metric_in_use`)", body = ErrorBody)) = delete_metric;
@@ -160,7 +161,7 @@ definitions! {
 
 definitions! {
     "rule", "rules": RuleId, RuleDef, RulesDoc, "/v1/rules", "/v1/rules/{id}";
-    put_rule(RuleBody, "The rule", "A bad id or expression, or a metric that is not defined") = |v, id, body| v.put_rule(id, &body.expr);
+    put_rule(RuleBody, "The rule", "A bad id or expression, or a metric that is not defined", "A new rule past `max_definitions` (`too_many_definitions`)") = |v, id, body| v.put_rule(id, &body.expr);
     get_rule("The rule") = rule;
     list_rules("Every rule") = list_rules;
     delete_rule() = delete_rule;

@@ -26,6 +26,6 @@ fn assert_points_at<T: std::fmt::Debug>(
 }
 
 pub use service::{
-    EventInput, Features, FieldValue, Fields, IngestOutcome, Velocity, VelocityError,
-    VelocitySettings,
+    DefinitionLimits, EventInput, Features, FieldValue, Fields, IngestOutcome, Velocity,
+    VelocityError, VelocitySettings,
 };

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde_json::Value as Json;
 use tokio::task::JoinHandle;
 
@@ -90,6 +90,34 @@ pub struct VelocitySettings {
     pub distinct_cap: u32,
     /// Longest an event id is remembered (see `EventMark::keep_until_ms`).
     pub dedupe_window: Duration,
+    /// How many definitions this instance lets be made.
+    pub limits: DefinitionLimits,
+}
+
+/// How many definitions may be made (`too_many_definitions` past them). Every definition
+/// costs each instance a parse at each reload (every definition change anywhere reloads
+/// them all: ~5 µs a definition), and every metric on an event type is one more update in
+/// each event of that type, all in one script call (~8 µs of Redis each): without a bound,
+/// one admin client could make every reload, and every event, as slow as it liked.
+///
+/// Checked against this instance's definitions as last reloaded (every change anywhere
+/// reloads them), so definitions made at the same moment on several instances may pass a
+/// limit by as many as are made at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefinitionLimits {
+    /// Most metrics one event type feeds (`max_metrics_per_event`).
+    pub metrics_per_event: usize,
+    /// Most metrics, and most rules, defined (`max_definitions`).
+    pub definitions: usize,
+}
+
+impl Default for DefinitionLimits {
+    fn default() -> Self {
+        Self {
+            metrics_per_event: 256,
+            definitions: 4_096,
+        }
+    }
 }
 
 /// Why a velocity operation failed.
@@ -182,9 +210,10 @@ pub struct Velocity {
     /// Where definition changes made by any instance are heard.
     bus: Instrumented<dyn InvalidationBus>,
     defs: RwLock<Arc<Definitions>>,
-    /// Reloads are numbered as they start; a slower, older one never overwrites a newer one.
+    /// Reloads asked for, numbered as asked (`reload`).
     reloads: std::sync::atomic::AtomicU64,
-    applied_reload: std::sync::Mutex<u64>,
+    /// Held while one load runs (one at a time); the last number a load started after.
+    loaded: tokio::sync::Mutex<u64>,
     settings: VelocitySettings,
     metrics: Arc<Metrics>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
@@ -260,6 +289,19 @@ async fn load(
     Ok(d)
 }
 
+/// Takes the messages `stream` already holds (at most 10,000: a flood that never pauses
+/// still gets its reload); true if it ended.
+fn drain_ready<S: futures::Stream + Unpin>(stream: &mut S) -> bool {
+    for _ in 0..10_000 {
+        match stream.next().now_or_never() {
+            Some(Some(_)) => {}
+            Some(None) => return true,
+            None => return false,
+        }
+    }
+    false
+}
+
 impl Velocity {
     /// Loads the definitions and starts listening for changes. Must run inside a Tokio
     /// runtime. The three stores are, outside tests, one backend seen through each trait.
@@ -280,7 +322,7 @@ impl Velocity {
             bus,
             defs: RwLock::new(Arc::new(defs)),
             reloads: std::sync::atomic::AtomicU64::new(0),
-            applied_reload: std::sync::Mutex::new(0),
+            loaded: tokio::sync::Mutex::new(0),
             settings,
             metrics,
             tasks: std::sync::Mutex::new(Vec::new()),
@@ -304,7 +346,14 @@ impl Velocity {
                             tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
                         let Some(this) = weak.upgrade() else { return };
                         match next {
-                            Ok(Some(Invalidation::Definitions)) | Err(_) => this.reload().await,
+                            Ok(Some(Invalidation::Definitions)) | Err(_) => {
+                                // What came while the last load ran is served by this one.
+                                let ended = drain_ready(&mut stream);
+                                this.reload().await;
+                                if ended {
+                                    break;
+                                }
+                            }
                             Ok(Some(_)) => {}
                             Ok(None) => break,
                         }

@@ -11,23 +11,27 @@ use crate::velocity::model::{MetricDef, MetricSpec, RuleDef};
 use crate::velocity::rules;
 
 impl Velocity {
-    /// Reloads the definitions from the store (kept as they were if it fails).
+    /// Reloads the definitions from the store (kept as they were if it fails), or waits for a
+    /// load that started after this call: one load at a time, and every caller that asked
+    /// while it ran shares the next. So a burst of changes (one admin's PUTs, or the messages
+    /// of another instance's) costs two loads, not one each, and a slower, older load never
+    /// overwrites a newer one. A failed load counts as done for those who shared it (they
+    /// would have failed too).
     pub async fn reload(&self) {
-        let this = self
-            .reloads
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
+        use std::sync::atomic::Ordering::SeqCst;
+        let asked = self.reloads.fetch_add(1, SeqCst) + 1;
+        let mut loaded = self.loaded.lock().await;
+        if *loaded >= asked {
+            return;
+        }
+        // Every number given so far was given before this load starts reading.
+        let upto = self.reloads.load(SeqCst);
         let deadline = Deadline::after(self.settings.write_deadline);
         match load(&self.definitions, deadline).await {
-            Ok(d) => {
-                let mut applied = self.applied_reload.lock().expect("reload lock");
-                if this > *applied {
-                    *applied = this;
-                    *self.defs.write().expect("definitions lock") = Arc::new(d);
-                }
-            }
+            Ok(d) => *self.defs.write().expect("definitions lock") = Arc::new(d),
             Err(e) => tracing::warn!(error = %e, "reloading definitions failed"),
         }
+        *loaded = upto;
     }
 
     // ---- definitions ----
@@ -72,6 +76,7 @@ impl Velocity {
         resolution: Option<&str>,
     ) -> Result<MetricDef, VelocityError> {
         let spec = MetricSpec::parse(expr, resolution)?;
+        self.room_for_metric(&id, &spec)?;
         let body = serde_json::to_string(&spec).expect("a spec serialises");
         let version = self
             .store_definition(NewDefinition {
@@ -83,6 +88,32 @@ impl Velocity {
             .await?;
         tracing::info!(metric = %id, version, "metric defined");
         Ok(MetricDef { id, version, spec })
+    }
+
+    /// Refuses a new metric past `max_definitions`, and one that would be its event type's
+    /// metric past `max_metrics_per_event` (see `DefinitionLimits`). A change of an existing
+    /// metric that keeps its event type is always allowed.
+    fn room_for_metric(&self, id: &MetricId, spec: &MetricSpec) -> Result<(), VelocityError> {
+        let defs = self.defs();
+        let limits = self.settings.limits;
+        let known = defs.metrics.get(id);
+        if known.is_none() && defs.metrics.len() >= limits.definitions {
+            return Err(full(format!(
+                "{} metrics are defined, at most {} (`max_definitions`): delete one first",
+                defs.metrics.len(),
+                limits.definitions
+            )));
+        }
+        let feeding = defs.by_event.get(&spec.event).map_or(0, Vec::len);
+        let joins = known.is_none_or(|d| d.spec.event != spec.event);
+        if joins && feeding >= limits.metrics_per_event {
+            return Err(full(format!(
+                "event type {} already feeds {feeding} metrics, at most {} \
+                 (`max_metrics_per_event`): delete one first",
+                spec.event, limits.metrics_per_event
+            )));
+        }
+        Ok(())
     }
 
     pub fn metric(&self, id: &MetricId) -> Result<MetricDef, VelocityError> {
@@ -142,6 +173,13 @@ impl Velocity {
             )
             .into());
         }
+        let most = self.settings.limits.definitions;
+        if !defs.rules.contains_key(&id) && defs.rules.len() >= most {
+            return Err(full(format!(
+                "{} rules are defined, at most {most} (`max_definitions`): delete one first",
+                defs.rules.len()
+            )));
+        }
         let expr = expr.trim().to_owned();
         let body = serde_json::json!({ "expr": expr }).to_string();
         let version = self
@@ -176,6 +214,11 @@ impl Velocity {
         self.drop_definition(DefinitionKind::Rule, id.as_str(), || unknown_rule(id))
             .await
     }
+}
+
+/// A definition past a limit (`DefinitionLimits`): a 409, nothing stored.
+fn full(message: String) -> VelocityError {
+    VelocityError::Conflict(ValidationError::new(ErrorCode::TooManyDefinitions, message))
 }
 
 fn unknown_metric(id: &MetricId) -> VelocityError {

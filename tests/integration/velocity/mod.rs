@@ -50,6 +50,7 @@ fn settings() -> VelocitySettings {
         fail_mode: FailMode::Open,
         distinct_cap: 10_000,
         dedupe_window: std::time::Duration::from_secs(86_400),
+        limits: namelist::velocity::DefinitionLimits::default(),
     }
 }
 

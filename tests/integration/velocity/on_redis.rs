@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, unique_prefix};
-use namelist::domain::now_ms;
+use namelist::domain::{ErrorCode, now_ms};
 use namelist::store::StoreBase;
 use namelist::store::redis::RedisStore;
 use namelist::velocity::model::MetricDef;
-use namelist::velocity::{EventInput, Velocity, VelocitySettings};
+use namelist::velocity::{EventInput, Velocity, VelocityError, VelocitySettings};
 use serde_json::json;
 
 use super::{HOUR, event, fields, mid, redis_at, redis_store, settings, velocity, velocity_with};
@@ -424,8 +424,9 @@ async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
 
 /// An event's updates are one script call however many metrics it feeds. The call's argument
 /// is a sequence of values the script unpacks onto Lua's stack (which holds ~8,000) 1,000 at
-/// a time: 350 metrics of every family (~2,100 values) make three parts. Every metric counts
-/// the event once, and its replay none.
+/// a time: the most metrics an event type may feed by default (256, of every family: ~1,540
+/// values) make two parts. Every metric counts the event once, and its replay none; one
+/// metric more on that event type is refused and stored nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_feeding_hundreds_of_metrics_is_applied_whole_and_once() {
     let redis = RedisServer::start();
@@ -441,16 +442,24 @@ async fn an_event_feeding_hundreds_of_metrics_is_applied_whole_and_once() {
         "APPROX_COUNT_DISTINCT(1d, tx, user) BY device",
     ];
     let expected = [1.0, 2.5, 2.5, 2.5, 2.5, 1.0, 1.0];
-    let ids: Vec<_> = (0..350).map(|i| mid(&format!("m{i}"))).collect();
+    let most = namelist::velocity::DefinitionLimits::default().metrics_per_event;
+    assert_eq!(most, 256);
+    let ids: Vec<_> = (0..most).map(|i| mid(&format!("m{i}"))).collect();
     for (i, id) in ids.iter().enumerate() {
         v.put_metric(id.clone(), exprs[i % exprs.len()], None)
             .await
             .unwrap();
     }
+    let over = v.put_metric(mid("one_more"), exprs[0], None).await;
+    let Err(VelocityError::Conflict(e)) = over else {
+        panic!("a metric past the event type's limit: {over:?}")
+    };
+    assert_eq!(e.code, ErrorCode::TooManyDefinitions, "{e}");
+    assert!(v.metric(&mid("one_more")).is_err(), "nothing stored");
     let f = [("device", "d1"), ("user", "u1"), ("amount", "2.5")];
     let ev = event(Some("e-1"), "tx", now_ms(), &f);
     let out = v.ingest(std::slice::from_ref(&ev)).await.unwrap();
-    assert_eq!((out.applied, out.duplicates), (350, 0));
+    assert_eq!((out.applied, out.duplicates), (most as u64, 0));
     let again = v.ingest(&[ev]).await.unwrap();
     assert_eq!((again.applied, again.duplicates), (0, 1), "a replay");
     // A read names at most 64 metrics.
@@ -465,4 +474,35 @@ async fn an_event_feeding_hundreds_of_metrics_is_applied_whole_and_once() {
             assert_eq!(got, Some(expected[i % 7]), "{id}: {}", exprs[i % 7]);
         }
     }
+}
+
+/// A burst of definitions costs a few loads of them all, not one each: one load at a time,
+/// every reload asked for while it runs shared by the next (`Velocity::reload`), and the
+/// change messages heard meanwhile taken together. Each load reads both kinds (2 `HGETALL`);
+/// 64 definitions put at once, each reloading after its write and each heard back as a
+/// message, made 128 loads before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_definitions_shares_its_reloads() {
+    let redis = RedisServer::start();
+    let v = velocity(redis_store(&redis).await).await;
+    v.put_metric(mid("first"), "COUNT(1h, tx) BY device", None)
+        .await
+        .unwrap();
+    // The first put's message may still be on its way; let it land before counting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = redis.command_stat("hgetall", "calls");
+    let puts = (0..64).map(|i| {
+        let v = v.clone();
+        async move {
+            let expr = format!("COUNT({}h, tx) BY device", 1 + i % 24);
+            v.put_metric(mid(&format!("m{i}")), &expr, None).await
+        }
+    });
+    for put in futures::future::join_all(puts).await {
+        put.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let loads = (redis.command_stat("hgetall", "calls") - before) / 2;
+    assert!(loads <= 16, "{loads} loads for 64 definitions");
+    assert_eq!(v.list_metrics().len(), 65, "every definition loaded");
 }

@@ -550,3 +550,76 @@ async fn bad_definitions_are_400_with_a_column_and_change_nothing() {
     expect_error(app.get("/v1/metrics/m_new").await, 404, "unknown_metric").await;
     expect_error(app.get("/v1/rules/r").await, 404, "unknown_rule").await;
 }
+
+/// Definitions are bounded (`max_definitions`, `max_metrics_per_event`): one past a limit is
+/// a 409 `too_many_definitions` that stores nothing; changing a definition that exists, or
+/// defining one after another is deleted, is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_past_their_limits_are_refused_and_stored_nowhere() {
+    let redis = RedisServer::start();
+    let mut settings = super::relaxed(common::redis_settings(&redis));
+    settings.max_definitions = 3;
+    settings.max_metrics_per_event = 2;
+    let app = common::spawn_app(settings).await;
+    let refused = |id: &'static str, expr: &'static str, what: &'static str| {
+        let app = &app;
+        async move {
+            let path = format!("/v1/metrics/{id}");
+            let res = put_json(app, &path, &json!({ "expr": expr })).await;
+            let msg = expect_error(res, 409, "too_many_definitions").await;
+            assert!(msg.contains(what), "{id}: {msg}");
+            expect_error(app.get(&path).await, 404, "unknown_metric").await;
+        }
+    };
+
+    put_metric(&app, "a1", "COUNT(1h, a) BY device_id", None).await;
+    put_metric(&app, "a2", "COUNT(1d, a) BY device_id", None).await;
+    refused("a3", "COUNT(7d, a) BY device_id", "max_metrics_per_event").await;
+    put_metric(&app, "b1", "COUNT(1h, b) BY device_id", None).await;
+    refused("c1", "COUNT(1h, c) BY device_id", "max_definitions").await;
+    // Changing one that exists is no new definition, on its event type or moved to another
+    // with room.
+    let changed = put_metric(&app, "a1", "COUNT(2h, a) BY device_id", None).await;
+    assert_eq!(changed["version"], 2, "{changed}");
+    put_metric(&app, "a1", "COUNT(2h, b) BY device_id", None).await;
+    let again = put_metric(&app, "a1", "COUNT(1h, b) BY userid", None).await;
+    assert_eq!(
+        again["version"], 4,
+        "changed within its full event type: {again}"
+    );
+    // Event type a now feeds one metric; b feeds two.
+    let to_b = json!({"expr": "COUNT(1d, b) BY device_id"});
+    let res = put_json(&app, "/v1/metrics/a2", &to_b).await;
+    let msg = expect_error(res, 409, "too_many_definitions").await;
+    assert!(msg.contains("event type b"), "{msg}");
+    assert_eq!(
+        ok(app.get("/v1/metrics/a2").await, "a2 kept as it was").await["event"],
+        "a"
+    );
+    // After a delete there is room again.
+    ok(
+        send(&app, "DELETE", "/v1/metrics/b1", None).await,
+        "DELETE b1",
+    )
+    .await;
+    put_metric(&app, "c1", "COUNT(1h, c) BY device_id", None).await;
+
+    // Rules: at most three, however many metrics they read.
+    for r in ["r1", "r2", "r3"] {
+        put_rule(&app, r, "a2 > 1").await;
+    }
+    let res = put_json(&app, "/v1/rules/r4", &json!({"expr": "a2 > 2"})).await;
+    let msg = expect_error(res, 409, "too_many_definitions").await;
+    assert!(
+        msg.contains("3 rules") && msg.contains("max_definitions"),
+        "{msg}"
+    );
+    expect_error(app.get("/v1/rules/r4").await, 404, "unknown_rule").await;
+    assert_eq!(put_rule(&app, "r1", "a2 > 5").await["version"], 2);
+    ok(
+        send(&app, "DELETE", "/v1/rules/r3", None).await,
+        "DELETE r3",
+    )
+    .await;
+    put_rule(&app, "r4", "a2 > 2").await;
+}

@@ -246,6 +246,7 @@ async fn an_update_answered_after_the_deadline_is_not_applied_twice() {
             fail_mode: FailMode::Open,
             distinct_cap: 10_000,
             dedupe_window: std::time::Duration::from_secs(86_400),
+            limits: namelist::velocity::DefinitionLimits::default(),
         },
         Arc::new(Metrics::new()),
     )
