@@ -424,6 +424,6 @@ async fn apply(tier: &LocalTier, registries: &RegistryCache, message: Invalidati
             registries.invalidate_all();
         }
         // Definitions are the velocity service's business (its own subscription).
-        Invalidation::Definitions => {}
+        Invalidation::Definitions | Invalidation::Definition { .. } => {}
     }
 }

@@ -259,11 +259,18 @@ pub trait MetricStore: StoreBase {
 /// Invariants: a version is kept while the definition's fingerprint is unchanged and is
 /// otherwise one more than any earlier version of the id, deleted ones included (so counts
 /// kept under an old version are never read again); every change is published as
-/// `Invalidation::Definitions` on the `InvalidationBus`.
+/// `Invalidation::Definition` (its kind and id) on the `InvalidationBus`.
 #[async_trait]
 pub trait DefinitionStore: StoreBase {
     /// Every live definition of a kind.
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>>;
+
+    /// One definition, if it is live.
+    async fn definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+    ) -> StoreResult<Option<StoredDefinition>>;
 
     /// Stores a definition and tells every instance. Returns its version.
     async fn put_definition(

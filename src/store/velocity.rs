@@ -103,7 +103,7 @@ pub struct MetricAnswer {
 }
 
 /// Metric or rule definitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DefinitionKind {
     Metric,
     Rule,
@@ -115,6 +115,13 @@ impl DefinitionKind {
             DefinitionKind::Metric => "metric",
             DefinitionKind::Rule => "rule",
         }
+    }
+
+    /// The kind `as_str` names.
+    pub fn parse(s: &str) -> Option<Self> {
+        [DefinitionKind::Metric, DefinitionKind::Rule]
+            .into_iter()
+            .find(|k| k.as_str() == s)
     }
 }
 

@@ -32,7 +32,7 @@ use crate::lists::FailMode;
 use crate::metrics::{Metrics, StoreOp};
 use crate::store::{
     Deadline, DefinitionKind, DefinitionStore, EventMark, Invalidation, InvalidationBus,
-    MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, StoreError,
+    MetricAnswer, MetricFamily, MetricOp, MetricReading, MetricStore, StoreError, StoredDefinition,
 };
 
 /// Events further in the future than this are refused.
@@ -181,7 +181,7 @@ pub struct Features {
 }
 
 /// The loaded definitions.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Definitions {
     metrics: BTreeMap<MetricId, Arc<MetricDef>>,
     by_event: HashMap<EventType, Vec<Arc<MetricDef>>>,
@@ -238,6 +238,93 @@ fn family(a: Aggregation) -> MetricFamily {
     }
 }
 
+/// A stored metric definition, parsed; `None` (said at ERROR) if it cannot be read, which
+/// leaves it out as if it were not defined.
+fn parse_metric(stored: StoredDefinition) -> Option<Arc<MetricDef>> {
+    let (Ok(id), Ok(spec)) = (
+        MetricId::try_from(stored.id.clone()),
+        serde_json::from_str::<MetricSpec>(&stored.body),
+    ) else {
+        tracing::error!(id = stored.id, "unreadable metric definition skipped");
+        return None;
+    };
+    Some(Arc::new(MetricDef {
+        id,
+        version: stored.version,
+        spec,
+    }))
+}
+
+/// A stored rule, parsed (as `parse_metric`).
+fn parse_rule(stored: StoredDefinition) -> Option<Arc<(RuleDef, Rule)>> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        expr: String,
+    }
+    let parsed = RuleId::try_from(stored.id.clone()).ok().and_then(|id| {
+        let body: Body = serde_json::from_str(&stored.body).ok()?;
+        let rule = rules::parse(&body.expr).ok()?;
+        Some((id, body.expr, rule))
+    });
+    let Some((id, expr, rule)) = parsed else {
+        tracing::error!(id = stored.id, "unreadable rule definition skipped");
+        return None;
+    };
+    let def = RuleDef {
+        id,
+        version: stored.version,
+        expr,
+        metrics: rule.metrics().into_iter().collect(),
+    };
+    Some(Arc::new((def, rule)))
+}
+
+impl Definitions {
+    fn add_metric(&mut self, def: Arc<MetricDef>) {
+        let on_event = self.by_event.entry(def.spec.event.clone()).or_default();
+        // In id order, as a load makes them.
+        let at = on_event.partition_point(|d| d.id < def.id);
+        on_event.insert(at, def.clone());
+        self.metrics.insert(def.id.clone(), def);
+    }
+
+    fn remove_metric(&mut self, id: &MetricId) {
+        let Some(old) = self.metrics.remove(id) else {
+            return;
+        };
+        if let Some(on_event) = self.by_event.get_mut(&old.spec.event) {
+            on_event.retain(|d| d.id != *id);
+            if on_event.is_empty() {
+                self.by_event.remove(&old.spec.event);
+            }
+        }
+    }
+
+    /// These definitions with one of them as read again (`None`: deleted or unreadable).
+    fn with(&self, kind: DefinitionKind, id: &str, stored: Option<StoredDefinition>) -> Self {
+        let mut d = self.clone();
+        match kind {
+            DefinitionKind::Metric => {
+                if let Ok(id) = MetricId::try_from(id.to_owned()) {
+                    d.remove_metric(&id);
+                }
+                if let Some(def) = stored.and_then(parse_metric) {
+                    d.add_metric(def);
+                }
+            }
+            DefinitionKind::Rule => {
+                if let Ok(id) = RuleId::try_from(id.to_owned()) {
+                    d.rules.remove(&id);
+                }
+                if let Some(rule) = stored.and_then(parse_rule) {
+                    d.rules.insert(rule.0.id.clone(), rule);
+                }
+            }
+        }
+        d
+    }
+}
+
 /// Reads every definition, by `deadline`.
 async fn load(
     store: &Instrumented<dyn DefinitionStore>,
@@ -245,61 +332,68 @@ async fn load(
 ) -> Result<Definitions, StoreError> {
     let read = |kind| store.call(StoreOp::Definitions, deadline, move |s| s.definitions(kind));
     let mut d = Definitions::default();
-    for stored in read(DefinitionKind::Metric).await? {
-        let (Ok(id), Ok(spec)) = (
-            MetricId::try_from(stored.id.clone()),
-            serde_json::from_str::<MetricSpec>(&stored.body),
-        ) else {
-            tracing::error!(id = stored.id, "unreadable metric definition skipped");
-            continue;
-        };
-        let def = Arc::new(MetricDef {
-            id: id.clone(),
-            version: stored.version,
-            spec,
-        });
-        d.by_event
-            .entry(def.spec.event.clone())
-            .or_default()
-            .push(def.clone());
-        d.metrics.insert(id, def);
+    for def in read(DefinitionKind::Metric)
+        .await?
+        .into_iter()
+        .filter_map(parse_metric)
+    {
+        d.add_metric(def);
     }
-    for stored in read(DefinitionKind::Rule).await? {
-        #[derive(serde::Deserialize)]
-        struct Body {
-            expr: String,
-        }
-        let parsed = RuleId::try_from(stored.id.clone()).ok().and_then(|id| {
-            let body: Body = serde_json::from_str(&stored.body).ok()?;
-            let rule = rules::parse(&body.expr).ok()?;
-            Some((id, body.expr, rule))
-        });
-        let Some((id, expr, rule)) = parsed else {
-            tracing::error!(id = stored.id, "unreadable rule definition skipped");
-            continue;
-        };
-        let def = RuleDef {
-            id: id.clone(),
-            version: stored.version,
-            expr,
-            metrics: rule.metrics().into_iter().collect(),
-        };
-        d.rules.insert(id, Arc::new((def, rule)));
+    for rule in read(DefinitionKind::Rule)
+        .await?
+        .into_iter()
+        .filter_map(parse_rule)
+    {
+        d.rules.insert(rule.0.id.clone(), rule);
     }
     Ok(d)
 }
 
-/// Takes the messages `stream` already holds (at most 10,000: a flood that never pauses
-/// still gets its reload); true if it ended.
-fn drain_ready<S: futures::Stream + Unpin>(stream: &mut S) -> bool {
+/// What the change messages heard ask this instance to read again.
+#[derive(Debug, PartialEq, Eq)]
+enum Wanted {
+    /// These definitions, each named by its message.
+    These(std::collections::BTreeSet<(DefinitionKind, String)>),
+    /// Every definition: a message from an older build, which names none, or more named
+    /// at once than are worth reading one by one.
+    All,
+}
+
+/// Most definitions read one by one after a burst of messages; more is one load of all.
+const MOST_READ_ONE_BY_ONE: usize = 64;
+
+/// What `first` and the messages `stream` already holds ask for (at most 10,000 taken: a
+/// flood that never pauses still gets its reads); true if the stream ended.
+fn wanted<S>(first: Invalidation, stream: &mut S) -> (Wanted, bool)
+where
+    S: futures::Stream<Item = Invalidation> + Unpin,
+{
+    let mut these = std::collections::BTreeSet::new();
+    let mut all = false;
+    let mut take = |m: Invalidation| match m {
+        Invalidation::Definition { kind, id } => {
+            these.insert((kind, id));
+        }
+        Invalidation::Definitions => all = true,
+        _ => {}
+    };
+    take(first);
+    let mut ended = false;
     for _ in 0..10_000 {
         match stream.next().now_or_never() {
-            Some(Some(_)) => {}
-            Some(None) => return true,
-            None => return false,
+            Some(Some(m)) => take(m),
+            Some(None) => {
+                ended = true;
+                break;
+            }
+            None => break,
         }
     }
-    false
+    if all || these.len() > MOST_READ_ONE_BY_ONE {
+        (Wanted::All, ended)
+    } else {
+        (Wanted::These(these), ended)
+    }
 }
 
 impl Velocity {
@@ -346,15 +440,15 @@ impl Velocity {
                             tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
                         let Some(this) = weak.upgrade() else { return };
                         match next {
-                            Ok(Some(Invalidation::Definitions)) | Err(_) => {
-                                // What came while the last load ran is served by this one.
-                                let ended = drain_ready(&mut stream);
-                                this.reload().await;
+                            Ok(Some(first)) => {
+                                // What came while the last one was read is read with it.
+                                let (wanted, ended) = wanted(first, &mut stream);
+                                this.catch_up(wanted).await;
                                 if ended {
                                     break;
                                 }
                             }
-                            Ok(Some(_)) => {}
+                            Err(_) => this.reload().await,
                             Ok(None) => break,
                         }
                     }

@@ -11,6 +11,15 @@
 //! 01 <postcard Keys(fields changed)> [ <tag> <postcard Vec<Option<u32>>: each field's new code, None = removed> ]
 //! ```
 //!
+//! A put or delete of one definition names it the same way, behind `Definitions`:
+//!
+//! ```text
+//! 01 <postcard Definitions> [ 01 <postcard (kind, id)> ]
+//! ```
+//!
+//! so an older instance reloads every definition, as it always did, and a new one reads only
+//! the one named.
+//!
 //! The tag says whether the message was published atomically with the write (2: an upsert on
 //! one node, one `MULTI` with its `PUBLISH`) or not (1: deletes, whose script runs before the
 //! `PUBLISH`, and every write on a cluster): two writers' non-atomic messages may arrive in
@@ -27,6 +36,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{EntryKey, Layout};
+use crate::store::DefinitionKind;
 
 /// The version byte of an [`Invalidation`] message: the message encoding, not the layout
 /// format, so instances of either format (and of older builds) still understand each other.
@@ -54,8 +64,10 @@ pub enum Invalidation {
     Scopes(Vec<(String, String)>),
     /// Entries were written in bulk (import): anything held locally may be out of date.
     Bulk,
-    /// Metric or rule definitions changed: reload them.
+    /// Metric or rule definitions changed: reload them all (an older writer's message).
     Definitions,
+    /// This definition was put or deleted: read it again.
+    Definition { kind: DefinitionKind, id: String },
 }
 
 /// The message as every build since the version byte encodes it: never reorder or change
@@ -72,6 +84,9 @@ enum Wire {
 /// from the write, or atomically with it.
 const TRAILER_CODES: u8 = 1;
 const TRAILER_CODES_ATOMIC: u8 = 2;
+/// The tag of the trailer that names the one definition a `Definitions` message is about:
+/// postcard `(kind, id)`, the kind as `DefinitionKind::as_str`.
+const TRAILER_DEFINITION: u8 = 1;
 
 impl Invalidation {
     /// The message of an upsert: each entry now holds its code. `atomic` when it is
@@ -92,9 +107,18 @@ impl Invalidation {
         }
     }
 
-    /// The message body: the version byte, postcard, and for `Changes` the codes trailer.
+    /// The message of a put or delete of one definition.
+    pub fn definition(kind: DefinitionKind, id: &str) -> Self {
+        Invalidation::Definition {
+            kind,
+            id: id.to_owned(),
+        }
+    }
+
+    /// The message body: the version byte, postcard, and for `Changes` the codes trailer, for
+    /// `Definition` the one naming it.
     pub fn encode(&self) -> Vec<u8> {
-        let (wire, codes) = match self {
+        let (wire, trailer) = match self {
             Invalidation::Keys(keys) => (Wire::Keys(keys.clone()), None),
             Invalidation::Changes { changes, atomic } => (
                 Wire::Keys(changes.iter().map(|(k, _)| *k).collect()),
@@ -104,18 +128,27 @@ impl Invalidation {
                     } else {
                         TRAILER_CODES
                     },
-                    changes.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
+                    postcard::to_stdvec(&changes.iter().map(|(_, c)| *c).collect::<Vec<_>>())
+                        .expect("encoding to a Vec cannot fail"),
                 )),
             ),
             Invalidation::Scopes(s) => (Wire::Scopes(s.clone()), None),
             Invalidation::Bulk => (Wire::Bulk, None),
             Invalidation::Definitions => (Wire::Definitions, None),
+            Invalidation::Definition { kind, id } => (
+                Wire::Definitions,
+                Some((
+                    TRAILER_DEFINITION,
+                    postcard::to_stdvec(&(kind.as_str(), id))
+                        .expect("encoding to a Vec cannot fail"),
+                )),
+            ),
         };
         let mut out = vec![MESSAGE_VERSION];
         out.extend(postcard::to_stdvec(&wire).expect("encoding to a Vec cannot fail"));
-        if let Some((tag, codes)) = codes {
+        if let Some((tag, trailer)) = trailer {
             out.push(tag);
-            out.extend(postcard::to_stdvec(&codes).expect("encoding to a Vec cannot fail"));
+            out.extend(trailer);
         }
         out
     }
@@ -148,7 +181,15 @@ impl Invalidation {
             }
             Wire::Scopes(s) => Invalidation::Scopes(s),
             Wire::Bulk => Invalidation::Bulk,
-            Wire::Definitions => Invalidation::Definitions,
+            Wire::Definitions => match trailer.split_first() {
+                Some((&TRAILER_DEFINITION, body)) => postcard::from_bytes::<(&str, String)>(body)
+                    .ok()
+                    .and_then(|(kind, id)| Some((DefinitionKind::parse(kind)?, id)))
+                    .map_or(Invalidation::Definitions, |(kind, id)| {
+                        Invalidation::Definition { kind, id }
+                    }),
+                _ => Invalidation::Definitions,
+            },
         })
     }
 }
@@ -175,6 +216,8 @@ mod tests {
             Invalidation::Scopes(vec![("black".into(), "loan".into())]),
             Invalidation::Bulk,
             Invalidation::Definitions,
+            Invalidation::definition(DefinitionKind::Metric, "dev_tx_7d"),
+            Invalidation::definition(DefinitionKind::Rule, "r"),
         ] {
             assert_eq!(Invalidation::decode(&m.encode()), Some(m.clone()), "{m:?}");
         }

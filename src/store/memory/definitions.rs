@@ -26,6 +26,23 @@ impl DefinitionStore for MemoryStore {
             .collect())
     }
 
+    async fn definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+    ) -> StoreResult<Option<StoredDefinition>> {
+        let st = self.lock();
+        Ok(st
+            .definitions
+            .get(&(kind.as_str(), id.to_owned()))
+            .filter(|(_, fp, _)| !fp.is_empty())
+            .map(|(version, _, body)| StoredDefinition {
+                id: id.to_owned(),
+                version: *version,
+                body: body.clone(),
+            }))
+    }
+
     async fn put_definition(&self, d: NewDefinition<'_>, _deadline: Deadline) -> StoreResult<u64> {
         let (version, pending) = {
             let mut st = self.lock();
@@ -43,7 +60,9 @@ impl DefinitionStore for MemoryStore {
             (slot.0, self.record(vec![row]))
         };
         Self::durable(pending).await?;
-        let _ = self.invalidations.send(Invalidation::Definitions);
+        let _ = self
+            .invalidations
+            .send(Invalidation::definition(d.kind, d.id));
         Ok(version)
     }
 
@@ -70,7 +89,7 @@ impl DefinitionStore for MemoryStore {
             return Ok(false);
         };
         Self::durable(pending).await?;
-        let _ = self.invalidations.send(Invalidation::Definitions);
+        let _ = self.invalidations.send(Invalidation::definition(kind, id));
         Ok(true)
     }
 }

@@ -345,7 +345,8 @@ impl RedisStore {
     }
 
     /// Runs a definition script (sent whole: rare, and immune to a flushed script cache) on
-    /// the write path: `args`, then the channel and the `Definitions` message.
+    /// the write path: `args` (the first is the definition's id), then the channel and the
+    /// message naming the definition.
     pub(super) async fn definition_call(
         &self,
         kind: DefinitionKind,
@@ -364,7 +365,7 @@ impl RedisStore {
             cmd.arg(*a);
         }
         cmd.arg(self.layout.channel())
-            .arg(Invalidation::Definitions.encode());
+            .arg(Invalidation::definition(kind, args[0]).encode());
         let r = async {
             first(session.commit(vec![(key.into_bytes(), cmd)], false).await?)?.map_err(unavailable)
         }
@@ -460,6 +461,27 @@ impl MetricStore for RedisStore {
     }
 }
 
+/// A definitions hash's value, `<version>\n<fingerprint>\n<body>`, as the definition it
+/// holds; `None` for a deleted one (its version kept, no fingerprint).
+fn stored_definition(id: String, value: &str) -> StoreResult<Option<StoredDefinition>> {
+    let mut parts = value.splitn(3, '\n');
+    let (Some(version), Some(fingerprint), Some(body)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(StoreError::corrupt(format!("definition {id}: {value:?}")));
+    };
+    if fingerprint.is_empty() {
+        return Ok(None);
+    }
+    let version = version
+        .parse()
+        .map_err(|_| StoreError::corrupt(format!("definition {id}: version {version:?}")))?;
+    Ok(Some(StoredDefinition {
+        id,
+        version,
+        body: body.to_owned(),
+    }))
+}
+
 #[async_trait]
 impl DefinitionStore for RedisStore {
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
@@ -471,26 +493,28 @@ impl DefinitionStore for RedisStore {
             .map_err(unavailable)?;
         let mut out = Vec::new();
         for (id, value) in all {
-            let mut parts = value.splitn(3, '\n');
-            let (Some(version), Some(fingerprint), Some(body)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                return Err(StoreError::corrupt(format!("definition {id}: {value:?}")));
-            };
-            if fingerprint.is_empty() {
-                continue; // deleted
-            }
-            let version = version.parse().map_err(|_| {
-                StoreError::corrupt(format!("definition {id}: version {version:?}"))
-            })?;
-            out.push(StoredDefinition {
-                id,
-                version,
-                body: body.to_owned(),
-            });
+            out.extend(stored_definition(id, &value)?);
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
+    }
+
+    async fn definition(
+        &self,
+        kind: DefinitionKind,
+        id: &str,
+    ) -> StoreResult<Option<StoredDefinition>> {
+        let mut conn = self.operator_reads();
+        let value: Option<String> = redis::cmd("HGET")
+            .arg(self.layout.definitions_key(kind.as_str()))
+            .arg(id)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match value {
+            Some(value) => stored_definition(id.to_owned(), &value),
+            None => Ok(None),
+        }
     }
 
     async fn put_definition(&self, d: NewDefinition<'_>, deadline: Deadline) -> StoreResult<u64> {

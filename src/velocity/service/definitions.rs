@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Velocity, VelocityError, load, undefined_metric, undefined_rule};
+use super::{Velocity, VelocityError, Wanted, load, undefined_metric, undefined_rule};
 use crate::domain::{ErrorCode, MetricId, RuleId, ValidationError};
 use crate::metrics::StoreOp;
 use crate::store::{Deadline, DefinitionKind, NewDefinition};
@@ -11,12 +11,13 @@ use crate::velocity::model::{MetricDef, MetricSpec, RuleDef};
 use crate::velocity::rules;
 
 impl Velocity {
-    /// Reloads the definitions from the store (kept as they were if it fails), or waits for a
-    /// load that started after this call: one load at a time, and every caller that asked
-    /// while it ran shares the next. So a burst of changes (one admin's PUTs, or the messages
-    /// of another instance's) costs two loads, not one each, and a slower, older load never
-    /// overwrites a newer one. A failed load counts as done for those who shared it (they
-    /// would have failed too).
+    /// Reloads every definition from the store (kept as they were if it fails), or waits for
+    /// a load that started after this call: one load at a time, and every caller that asked
+    /// while it ran shares the next, so a slower, older load never overwrites a newer one. A
+    /// failed load counts as done for those who shared it (they would have failed too). For
+    /// what a single change cannot tell: start-up, a new subscription (what changed while
+    /// nobody listened), the 30 s backstop and an older build's message; a change that names
+    /// its definition is read alone (`refresh`).
     pub async fn reload(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         let asked = self.reloads.fetch_add(1, SeqCst) + 1;
@@ -34,10 +35,44 @@ impl Velocity {
         *loaded = upto;
     }
 
+    /// Reads one definition again (after this instance's put or delete of it, or another's
+    /// message naming it) and applies it to a copy of the loaded ones: one `HGET`, not a
+    /// load of them all, so a burst of changes costs every instance a read per change, not a
+    /// parse of every definition per change. Under `reload`'s lock, so reads and loads apply
+    /// in the order they read. A failed read leaves the definition as it was until the next
+    /// load (at most 30 s: the subscription's backstop).
+    pub(super) async fn refresh(&self, kind: DefinitionKind, id: &str) {
+        let _one_at_a_time = self.loaded.lock().await;
+        let deadline = Deadline::after(self.settings.write_deadline);
+        let read = self
+            .definitions
+            .call(StoreOp::Definitions, deadline, |s| s.definition(kind, id))
+            .await;
+        match read {
+            Ok(stored) => {
+                let d = self.defs().with(kind, id, stored);
+                *self.defs.write().expect("definitions lock") = Arc::new(d);
+            }
+            Err(e) => tracing::warn!(error = %e, "reading a changed definition failed"),
+        }
+    }
+
+    /// Reads what change messages asked for (`Wanted`).
+    pub(super) async fn catch_up(&self, wanted: Wanted) {
+        match wanted {
+            Wanted::All => self.reload().await,
+            Wanted::These(these) => {
+                for (kind, id) in these {
+                    self.refresh(kind, &id).await;
+                }
+            }
+        }
+    }
+
     // ---- definitions ----
 
     /// Stores a definition (its `fingerprint` tells a change from the same one again) and
-    /// reloads; its version.
+    /// reads it back into this instance's; its version.
     async fn store_definition(&self, definition: NewDefinition<'_>) -> Result<u64, VelocityError> {
         let deadline = Deadline::after(self.settings.write_deadline);
         let version = self
@@ -46,11 +81,11 @@ impl Velocity {
                 s.put_definition(definition, deadline)
             })
             .await?;
-        self.reload().await;
+        self.refresh(definition.kind, definition.id).await;
         Ok(version)
     }
 
-    /// Deletes a definition and reloads; `missing()` if there was none.
+    /// Deletes a definition and reads it back (gone); `missing()` if there was none.
     async fn drop_definition(
         &self,
         kind: DefinitionKind,
@@ -64,7 +99,7 @@ impl Velocity {
                 s.delete_definition(kind, id, deadline)
             })
             .await?;
-        self.reload().await;
+        self.refresh(kind, id).await;
         if existed { Ok(()) } else { Err(missing()) }
     }
 
@@ -134,11 +169,17 @@ impl Velocity {
 
     /// Deletes a metric no rule reads.
     pub async fn delete_metric(&self, id: &MetricId) -> Result<(), VelocityError> {
-        self.reload().await;
-        let users: Vec<String> = self
-            .defs()
-            .rules
-            .values()
+        // The rules as they are now, not as last heard (the metrics are not read).
+        let deadline = Deadline::after(self.settings.write_deadline);
+        let rules = self
+            .definitions
+            .call(StoreOp::Definitions, deadline, |s| {
+                s.definitions(DefinitionKind::Rule)
+            })
+            .await?;
+        let users: Vec<String> = rules
+            .into_iter()
+            .filter_map(super::parse_rule)
             .filter(|r| r.0.metrics.contains(id))
             .map(|r| r.0.id.to_string())
             .collect();
@@ -158,7 +199,10 @@ impl Velocity {
     /// Defines (or redefines) a rule; every metric it reads must exist.
     pub async fn put_rule(&self, id: RuleId, expr: &str) -> Result<RuleDef, VelocityError> {
         let rule = rules::parse(expr)?;
-        self.reload().await;
+        // The metrics it reads as they are now, not as last heard.
+        for m in rule.metrics() {
+            self.refresh(DefinitionKind::Metric, m.as_str()).await;
+        }
         let defs = self.defs();
         let unknown: Vec<String> = rule
             .metrics()

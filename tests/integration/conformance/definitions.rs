@@ -1,5 +1,6 @@
 //! `DefinitionStore`: versions kept while a definition is unchanged, bumped when it changes,
-//! never reused after a delete; metrics and rules apart; every change published.
+//! never reused after a delete; metrics and rules apart; one read as the list reads it; every
+//! change published, naming its definition.
 
 use std::collections::BTreeMap;
 
@@ -126,25 +127,62 @@ async fn metrics_and_rules_are_apart(h: &Harness) {
 async fn every_change_is_published(h: &Harness) {
     let mut stream = h.store.subscribe().await.unwrap();
     let kind = DefinitionKind::Metric;
+    let named = Invalidation::definition(kind, "p");
     h.store
         .put_definition(definition(kind, "p", "a", "A"), deadline())
         .await
         .unwrap();
-    assert_eq!(next_message(&mut stream).await, Invalidation::Definitions);
+    assert_eq!(next_message(&mut stream).await, named);
     h.store
         .put_definition(definition(kind, "p", "b", "B"), deadline())
         .await
         .unwrap();
-    assert_eq!(next_message(&mut stream).await, Invalidation::Definitions);
+    assert_eq!(next_message(&mut stream).await, named);
+    h.store
+        .delete_definition(DefinitionKind::Rule, "p", deadline())
+        .await
+        .unwrap();
     h.store
         .delete_definition(kind, "p", deadline())
         .await
         .unwrap();
-    assert_eq!(next_message(&mut stream).await, Invalidation::Definitions);
+    assert_eq!(
+        next_message(&mut stream).await,
+        named,
+        "a delete of nothing is no change"
+    );
+}
+
+async fn one_definition_reads_as_the_list_does(h: &Harness) {
+    let (metric, rule) = (DefinitionKind::Metric, DefinitionKind::Rule);
+    let one = |kind, id: &'static str| async move {
+        h.store
+            .definition(kind, id)
+            .await
+            .unwrap()
+            .map(|d| (d.id, d.version, d.body))
+    };
+    assert_eq!(one(metric, "o").await, None, "never defined");
+    for body in ["A", "B"] {
+        h.store
+            .put_definition(definition(metric, "o", body, body), deadline())
+            .await
+            .unwrap();
+    }
+    assert_eq!(one(metric, "o").await, Some(("o".into(), 2, "B".into())));
+    assert_eq!(one(rule, "o").await, None, "kinds apart");
+    assert!(
+        h.store
+            .delete_definition(metric, "o", deadline())
+            .await
+            .unwrap()
+    );
+    assert_eq!(one(metric, "o").await, None, "deleted");
 }
 
 conformance!(
     versions_are_kept_bumped_and_never_reused,
     metrics_and_rules_are_apart,
     every_change_is_published,
+    one_definition_reads_as_the_list_does,
 );

@@ -476,33 +476,69 @@ async fn an_event_feeding_hundreds_of_metrics_is_applied_whole_and_once() {
     }
 }
 
-/// A burst of definitions costs a few loads of them all, not one each: one load at a time,
-/// every reload asked for while it runs shared by the next (`Velocity::reload`), and the
-/// change messages heard meanwhile taken together. Each load reads both kinds (2 `HGETALL`);
-/// 64 definitions put at once, each reloading after its write and each heard back as a
-/// message, made 128 loads before.
+/// A burst of definition changes costs every instance a read of each changed definition,
+/// not a load of them all per change: the writer reads back what it wrote, and every
+/// instance reads the one definition each change message names (`Velocity::refresh`). 64
+/// puts at once, a move to another event type, a delete and a rule leave a second instance
+/// with exactly the writer's definitions, applying events as the writer does, and the only
+/// `HGETALL` that ran is the delete's of the rules (each change made two loads of every
+/// definition before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_definitions_shares_its_reloads() {
+async fn changes_to_definitions_are_read_one_by_one_on_every_instance() {
     let redis = RedisServer::start();
-    let v = velocity(redis_store(&redis).await).await;
-    v.put_metric(mid("first"), "COUNT(1h, tx) BY device", None)
+    let store = redis_store(&redis).await;
+    let (a, b) = (velocity(store.clone()).await, velocity(store).await);
+    a.put_metric(mid("first"), "COUNT(1h, tx) BY device", None)
         .await
         .unwrap();
-    // The first put's message may still be on its way; let it land before counting.
+    // The first put's message and the subscriptions' first loads land before counting.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = redis.command_stat("hgetall", "calls");
+    let hgetall = redis.command_stat("hgetall", "calls");
     let puts = (0..64).map(|i| {
-        let v = v.clone();
+        let a = a.clone();
         async move {
             let expr = format!("COUNT({}h, tx) BY device", 1 + i % 24);
-            v.put_metric(mid(&format!("m{i}")), &expr, None).await
+            a.put_metric(mid(&format!("m{i}")), &expr, None).await
         }
     });
     for put in futures::future::join_all(puts).await {
         put.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let loads = (redis.command_stat("hgetall", "calls") - before) / 2;
-    assert!(loads <= 16, "{loads} loads for 64 definitions");
-    assert_eq!(v.list_metrics().len(), 65, "every definition loaded");
+    a.put_metric(mid("m1"), "COUNT(1h, login) BY device", None)
+        .await
+        .unwrap();
+    a.delete_metric(&mid("m2")).await.unwrap();
+    let busy = "busy".parse().unwrap();
+    a.put_rule(busy, "m3 > 1 AND m1 > 0").await.unwrap();
+    let ids = |v: &Velocity| {
+        let mut ms: Vec<_> = v
+            .list_metrics()
+            .into_iter()
+            .map(|m| (m.id, m.version))
+            .collect();
+        ms.sort();
+        ms
+    };
+    assert_eq!(ids(&a).len(), 64, "first, m0..m63 but m2");
+    let waited = std::time::Instant::now();
+    while ids(&b) != ids(&a) || b.list_rules().len() != 1 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the second instance heard every change"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        redis.command_stat("hgetall", "calls"),
+        hgetall + 1,
+        "no load of every definition: only the delete's read of the rules"
+    );
+    // Both apply a login to m1 alone and a transaction to the 63 others.
+    let f = [("device", "d1")];
+    for (v, name) in [(&a, "e-a"), (&b, "e-b")] {
+        let login = v.ingest(&[event(Some(name), "login", now_ms(), &f)]).await;
+        assert_eq!(login.unwrap().applied, 1, "{name}");
+        let tx = v.ingest(&[event(None, "tx", now_ms(), &f)]).await;
+        assert_eq!(tx.unwrap().applied, 63, "{name}");
+    }
 }
