@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, unique_prefix};
-use namelist::domain::{ErrorCode, now_ms};
+use namelist::domain::{ErrorCode, MetricId, now_ms};
 use namelist::store::StoreBase;
 use namelist::store::redis::RedisStore;
 use namelist::velocity::model::MetricDef;
@@ -540,5 +540,128 @@ async fn changes_to_definitions_are_read_one_by_one_on_every_instance() {
         assert_eq!(login.unwrap().applied, 1, "{name}");
         let tx = v.ingest(&[event(None, "tx", now_ms(), &f)]).await;
         assert_eq!(tx.unwrap().applied, 63, "{name}");
+    }
+}
+
+/// The metric store, watched: how many calls of a batch's wave (more updates than one event
+/// makes here) run at once, at most, and the largest.
+struct Watched {
+    inner: Arc<dyn namelist::store::Store>,
+    one_event: usize,
+    now: std::sync::atomic::AtomicUsize,
+    most_at_once: std::sync::atomic::AtomicUsize,
+    waves: std::sync::Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl StoreBase for Watched {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn layout(&self) -> &namelist::store::layout::Layout {
+        self.inner.layout()
+    }
+    async fn ping(&self) -> namelist::store::StoreResult<()> {
+        self.inner.ping().await
+    }
+}
+
+#[async_trait::async_trait]
+impl namelist::store::MetricStore for Watched {
+    async fn metric_ops(
+        &self,
+        ops: &[namelist::store::MetricOp],
+        deadline: namelist::store::Deadline,
+    ) -> namelist::store::StoreResult<Vec<namelist::store::MetricAnswer>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if ops.len() <= self.one_event {
+            return self.inner.metric_ops(ops, deadline).await;
+        }
+        self.waves.lock().unwrap().push(ops.len());
+        let at_once = self.now.fetch_add(1, SeqCst) + 1;
+        self.most_at_once.fetch_max(at_once, SeqCst);
+        let r = self.inner.metric_ops(ops, deadline).await;
+        self.now.fetch_sub(1, SeqCst);
+        r
+    }
+}
+
+/// Batches of events go to the store in waves of whole events, one wave of any batch at a
+/// time on an instance, while single events go straight (`Velocity::in_waves`): four
+/// batches of 600 events (4 updates each: 2,400, three waves of at most 1,024) posted at
+/// once beside 40 single events. Every count exact afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_take_turns_in_waves_of_whole_events() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let watched = Arc::new(Watched {
+        inner: store.clone(),
+        one_event: 4,
+        now: Default::default(),
+        most_at_once: Default::default(),
+        waves: Default::default(),
+    });
+    let v = Velocity::new(
+        watched.clone(),
+        store.clone(),
+        store,
+        settings(),
+        Arc::new(namelist::metrics::Metrics::new()),
+    )
+    .await
+    .unwrap();
+    for w in ["1h", "2h", "3h", "4h"] {
+        let id = mid(&format!("tx_{w}"));
+        v.put_metric(id, &format!("COUNT({w}, tx) BY device"), None)
+            .await
+            .unwrap();
+    }
+    let batch = |b: usize| {
+        let v = v.clone();
+        async move {
+            let events: Vec<EventInput> = (0..600)
+                .map(|i| {
+                    let device = format!("b{b}-{}", i % 10);
+                    event(None, "tx", now_ms(), &[("device", &device)])
+                })
+                .collect();
+            v.ingest(&events).await.unwrap().applied
+        }
+    };
+    let single = |i: usize| {
+        let v = v.clone();
+        async move {
+            let e = event(Some(&format!("s{i}")), "tx", now_ms(), &[("device", "s")]);
+            v.ingest(&[e]).await.unwrap().applied
+        }
+    };
+    let (batches, singles) = tokio::join!(
+        futures::future::join_all((0..4).map(batch)),
+        futures::future::join_all((0..40).map(single)),
+    );
+    assert_eq!(batches, [2_400; 4]);
+    assert_eq!(singles, [4; 40]);
+    let waves = watched.waves.lock().unwrap().clone();
+    assert_eq!(waves.len(), 12, "three waves a batch: {waves:?}");
+    assert!(waves.iter().all(|&n| n <= 1_024 && n % 4 == 0), "{waves:?}");
+    assert_eq!(
+        watched
+            .most_at_once
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one wave at a time"
+    );
+    let ids: Vec<MetricId> = ["1h", "2h", "3h", "4h"]
+        .iter()
+        .map(|w| mid(&format!("tx_{w}")))
+        .collect();
+    for (device, n) in [("b0-0", 60.0), ("b3-9", 60.0), ("s", 40.0)] {
+        let read = v
+            .features(&ids, &fields(&[("device", device)]), None)
+            .await
+            .unwrap();
+        for id in &ids {
+            assert_eq!(read.values[id].as_f64(), Some(n), "{device} {id}");
+        }
     }
 }
