@@ -117,14 +117,13 @@ pub struct VelocitySettings {
 }
 
 /// How many definitions may be made (`too_many_definitions` past them). Every definition
-/// costs each instance a parse at each reload (every definition change anywhere reloads
-/// them all: ~5 µs a definition), and every metric on an event type is one more update in
+/// costs each instance a parse at each full load (start-up, a new subscription, the 30 s
+/// backstop: ~5 µs a definition), and every metric on an event type is one more update in
 /// each event of that type, all in one script call (~8 µs of Redis each): without a bound,
-/// one admin client could make every reload, and every event, as slow as it liked.
+/// one admin client could make every load, and every event, as slow as it liked.
 ///
-/// Checked against this instance's definitions as last reloaded (every change anywhere
-/// reloads them), so definitions made at the same moment on several instances may pass a
-/// limit by as many as are made at once.
+/// Checked against this instance's definitions as it last heard them, so definitions made
+/// at the same moment on several instances may pass a limit by as many as are made at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DefinitionLimits {
     /// Most metrics one event type feeds (`max_metrics_per_event`).
@@ -652,7 +651,7 @@ impl Velocity {
         let deadline = Deadline::after(self.settings.write_deadline);
         let answers = if ops.is_empty() {
             Vec::new()
-        } else if events.len() == 1 {
+        } else if ops.len() <= self.settings.limits.metrics_per_event {
             self.counts
                 .call(StoreOp::Events, deadline, |s| s.metric_ops(&ops, deadline))
                 .await?
@@ -679,9 +678,10 @@ impl Velocity {
     /// A batch's updates, in waves of whole events of at most `WAVE_OPS` updates, each wave
     /// sent only when no other batch's is in flight on this instance (`batch_turn`, first
     /// come first served). So however many batches one client posts at once, Redis holds at
-    /// most one wave of them at a time (~4 ms at 1,024 id-less updates), and a single event
-    /// (the risk engine's `POST /v1/events` and `evaluate`, never made to wait for a turn)
-    /// queues behind that at most. A batch that cannot have every wave sent by `deadline`
+    /// most one wave of them at a time (~4 ms at 1,024 id-less updates), and a request that
+    /// makes no more updates than one event may (`max_metrics_per_event`: the risk engine's
+    /// single events, `evaluate`'s event, a few events at once), which `ingest` never makes
+    /// wait for a turn, queues behind that at most. A batch that cannot have every wave sent by `deadline`
     /// is a 503 like any store failure, its earlier waves applied: a retry with event ids
     /// applies the rest once.
     async fn in_waves(

@@ -544,10 +544,10 @@ async fn changes_to_definitions_are_read_one_by_one_on_every_instance() {
 }
 
 /// The metric store, watched: how many calls of a batch's wave (more updates than one event
-/// makes here) run at once, at most, and the largest.
+/// may make, `max_metrics_per_event`) run at once, at most, and their sizes.
 struct Watched {
     inner: Arc<dyn namelist::store::Store>,
-    one_event: usize,
+    straight: usize,
     now: std::sync::atomic::AtomicUsize,
     most_at_once: std::sync::atomic::AtomicUsize,
     waves: std::sync::Mutex<Vec<usize>>,
@@ -574,7 +574,7 @@ impl namelist::store::MetricStore for Watched {
         deadline: namelist::store::Deadline,
     ) -> namelist::store::StoreResult<Vec<namelist::store::MetricAnswer>> {
         use std::sync::atomic::Ordering::SeqCst;
-        if ops.len() <= self.one_event {
+        if ops.len() <= self.straight {
             return self.inner.metric_ops(ops, deadline).await;
         }
         self.waves.lock().unwrap().push(ops.len());
@@ -587,16 +587,17 @@ impl namelist::store::MetricStore for Watched {
 }
 
 /// Batches of events go to the store in waves of whole events, one wave of any batch at a
-/// time on an instance, while single events go straight (`Velocity::in_waves`): four
-/// batches of 600 events (4 updates each: 2,400, three waves of at most 1,024) posted at
-/// once beside 40 single events. Every count exact afterwards.
+/// time on an instance, while requests of no more updates than one event may make go
+/// straight (`Velocity::in_waves`): four batches of 600 events (4 updates each: 2,400, three
+/// waves of at most 1,024) posted at once beside 40 single events and 10 pairs. Every count
+/// exact afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_take_turns_in_waves_of_whole_events() {
     let redis = RedisServer::start();
     let store = redis_store(&redis).await;
     let watched = Arc::new(Watched {
         inner: store.clone(),
-        one_event: 4,
+        straight: namelist::velocity::DefinitionLimits::default().metrics_per_event,
         now: Default::default(),
         most_at_once: Default::default(),
         waves: Default::default(),
@@ -635,12 +636,25 @@ async fn batches_take_turns_in_waves_of_whole_events() {
             v.ingest(&[e]).await.unwrap().applied
         }
     };
-    let (batches, singles) = tokio::join!(
+    let pair = |_| {
+        let v = v.clone();
+        async move {
+            let f = [("device", "p")];
+            let two = [
+                event(None, "tx", now_ms(), &f),
+                event(None, "tx", now_ms(), &f),
+            ];
+            v.ingest(&two).await.unwrap().applied
+        }
+    };
+    let (batches, singles, pairs) = tokio::join!(
         futures::future::join_all((0..4).map(batch)),
         futures::future::join_all((0..40).map(single)),
+        futures::future::join_all((0..10).map(pair)),
     );
     assert_eq!(batches, [2_400; 4]);
     assert_eq!(singles, [4; 40]);
+    assert_eq!(pairs, [8; 10]);
     let waves = watched.waves.lock().unwrap().clone();
     assert_eq!(waves.len(), 12, "three waves a batch: {waves:?}");
     assert!(waves.iter().all(|&n| n <= 1_024 && n % 4 == 0), "{waves:?}");
@@ -655,7 +669,7 @@ async fn batches_take_turns_in_waves_of_whole_events() {
         .iter()
         .map(|w| mid(&format!("tx_{w}")))
         .collect();
-    for (device, n) in [("b0-0", 60.0), ("b3-9", 60.0), ("s", 40.0)] {
+    for (device, n) in [("b0-0", 60.0), ("b3-9", 60.0), ("s", 40.0), ("p", 20.0)] {
         let read = v
             .features(&ids, &fields(&[("device", device)]), None)
             .await
