@@ -721,8 +721,13 @@ impl Velocity {
         if metrics.len() > MAX_NAMED {
             return Err(too_many("metrics", metrics.len()));
         }
-        let mut out = Vec::with_capacity(metrics.len());
+        let mut out: Vec<(Arc<MetricDef>, MetricOp)> = Vec::with_capacity(metrics.len());
         for id in metrics {
+            // A metric named twice is read once (a HyperLogLog's window can cost Redis
+            // milliseconds: 64 names of one must not cost 64 times).
+            if out.iter().any(|(m, _)| m.id == *id) {
+                continue;
+            }
             let m = defs
                 .metrics
                 .get(id)
