@@ -528,6 +528,11 @@ async fn changes_to_definitions_are_read_one_by_one_on_every_instance() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Deleting what does not exist reads no rule.
+    for _ in 0..10 {
+        let gone = a.delete_metric(&mid("never_defined")).await;
+        assert!(matches!(gone, Err(VelocityError::NotFound(_))), "{gone:?}");
+    }
     assert_eq!(
         redis.command_stat("hgetall", "calls"),
         hgetall + 1,
