@@ -323,28 +323,26 @@ impl Definitions {
         }
     }
 
-    /// These definitions with one of them as read again (`None`: deleted or unreadable).
-    fn with(&self, kind: DefinitionKind, id: &str, stored: Option<StoredDefinition>) -> Self {
-        let mut d = self.clone();
+    /// One definition as read again (`None`: deleted or unreadable).
+    fn apply(&mut self, kind: DefinitionKind, id: &str, stored: Option<StoredDefinition>) {
         match kind {
             DefinitionKind::Metric => {
                 if let Ok(id) = MetricId::try_from(id.to_owned()) {
-                    d.remove_metric(&id);
+                    self.remove_metric(&id);
                 }
                 if let Some(def) = stored.and_then(parse_metric) {
-                    d.add_metric(def);
+                    self.add_metric(def);
                 }
             }
             DefinitionKind::Rule => {
                 if let Ok(id) = RuleId::try_from(id.to_owned()) {
-                    d.rules.remove(&id);
+                    self.rules.remove(&id);
                 }
                 if let Some(rule) = stored.and_then(parse_rule) {
-                    d.rules.insert(rule.0.id.clone(), rule);
+                    self.rules.insert(rule.0.id.clone(), rule);
                 }
             }
         }
-        d
     }
 }
 

@@ -865,3 +865,26 @@ pub fn without_namelist_env(bin: &str) -> Command {
     }
     cmd
 }
+
+/// Writes `StoreBase` for a test's wrapper around a store (a field `inner`), each method
+/// answered by the store it wraps: `store_base_from_inner!(LateAnswers);`. (Not every test
+/// crate that includes this module wraps a store.)
+#[allow(unused_macros)]
+macro_rules! store_base_from_inner {
+    ($wrapper:ty) => {
+        #[async_trait::async_trait]
+        impl namelist::store::StoreBase for $wrapper {
+            fn kind(&self) -> &'static str {
+                self.inner.kind()
+            }
+            fn layout(&self) -> &namelist::store::layout::Layout {
+                self.inner.layout()
+            }
+            async fn ping(&self) -> namelist::store::StoreResult<()> {
+                self.inner.ping().await
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use store_base_from_inner;

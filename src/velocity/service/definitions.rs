@@ -35,26 +35,27 @@ impl Velocity {
         *loaded = upto;
     }
 
-    /// Reads one definition again (after this instance's put or delete of it, or another's
-    /// message naming it) and applies it to a copy of the loaded ones: one `HGET`, not a
-    /// load of them all, so a burst of changes costs every instance a read per change, not a
-    /// parse of every definition per change. Under `reload`'s lock, so reads and loads apply
-    /// in the order they read. A failed read leaves the definition as it was until the next
-    /// load (at most 30 s: the subscription's backstop).
-    pub(super) async fn refresh(&self, kind: DefinitionKind, id: &str) {
+    /// Reads these definitions again (after this instance's put or delete of one, or the
+    /// messages naming them) and applies them to one copy of the loaded ones: an `HGET`
+    /// each, not a load of them all, so a burst of changes costs every instance a read per
+    /// change, not a parse of every definition per change. Under `reload`'s lock, so reads
+    /// and loads apply in the order they read. A failed read leaves that definition as it
+    /// was until the next load (at most 30 s: the subscription's backstop).
+    pub(super) async fn refresh(&self, names: &[(DefinitionKind, &str)]) {
         let _one_at_a_time = self.loaded.lock().await;
         let deadline = Deadline::after(self.settings.write_deadline);
-        let read = self
-            .definitions
-            .call(StoreOp::Definitions, deadline, |s| s.definition(kind, id))
-            .await;
-        match read {
-            Ok(stored) => {
-                let d = self.defs().with(kind, id, stored);
-                *self.defs.write().expect("definitions lock") = Arc::new(d);
+        let mut d = (*self.defs()).clone();
+        for &(kind, id) in names {
+            let read = self
+                .definitions
+                .call(StoreOp::Definitions, deadline, |s| s.definition(kind, id))
+                .await;
+            match read {
+                Ok(stored) => d.apply(kind, id, stored),
+                Err(e) => tracing::warn!(error = %e, "reading a changed definition failed"),
             }
-            Err(e) => tracing::warn!(error = %e, "reading a changed definition failed"),
         }
+        *self.defs.write().expect("definitions lock") = Arc::new(d);
     }
 
     /// Reads what change messages asked for (`Wanted`).
@@ -62,9 +63,8 @@ impl Velocity {
         match wanted {
             Wanted::All => self.reload().await,
             Wanted::These(these) => {
-                for (kind, id) in these {
-                    self.refresh(kind, &id).await;
-                }
+                let names: Vec<_> = these.iter().map(|(k, id)| (*k, id.as_str())).collect();
+                self.refresh(&names).await;
             }
         }
     }
@@ -81,7 +81,7 @@ impl Velocity {
                 s.put_definition(definition, deadline)
             })
             .await?;
-        self.refresh(definition.kind, definition.id).await;
+        self.refresh(&[(definition.kind, definition.id)]).await;
         Ok(version)
     }
 
@@ -99,7 +99,7 @@ impl Velocity {
                 s.delete_definition(kind, id, deadline)
             })
             .await?;
-        self.refresh(kind, id).await;
+        self.refresh(&[(kind, id)]).await;
         if existed { Ok(()) } else { Err(missing()) }
     }
 
@@ -211,9 +211,12 @@ impl Velocity {
     pub async fn put_rule(&self, id: RuleId, expr: &str) -> Result<RuleDef, VelocityError> {
         let rule = rules::parse(expr)?;
         // The metrics it reads as they are now, not as last heard.
-        for m in rule.metrics() {
-            self.refresh(DefinitionKind::Metric, m.as_str()).await;
-        }
+        let named = rule.metrics();
+        let names: Vec<_> = named
+            .iter()
+            .map(|m| (DefinitionKind::Metric, m.as_str()))
+            .collect();
+        self.refresh(&names).await;
         let defs = self.defs();
         let unknown: Vec<String> = rule
             .metrics()

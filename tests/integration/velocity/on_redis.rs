@@ -558,18 +558,7 @@ struct Watched {
     waves: std::sync::Mutex<Vec<usize>>,
 }
 
-#[async_trait::async_trait]
-impl StoreBase for Watched {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn layout(&self) -> &namelist::store::layout::Layout {
-        self.inner.layout()
-    }
-    async fn ping(&self) -> namelist::store::StoreResult<()> {
-        self.inner.ping().await
-    }
-}
+common::store_base_from_inner!(Watched);
 
 #[async_trait::async_trait]
 impl namelist::store::MetricStore for Watched {

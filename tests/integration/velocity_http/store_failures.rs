@@ -13,9 +13,7 @@ use namelist::domain::now_ms;
 use namelist::lists::FailMode;
 use namelist::metrics::Metrics;
 use namelist::startup::open_store;
-use namelist::store::{
-    Deadline, Layout, MetricAnswer, MetricOp, MetricStore, StoreBase, StoreResult,
-};
+use namelist::store::{Deadline, MetricAnswer, MetricOp, MetricStore, StoreResult};
 use namelist::velocity::{
     EventInput, FieldValue, Fields, Velocity, VelocityError, VelocitySettings,
 };
@@ -192,18 +190,7 @@ struct LateAnswers {
     delay: Duration,
 }
 
-#[async_trait::async_trait]
-impl StoreBase for LateAnswers {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn layout(&self) -> &Layout {
-        self.inner.layout()
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-}
+common::store_base_from_inner!(LateAnswers);
 
 #[async_trait::async_trait]
 impl MetricStore for LateAnswers {
