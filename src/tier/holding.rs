@@ -58,6 +58,16 @@ pub(super) struct Held {
 impl Held {
     const COUNT: u64 = 0xFFFF_FFFF;
 
+    /// What the cache charges a copy of `bytes` (at least `min_weight`) under `scale`:
+    /// rounded up, so that the copies held never take more than the cache's capacity over
+    /// the scale. Rounded down, each copy could count up to a byte light and a few dozen
+    /// copies passed the budget by as many bytes.
+    pub(super) fn weight(bytes: u64, min_weight: u64, scale: u64) -> u32 {
+        (u128::from(bytes.max(min_weight)) * u128::from(scale))
+            .div_ceil(u128::from(SCALE_ONE))
+            .min(u128::from(u32::MAX)) as u32
+    }
+
     /// `current`'s word for `generation` with no copy counted.
     pub(super) fn tag(generation: u64) -> u64 {
         (generation & Self::COUNT) << 32
@@ -306,6 +316,29 @@ mod tests {
     use crate::tier::testing::*;
     use std::collections::HashSet;
     use std::time::{Duration, Instant};
+
+    /// Copies weighed under a scale above one take at most the capacity over the scale:
+    /// with the budget's `rest` for copies, held bytes stay within it whatever their sizes.
+    #[test]
+    fn weights_round_up_so_copies_never_pass_their_share() {
+        let (budget, rest) = (52_428u64, 30_001u64);
+        let scale = (u128::from(SCALE_ONE) * u128::from(budget)).div_ceil(u128::from(rest)) as u64;
+        // Small copies, many of them: rounded down, these sizes pass `rest` by 3 to 48 bytes.
+        for size in [313u64, 330, 341, 353, 411, 1_003, 1_999] {
+            // As many copies as the capacity admits by their weights.
+            let (mut weighed, mut bytes) = (0u64, 0u64);
+            while weighed + u64::from(Held::weight(size, 0, scale)) <= budget {
+                weighed += u64::from(Held::weight(size, 0, scale));
+                bytes += size;
+            }
+            assert!(
+                bytes <= rest,
+                "{bytes} bytes of copies of {size} for {rest}"
+            );
+        }
+        assert_eq!(Held::weight(10, 100, SCALE_ONE), 100);
+        assert_eq!(Held::weight(u64::MAX / 2, 0, SCALE_ONE * 4), u32::MAX);
+    }
 
     #[test]
     fn memory_stays_within_the_budget() {

@@ -226,10 +226,8 @@ impl LocalTier {
             moka::sync::Cache::builder()
                 .max_capacity(copies_budget)
                 .weigher(move |_: &u32, c: &Arc<BucketCopy>| {
-                    let bytes = (c.bytes() as u64).max(min_weight);
                     let scale = weigher_held.scale.load(Ordering::Relaxed);
-                    (u128::from(bytes) * u128::from(scale) / u128::from(SCALE_ONE))
-                        .min(u128::from(u32::MAX)) as u32
+                    Held::weight(c.bytes() as u64, min_weight, scale)
                 })
                 .eviction_listener(move |_: Arc<u32>, c: Arc<BucketCopy>, _: RemovalCause| {
                     listener_held.released(&c, c.bytes());
