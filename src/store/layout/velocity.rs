@@ -2,8 +2,9 @@
 //! applied events, and the hashes of metric and rule definitions.
 //!
 //! # Velocity metrics
-//! One entity of one metric version is one key. In velocity layout 2, what every new
-//! keyspace gets (its meta hash records `velocity`), the key is
+//! One entity of one metric version is one key. In velocity layouts 2 and 3 (3 is what every
+//! new keyspace gets, its meta hash records `velocity`; 3 differs from 2 only in the names of a
+//! HyperLogLog's sub-window keys, three bytes shorter), the key is
 //!
 //! ```text
 //! <prefix>v{<entity>}<metric>
@@ -27,7 +28,7 @@
 //! | AVG | hash | `2i` → sum, `2i+1` → count |
 //! | MIN, MAX | hash | sub-window index → min or max |
 //! | COUNT_DISTINCT | sorted set | member: the format's distinct-member hash of the value → score = last sub-window seen; capped |
-//! | APPROX_COUNT_DISTINCT | one HyperLogLog per sub-window, `<key>:<i>` (elements: the same member hash) | counted with one multi-key `PFCOUNT` |
+//! | APPROX_COUNT_DISTINCT | one HyperLogLog per sub-window, `<key><i>` with `i` in base64 (layout 3; `<key>:<i>` in decimal before: `Layout::metric_sub_key`) (elements: the same member hash) | counted with one multi-key `PFCOUNT` |
 //!
 //! Integer fields and values keep the hashes as compact listpacks; the sub-window that left
 //! the window is deleted when an update opens a new one, and every key expires when its
@@ -88,7 +89,7 @@ fn event_tags() -> &'static [u32] {
 }
 
 /// The velocity layout every new keyspace gets (see the module docs).
-pub const VELOCITY_LAYOUT: u32 = 2;
+pub const VELOCITY_LAYOUT: u32 = 3;
 
 /// Event ids a keyspace's buckets are sized for when nothing is configured.
 pub const DEFAULT_EXPECTED_EVENT_IDS: u64 = 10_000_000;
@@ -102,7 +103,7 @@ pub const DEFAULT_EXPECTED_EVENT_IDS: u64 = 10_000_000;
 pub const EVENT_IDS_PER_BUCKET: u64 = 50;
 
 impl Layout {
-    /// The same keyspace with velocity layout `velocity` (1 or 2) and `event_buckets`
+    /// The same keyspace with velocity layout `velocity` (1 to 3) and `event_buckets`
     /// buckets of event ids, as its meta hash records them.
     pub fn with_velocity(mut self, velocity: u32, event_buckets: u32) -> Self {
         assert!(event_buckets > 0, "event ids need at least one bucket");
@@ -111,7 +112,7 @@ impl Layout {
         self
     }
 
-    /// The velocity layout (1 or 2).
+    /// The velocity layout (1 to 3).
     pub fn velocity(&self) -> u32 {
         self.velocity
     }
@@ -230,9 +231,33 @@ impl Layout {
         self.hashing.event(&h)
     }
 
-    /// The key of one sub-window of an APPROX_COUNT_DISTINCT entity.
-    pub fn metric_sub_key(base: &str, sub: i64) -> String {
-        format!("{base}:{sub}")
+    /// The key of one sub-window of an APPROX_COUNT_DISTINCT entity: in layout 3 the
+    /// entity's key then the sub-window index in URL-safe base64, least significant digit
+    /// first and no longer than it needs (hourly sub-windows of today take 4 characters);
+    /// before, `:` and the index in decimal (7). Unambiguous either way: the entity's key has
+    /// a fixed length, and no two indices share their digits. Three bytes shorter keep the
+    /// default prefix's keys within 30 bytes, one allocation class less: a sparse
+    /// HyperLogLog of 20 elements takes 168 B against 184 B (`MEMORY USAGE`).
+    pub fn metric_sub_key(&self, base: &str, sub: i64) -> String {
+        if self.velocity < 3 {
+            return format!("{base}:{sub}");
+        }
+        let mut key = String::with_capacity(base.len() + 6);
+        key.push_str(base);
+        // Sub-window indices count from the epoch: never negative for a time the service
+        // accepts; a negative one keeps the decimal form, still distinct from every other.
+        let Ok(mut n) = u64::try_from(sub) else {
+            key.push(':');
+            key.push_str(&sub.to_string());
+            return key;
+        };
+        loop {
+            push_base64_bits(&mut key, u128::from(n & 63), 1);
+            n >>= 6;
+            if n == 0 {
+                return key;
+            }
+        }
     }
 
     /// The hash of metric (`metric`) or rule (`rule`) definitions.
@@ -276,7 +301,10 @@ mod tests {
             slot(&l.metric_key("dev_users_30d", 3, &["d000001"]))
         );
         assert_ne!(k[..17], l.metric_key("dev_tx_7d", 1, &["d000002"])[..17]);
-        assert_eq!(Layout::metric_sub_key(&k, 17_737), format!("{k}:17737"));
+        assert_eq!(
+            l.clone().with_velocity(2, 1).metric_sub_key(&k, 17_737),
+            format!("{k}:17737")
+        );
         let unkeyed = Layout::new("nl:", 1, Hashing::Unkeyed);
         assert_ne!(
             unkeyed.metric_key("dev_tx_7d", 1, &["d000001"]),
@@ -317,6 +345,28 @@ mod tests {
                 "nl:v{SUef1Hr8CZJMc9PR}",
                 "nl:v{pRWMPQ_U5Hlh}0B-DsRMU",
             ]
+        );
+        // A HyperLogLog's sub-window keys: layout 3 (new keyspaces) in base64, least
+        // significant digit first; layout 2 in decimal after `:`.
+        let base = &got[0];
+        let two = l.clone().with_velocity(2, 1);
+        assert_eq!(l.velocity(), 3);
+        let subs = [494_000, 0, 63, 64, -5].map(|i| {
+            let (k3, k2) = (l.metric_sub_key(base, i), two.metric_sub_key(base, i));
+            (k3[base.len()..].to_owned(), k2[base.len()..].to_owned())
+        });
+        assert_eq!(
+            subs.clone().map(|(k3, _)| k3),
+            ["wm4B", "A", "_", "AB", ":-5"].map(str::to_owned)
+        );
+        assert_eq!(
+            subs.map(|(_, k2)| k2),
+            [":494000", ":0", ":63", ":64", ":-5"].map(str::to_owned)
+        );
+        assert_eq!(
+            l.metric_sub_key(base, 494_000).len(),
+            30,
+            "the default prefix's sub-window keys within 30 bytes"
         );
     }
 

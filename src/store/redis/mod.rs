@@ -85,7 +85,7 @@ use crate::store::expiry::ExpiryCode;
 use crate::store::fingerprint::{self, FingerprintKey, RecordedHashing};
 use crate::store::layout::{
     AUDIT_INDEX_ID_LEN, AUDIT_PARTS, COUNT_CHUNK, DEFAULT_EXPECTED_EVENT_IDS, MAX_MEAN_FILL,
-    audit_index_id, audit_index_term, key_slot, parse_audit_index_id,
+    VELOCITY_LAYOUT, audit_index_id, audit_index_term, key_slot, parse_audit_index_id,
 };
 use crate::store::{
     AuditChunk, AuditPos, AuditRead, AuditRecord, AuditReports, AuditSummary, AuditTerm,
@@ -445,6 +445,7 @@ impl RedisStore {
             .arg(if create == Create::Anew { "1" } else { "0" })
             .arg(wanted_event_buckets)
             .arg(crate::domain::LATEST_RULES)
+            .arg(VELOCITY_LAYOUT)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -494,10 +495,13 @@ impl RedisStore {
         }
         let format = hashing.format();
         let key_id = hashing.key_id().map(str::to_owned);
-        let (Some(velocity @ 1..=2), Some(event_buckets @ 1..)) = (velocity, event_buckets) else {
+        let (Some(velocity @ 1..=VELOCITY_LAYOUT), Some(event_buckets @ 1..)) =
+            (velocity, event_buckets)
+        else {
             return Err(StoreError::Keyspace(format!(
-                "{meta} has no readable velocity or event_buckets field (velocity layout 1 or 2, \
-                 event_buckets at least 1)"
+                "{meta} has no velocity or event_buckets field this build can read (velocity \
+                 layout 1 to {VELOCITY_LAYOUT}, event_buckets at least 1): a keyspace made by a \
+                 newer build needs a build at least as new"
             )));
         };
         let mut warnings = Vec::new();

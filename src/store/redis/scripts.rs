@@ -34,7 +34,7 @@ end
 /// Opens the keyspace. KEYS: the meta hash, the lost marker (one slot). Creates the meta hash
 /// if it is missing and ARGV[1] (the format to create) is not empty, with ARGV[4] the key id
 /// ('' in format 1), ARGV[5] a new random keyspace id and ARGV[7] the number of event-id
-/// buckets, in velocity layout 2; but not where the lost marker stands (a running instance
+/// buckets, in velocity layout ARGV[9] (`VELOCITY_LAYOUT`); but not where the lost marker stands (a running instance
 /// saw this keyspace vanish) unless ARGV[6] is '1' (the explicit `namelist-tools keyspace
 /// create`), which also removes the marker. A keyspace found without an id (made before ids)
 /// is given ARGV[5]; one found without a velocity layout (made before layout 2) is given
@@ -50,10 +50,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     return {false, false, -2, false, redis.call('GET', KEYS[2]), false, false, false}
   end
   redis.call('HSET', KEYS[1], 'format', ARGV[1], 'buckets', ARGV[2], 'created_ms', ARGV[3],
-    'keyspace_id', ARGV[5], 'velocity', '2', 'event_buckets', ARGV[7], 'rules', ARGV[8])
+    'keyspace_id', ARGV[5], 'velocity', ARGV[9], 'event_buckets', ARGV[7], 'rules', ARGV[8])
   if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'key_id', ARGV[4]) end
   redis.call('DEL', KEYS[2])
-  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5], '2', ARGV[7], ARGV[8]}
+  return {ARGV[1], ARGV[2], 1, ARGV[4], ARGV[5], ARGV[9], ARGV[7], ARGV[8]}
 end
 redis.call('HSETNX', KEYS[1], 'keyspace_id', ARGV[5])
 redis.call('HSETNX', KEYS[1], 'velocity', '1')

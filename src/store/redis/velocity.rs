@@ -430,10 +430,10 @@ impl RedisStore {
             let op = &ops[i];
             if op.family == MetricFamily::Approx {
                 let sub = op.update.map_or(op.read_hi, |(s, _)| s);
-                keys.push(Layout::metric_sub_key(&op.key, sub));
+                keys.push(self.layout.metric_sub_key(&op.key, sub));
                 if op.read {
                     let lo = op.read_hi - op.slots + 1;
-                    keys.extend((lo..=op.read_hi).map(|i| Layout::metric_sub_key(&op.key, i)));
+                    keys.extend((lo..=op.read_hi).map(|i| self.layout.metric_sub_key(&op.key, i)));
                 }
             } else {
                 keys.push(op.key.clone());

@@ -361,14 +361,14 @@ async fn an_id_bucket_drops_its_expired_ids_past_its_sizing() {
 
 /// A keyspace made before velocity layout 2 (its meta hash has neither `velocity` nor
 /// `event_buckets`) keeps its metric keys, so counts written before an upgrade are read
-/// after it; a new keyspace records layout 2.
+/// after it; a new keyspace records the latest layout (3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
     let redis = RedisServer::start();
     let prefix = unique_prefix();
     let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
     let store = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
-    assert_eq!(store.layout().velocity(), 2, "a new keyspace");
+    assert_eq!(store.layout().velocity(), 3, "a new keyspace");
     let mut conn = redis.conn();
     let meta = format!("{prefix}meta");
     let recorded: (u32, u32) = redis::cmd("HMGET")
@@ -377,7 +377,7 @@ async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
         .arg("event_buckets")
         .query(&mut conn)
         .unwrap();
-    assert_eq!(recorded, (2, store.layout().event_buckets()));
+    assert_eq!(recorded, (3, store.layout().event_buckets()));
     // What an older build left: no velocity fields, counts under layout 1 keys.
     let _: () = redis::cmd("HDEL")
         .arg(&meta)
@@ -420,6 +420,85 @@ async fn a_keyspace_made_before_layout_2_keeps_its_metric_keys() {
     // Reopened, it stays layout 1 (recorded now).
     let again = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
     assert_eq!(again.layout().velocity(), 1);
+}
+
+/// A HyperLogLog's sub-window keys are named by the keyspace's recorded layout: three bytes
+/// shorter in layout 3 (a new keyspace), as before in a keyspace recorded at layout 2, whose
+/// windows written by an older build are read and added to after an upgrade. A keyspace
+/// recorded at a layout this build does not know is refused, not misread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyperloglog_keys_are_named_as_the_keyspace_records() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
+    let expr = "APPROX_COUNT_DISTINCT(1h, tx, device) BY ip";
+    for layout in [3, 2] {
+        let prefix = unique_prefix();
+        // Made (and recorded) by this build first.
+        redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+        if layout == 2 {
+            // What a build before layout 3 recorded.
+            let _: () = redis::cmd("HSET")
+                .arg(format!("{prefix}meta"))
+                .arg("velocity")
+                .arg(2)
+                .query(&mut conn)
+                .unwrap();
+        }
+        let store = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+        assert_eq!(store.layout().velocity(), layout);
+        let v = velocity(store.clone()).await;
+        let def = v.put_metric(mid("d"), expr, None).await.unwrap();
+        let now = now_ms();
+        for (i, device) in ["a", "b", "a"].into_iter().enumerate() {
+            let id = format!("e{i}");
+            let e = event(
+                Some(&id),
+                "tx",
+                now,
+                &[("ip", "1.2.3.4"), ("device", device)],
+            );
+            v.ingest(&[e]).await.unwrap();
+        }
+        let f = v
+            .features(&[mid("d")], &fields(&[("ip", "1.2.3.4")]), None)
+            .await
+            .unwrap();
+        assert_eq!(f.values[&mid("d")], json!(2), "layout {layout}");
+        let base = store.layout().metric_key("d", def.version, &["1.2.3.4"]);
+        let sub = now / def.spec.resolution_ms;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{base}*"))
+            .query(&mut conn)
+            .unwrap();
+        let name = if layout == 2 {
+            format!("{base}:{sub}")
+        } else {
+            store.layout().metric_sub_key(&base, sub)
+        };
+        assert_eq!(keys, vec![name.clone()], "layout {layout}");
+        let suffix = &name[base.len()..];
+        assert_eq!(suffix.starts_with(':'), layout == 2, "{name}");
+        // Minutes since 1970 (a 1h window's sub-windows): 8 digits, or 4 base64 ones.
+        assert_eq!(suffix.len(), if layout == 2 { 9 } else { 4 }, "{name}");
+    }
+    // A layout from a newer build: refused at start-up.
+    let prefix = unique_prefix();
+    redis_at(redis.url(), Vec::new(), &prefix, ids).await;
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{prefix}meta"))
+        .arg("velocity")
+        .arg(4)
+        .query(&mut conn)
+        .unwrap();
+    let opened = RedisStore::open(namelist::store::redis::RedisOptions {
+        expected_entries: Some(4000),
+        dedupe_expected_ids: ids,
+        ..common::redis_options(redis.url(), &prefix)
+    })
+    .await;
+    let err = opened.err().expect("a layout this build does not know");
+    assert!(err.to_string().contains("velocity layout 1 to 3"), "{err}");
 }
 
 /// An event's updates are one script call however many metrics it feeds. The call's argument
