@@ -286,3 +286,153 @@ async fn a_new_keyspace_is_made_explicitly_and_adopted_on_restart() {
     assert_eq!(body["hits"][0]["value"], "u3");
     fresh.stop().await;
 }
+
+/// `POST /v1/events` of one transaction of user `u` with id `id`: status and body.
+async fn event(app: &TestApp, id: &str) -> (u16, Value) {
+    let res = app
+        .post(
+            "/v1/events",
+            &json!({"id": id, "type": "tx", "fields": {"user": "u"}}),
+        )
+        .await;
+    (
+        res.status().as_u16(),
+        res.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// `POST /v1/features` of metric `n` for user `u`: status and body.
+async fn count(app: &TestApp) -> (u16, Value) {
+    let res = app
+        .post(
+            "/v1/features",
+            &json!({"metrics": ["n"], "fields": {"user": "u"}}),
+        )
+        .await;
+    (
+        res.status().as_u16(),
+        res.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// Velocity through a lost keyspace, from the first request after Redis restarted empty
+/// or was flushed: no event is acknowledged (it would count in a keyspace about to be
+/// replaced) and none is recorded as seen (its retry after the restore would be taken for a
+/// replay); no count is answered (they all read 0 there); the instance keeps its definitions
+/// (read from the empty Redis they would all be gone, and events would then be taken and
+/// counted nowhere). Once the same keyspace is restored, the count is the one before the
+/// loss, and the event refused meanwhile, sent again, counts once. `count_first`: the first
+/// request to meet the lost keyspace is a read of counts, else an event (the first to meet
+/// it is the one that must find it out: afterwards the instance knows).
+async fn velocity_through_a_lost_keyspace(flush: bool, count_first: bool) {
+    let (mut redis, settings, app) = listed_u1(FailMode::Open).await;
+    let prefix = settings.key_prefix.clone();
+    let put = app
+        .client
+        .put(app.url("/v1/metrics/n"))
+        .json(&json!({"expr": "COUNT(1h, tx) BY user"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    assert_eq!(event(&app, "e1").await.0, 200);
+    assert_eq!(count(&app).await, (200, json!({"values": {"n": 1}})));
+    let backup = dump_all(&redis, &prefix);
+
+    if flush {
+        // No connection breaks: the first request is the first to meet the empty keyspace.
+        let () = redis::cmd("FLUSHALL").query(&mut redis.conn()).unwrap();
+    } else {
+        redis.restart_empty();
+    }
+    // From the first request on, until the instance has noticed and some time after (its
+    // subscription, after a restart, comes back and reads the definitions again meanwhile).
+    let started = Instant::now();
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_secs(2)
+        || app.metric("namelist_keyspace_lost").await != Some(1.0)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the loss was not noticed"
+        );
+        for read in [count_first, !count_first] {
+            if read {
+                let (status, body) = count(&app).await;
+                assert_eq!(status, 503, "a count read from a lost keyspace: {body}");
+            } else {
+                let (status, body) = event(&app, "e2").await;
+                assert_eq!(status, 503, "an event taken into a lost keyspace: {body}");
+            }
+        }
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for res in [event(&app, "e2").await, count(&app).await] {
+        assert_eq!(res.0, 503, "{res:?}");
+        assert_eq!(res.1["error"]["code"], "keyspace_lost", "{res:?}");
+    }
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        keys,
+        vec![Layout::lost_marker_key_of(&prefix)],
+        "nothing but the marker is written ({refused} events refused)"
+    );
+    let metrics: Value = app.get("/v1/metrics").await.json().await.unwrap();
+    assert!(
+        metrics.to_string().contains("COUNT(1h, tx) BY user"),
+        "{metrics}"
+    );
+
+    restore_all(&redis, &backup);
+    ready_becomes(&app, 200, Duration::from_secs(5)).await;
+    // A connection the restart broke and nothing used since fails its first command (a
+    // 503, the store's failure): the count is read again until it is answered.
+    let started = Instant::now();
+    loop {
+        let (status, body) = count(&app).await;
+        if status == 200 {
+            assert_eq!(
+                body,
+                json!({"values": {"n": 1}}),
+                "the count before the loss"
+            );
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The event refused during the loss, sent again as the engine would (again after a
+    // 503 of a broken connection): it counts, once.
+    loop {
+        let (status, body) = event(&app, "e2").await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count(&app).await, (200, json!({"values": {"n": 2}})));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn velocity_through_a_keyspace_restarted_empty_is_refused_not_miscounted() {
+    velocity_through_a_lost_keyspace(false, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn velocity_through_a_flushed_keyspace_is_refused_not_miscounted() {
+    velocity_through_a_lost_keyspace(true, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_of_a_flushed_keyspace_are_refused_not_read_as_zero() {
+    velocity_through_a_lost_keyspace(true, true).await;
+}

@@ -139,12 +139,21 @@ return out
 /// members that left the window when it reaches its cap, before evicting any of the
 /// window's.
 ///
+/// Guard: with an ARGV[2] (updates on one node), the last key is the meta hash and ARGV[2]
+/// the keyspace id as opened; a meta hash without it (Redis restarted empty, flushed, failed
+/// over to an empty node) fails the call with `NAMELIST_LOST` before anything is written or
+/// recorded, so an event refused then is neither counted nor remembered, and its retry once
+/// the keyspace is restored counts. On a cluster the meta hash is in another slot: no guard.
+///
 /// Returns {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
 /// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the
 /// distinct families {count, capped}. n is 0 for an op that reads nothing.
 const METRIC_BODY: &str = r"
 -- Globals are looked up through a metatable in Redis 7's scripts: locals halve the work.
 local call, tonumber, floor, KEYS = redis.call, tonumber, math.floor, KEYS
+if ARGV[2] and call('HGET', KEYS[#KEYS], 'keyspace_id') ~= ARGV[2] then
+  return redis.error_reply('NAMELIST_LOST the keyspace id is not in its meta hash')
+end
 -- The values come as a sequence, not an array: unpacked onto the stack and into a table
 -- made at its size once (an array is built one `lua_settable` at a time, rehashing as it
 -- grows: a third of the unpacking). At most 1,000 at a time (the stack holds ~8,000): an
@@ -586,4 +595,9 @@ pub static COUNT_EXPIRED_SCRIPT: LazyLock<Script> =
 /// failover, `SCRIPT FLUSH`): load it and call again.
 pub fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Whether `e` is a metric script's guard finding the keyspace lost (`METRIC_BODY`).
+pub fn is_lost(e: &RedisError) -> bool {
+    e.code() == Some("NAMELIST_LOST")
 }

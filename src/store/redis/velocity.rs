@@ -228,7 +228,12 @@ impl RedisStore {
         let calls = metric_calls(ops, &idx, self.conn.is_cluster());
         let now = now_ms();
         let script = &self.metric_scripts.write;
-        let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now);
+        // On one node each call checks the keyspace id before it writes (`METRIC_BODY`'s
+        // guard): updates that reach a keyspace lost meanwhile are neither applied nor
+        // acknowledged. On a cluster the meta hash is in another slot than the call's keys;
+        // the loss is noticed by the reads' probe and the subscription's check.
+        let guard = !self.conn.is_cluster();
+        let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now, guard);
         let mut cmds: Vec<Keyed> = (0..calls.len()).map(cmd).collect();
         // The keys of a call share its slot (on a cluster), so its routing key stands for it.
         let mut session = self
@@ -282,7 +287,7 @@ impl RedisStore {
             if pending.is_empty() {
                 break;
             }
-            let cmds = pending
+            let cmds: Vec<Keyed> = pending
                 .iter()
                 .map(|&c| {
                     // `PFCOUNT` is a write command (it caches the count in the HyperLogLog):
@@ -293,10 +298,15 @@ impl RedisStore {
                         .any(|&i| ops[i].family == MetricFamily::Approx);
                     let s = &self.metric_scripts;
                     let script = if approx { &s.write } else { &s.read };
-                    self.metric_call_cmd(script, ops, &calls[c], now)
+                    self.metric_call_cmd(script, ops, &calls[c], now, false)
                 })
                 .collect();
-            let replies = self.reads().run(cmds).await.map_err(unavailable)?;
+            // The keyspace id first: counts read from a keyspace lost meanwhile (Redis
+            // restarted empty: every count zero) are never answered.
+            let cmds = std::iter::once(self.keyspace_probe()).chain(cmds).collect();
+            let mut replies = self.reads().run(cmds).await.map_err(unavailable)?;
+            let first = take_first(&mut replies).transpose().map_err(unavailable)?;
+            self.probed(first.as_ref())?;
             let again =
                 self.sort_replies(ops, &calls, &pending, replies, attempt == 0, &mut out)?;
             if !again.is_empty() {
@@ -325,6 +335,15 @@ impl RedisStore {
             match reply {
                 Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
                 Err(e) if first && is_noscript(&e) => again.push(c),
+                Err(e) if is_lost(&e) => {
+                    return Err(self.mark_lost(format!(
+                        "{} is gone (keyspace id {}): Redis restarted without its data, was \
+                         flushed, or failed over to an empty node; the event's updates were \
+                         refused before any was applied",
+                        self.layout.meta_key(),
+                        self.keyspace_id
+                    )));
+                }
                 Err(e) => return Err(unavailable(e)),
             }
         }
@@ -399,6 +418,7 @@ impl RedisStore {
         ops: &[MetricOp],
         call: &MetricCall,
         now_ms: i64,
+        guard: bool,
     ) -> Keyed {
         let first = &ops[call.ops[0]].key;
         let cluster = self.conn.is_cluster();
@@ -440,11 +460,17 @@ impl RedisStore {
             }
             pack_op(&mut blob, op);
         }
+        if guard {
+            keys.push(self.layout.meta_key());
+        }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(keys.len())
             .arg(&keys)
             .arg(blob);
+        if guard {
+            cmd.arg(&self.keyspace_id);
+        }
         (keys.swap_remove(0).into_bytes(), cmd)
     }
 }
@@ -478,6 +504,39 @@ impl MetricStore for RedisStore {
     }
 }
 
+/// The first of `replies` (the keyspace probe's), taken out; `None` if there is none.
+fn take_first<T>(replies: &mut Vec<T>) -> Option<T> {
+    (!replies.is_empty()).then(|| replies.remove(0))
+}
+
+impl RedisStore {
+    /// One read of `kind`'s definitions hash (`build` writes the command on its key) behind
+    /// the keyspace probe: a keyspace lost (Redis restarted empty, flushed) reads as an
+    /// error, never as no definitions, so an instance keeps what it loaded (and refuses
+    /// events while it is lost) instead of forgetting every metric and taking events that
+    /// count nowhere.
+    async fn definitions_read(
+        &self,
+        kind: DefinitionKind,
+        build: impl FnOnce(&mut redis::Cmd, &str),
+    ) -> StoreResult<redis::Value> {
+        self.unless_lost(false)?;
+        let key = self.layout.definitions_key(kind.as_str());
+        let mut cmd = redis::Cmd::new();
+        build(&mut cmd, &key);
+        let mut replies = self
+            .operator_reads()
+            .run_all(vec![self.keyspace_probe(), (key.into_bytes(), cmd)])
+            .await
+            .map_err(unavailable)?;
+        self.probed(replies.first())?;
+        replies
+            .pop()
+            .filter(|_| replies.len() == 1)
+            .ok_or_else(|| StoreError::corrupt("no reply to a definitions read".into()))
+    }
+}
+
 /// A definitions hash's value, `<version>\n<fingerprint>\n<body>`, as the definition it
 /// holds; `None` for a deleted one (its version kept, no fingerprint).
 fn stored_definition(id: String, value: &str) -> StoreResult<Option<StoredDefinition>> {
@@ -502,12 +561,13 @@ fn stored_definition(id: String, value: &str) -> StoreResult<Option<StoredDefini
 #[async_trait]
 impl DefinitionStore for RedisStore {
     async fn definitions(&self, kind: DefinitionKind) -> StoreResult<Vec<StoredDefinition>> {
-        let mut conn = self.operator_reads();
-        let all: Vec<(String, String)> = redis::cmd("HGETALL")
-            .arg(self.layout.definitions_key(kind.as_str()))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let v = self
+            .definitions_read(kind, |c, key| {
+                c.arg("HGETALL").arg(key);
+            })
+            .await?;
+        let all: Vec<(String, String)> = redis::from_redis_value(v)
+            .map_err(|e| StoreError::corrupt(format!("definitions: {e}")))?;
         let mut out = Vec::new();
         for (id, value) in all {
             out.extend(stored_definition(id, &value)?);
@@ -521,13 +581,13 @@ impl DefinitionStore for RedisStore {
         kind: DefinitionKind,
         id: &str,
     ) -> StoreResult<Option<StoredDefinition>> {
-        let mut conn = self.operator_reads();
-        let value: Option<String> = redis::cmd("HGET")
-            .arg(self.layout.definitions_key(kind.as_str()))
-            .arg(id)
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let v = self
+            .definitions_read(kind, |c, key| {
+                c.arg("HGET").arg(key).arg(id);
+            })
+            .await?;
+        let value: Option<String> = redis::from_redis_value(v)
+            .map_err(|e| StoreError::corrupt(format!("definition {id}: {e}")))?;
         match value {
             Some(value) => stored_definition(id.to_owned(), &value),
             None => Ok(None),
