@@ -248,13 +248,18 @@ impl RedisStore {
                 self.layout.meta_key(),
                 self.keyspace_id
             ))),
-            None => Err(self.mark_lost(format!(
-                "{} is gone (keyspace id {}): Redis restarted without its data, was flushed, \
-                 or failed over to an empty node",
-                self.layout.meta_key(),
-                self.keyspace_id
-            ))),
+            None => Err(self.gone("")),
         }
+    }
+
+    /// The meta hash is gone: the keyspace is lost (`mark_lost`); `more` ends the why.
+    fn gone(&self, more: &str) -> StoreError {
+        self.mark_lost(format!(
+            "{} is gone (keyspace id {}): Redis restarted without its data, was flushed, or \
+             failed over to an empty node{more}",
+            self.layout.meta_key(),
+            self.keyspace_id
+        ))
     }
 
     /// The keyspace is lost (`KeyspaceHealth::Lost`): said once, loudly, with the marker left

@@ -336,13 +336,7 @@ impl RedisStore {
                 Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
                 Err(e) if first && is_noscript(&e) => again.push(c),
                 Err(e) if is_lost(&e) => {
-                    return Err(self.mark_lost(format!(
-                        "{} is gone (keyspace id {}): Redis restarted without its data, was \
-                         flushed, or failed over to an empty node; the event's updates were \
-                         refused before any was applied",
-                        self.layout.meta_key(),
-                        self.keyspace_id
-                    )));
+                    return Err(self.gone("; the updates were refused before any was applied"));
                 }
                 Err(e) => return Err(unavailable(e)),
             }
