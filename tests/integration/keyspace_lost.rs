@@ -122,6 +122,20 @@ async fn write(app: &TestApp, value: &str) -> u16 {
         .as_u16()
 }
 
+/// Asserts that the keyspace at `prefix` holds nothing but the lost marker: nothing was
+/// written into the empty one (`more` ends the failure's message).
+fn only_the_marker(redis: &RedisServer, prefix: &str, more: &str) {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(
+        keys,
+        vec![Layout::lost_marker_key_of(prefix)],
+        "nothing but the marker is written{more}"
+    );
+}
+
 fn marker_exists(redis: &RedisServer, prefix: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(Layout::lost_marker_key_of(prefix))
@@ -153,16 +167,7 @@ async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
     .await;
     assert_eq!((status, code.as_str()), (503, "keyspace_lost"));
     assert!(!meta_exists(&redis, &prefix), "the keyspace was recreated");
-    let mut conn = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(
-        keys,
-        vec![Layout::lost_marker_key_of(&prefix)],
-        "nothing but the marker is written"
-    );
+    only_the_marker(&redis, &prefix, "");
 
     // Checks: from the tier, degraded, the listed entry still a hit, the rest as of the loss.
     let body = app.check(&check(&["u1", "never-seen"])).await;
@@ -372,16 +377,7 @@ async fn velocity_through_a_lost_keyspace(flush: bool, count_first: bool) {
         assert_eq!(res.0, 503, "{res:?}");
         assert_eq!(res.1["error"]["code"], "keyspace_lost", "{res:?}");
     }
-    let mut conn = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(
-        keys,
-        vec![Layout::lost_marker_key_of(&prefix)],
-        "nothing but the marker is written ({refused} events refused)"
-    );
+    only_the_marker(&redis, &prefix, &format!(" ({refused} events refused)"));
     let metrics: Value = app.get("/v1/metrics").await.json().await.unwrap();
     assert!(
         metrics.to_string().contains("COUNT(1h, tx) BY user"),
