@@ -432,18 +432,21 @@ async fn hyperloglog_keys_are_named_as_the_keyspace_records() {
     let mut conn = redis.conn();
     let ids = namelist::store::layout::DEFAULT_EXPECTED_EVENT_IDS;
     let expr = "APPROX_COUNT_DISTINCT(1h, tx, device) BY ip";
+    // The velocity layout the keyspace at `prefix` records.
+    let record = |prefix: &str, layout: u32| {
+        let _: () = redis::cmd("HSET")
+            .arg(format!("{prefix}meta"))
+            .arg("velocity")
+            .arg(layout)
+            .query(&mut redis.conn())
+            .unwrap();
+    };
     for layout in [3, 2] {
         let prefix = unique_prefix();
         // Made (and recorded) by this build first.
         redis_at(redis.url(), Vec::new(), &prefix, ids).await;
         if layout == 2 {
-            // What a build before layout 3 recorded.
-            let _: () = redis::cmd("HSET")
-                .arg(format!("{prefix}meta"))
-                .arg("velocity")
-                .arg(2)
-                .query(&mut conn)
-                .unwrap();
+            record(&prefix, 2); // what a build before layout 3 recorded
         }
         let store = redis_at(redis.url(), Vec::new(), &prefix, ids).await;
         assert_eq!(store.layout().velocity(), layout);
@@ -485,12 +488,7 @@ async fn hyperloglog_keys_are_named_as_the_keyspace_records() {
     // A layout from a newer build: refused at start-up.
     let prefix = unique_prefix();
     redis_at(redis.url(), Vec::new(), &prefix, ids).await;
-    let _: () = redis::cmd("HSET")
-        .arg(format!("{prefix}meta"))
-        .arg("velocity")
-        .arg(4)
-        .query(&mut conn)
-        .unwrap();
+    record(&prefix, 4);
     let opened = RedisStore::open(namelist::store::redis::RedisOptions {
         expected_entries: Some(4000),
         dedupe_expected_ids: ids,
