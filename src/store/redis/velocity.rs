@@ -287,7 +287,7 @@ impl RedisStore {
             if pending.is_empty() {
                 break;
             }
-            let cmds: Vec<Keyed> = pending
+            let mut cmds: Vec<Keyed> = pending
                 .iter()
                 .map(|&c| {
                     // `PFCOUNT` is a write command (it caches the count in the HyperLogLog):
@@ -301,12 +301,17 @@ impl RedisStore {
                     self.metric_call_cmd(script, ops, &calls[c], now, false)
                 })
                 .collect();
-            // The keyspace id first: counts read from a keyspace lost meanwhile (Redis
-            // restarted empty: every count zero) are never answered.
-            let cmds = std::iter::once(self.keyspace_probe()).chain(cmds).collect();
-            let mut replies = self.reads().run(cmds).await.map_err(unavailable)?;
-            let first = take_first(&mut replies).transpose().map_err(unavailable)?;
-            self.probed(first.as_ref())?;
+            // With the keyspace probe, as every read: counts read from a keyspace lost
+            // meanwhile (Redis restarted empty: every count zero) are never answered.
+            cmds.insert(0, self.keyspace_probe());
+            let mut replies = self
+                .reads()
+                .run(cmds)
+                .await
+                .map_err(unavailable)?
+                .into_iter();
+            let probe = replies.next().transpose().map_err(unavailable)?;
+            self.probed(probe.as_ref())?;
             let again =
                 self.sort_replies(ops, &calls, &pending, replies, attempt == 0, &mut out)?;
             if !again.is_empty() {
@@ -326,7 +331,7 @@ impl RedisStore {
         ops: &[MetricOp],
         calls: &[MetricCall],
         pending: &[usize],
-        replies: Vec<RedisResult<redis::Value>>,
+        replies: impl IntoIterator<Item = RedisResult<redis::Value>>,
         first: bool,
         out: &mut Vec<(usize, MetricAnswer)>,
     ) -> StoreResult<Vec<usize>> {
@@ -498,11 +503,6 @@ impl MetricStore for RedisStore {
     }
 }
 
-/// The first of `replies` (the keyspace probe's), taken out; `None` if there is none.
-fn take_first<T>(replies: &mut Vec<T>) -> Option<T> {
-    (!replies.is_empty()).then(|| replies.remove(0))
-}
-
 impl RedisStore {
     /// One read of `kind`'s definitions hash (`build` writes the command on its key) behind
     /// the keyspace probe: a keyspace lost (Redis restarted empty, flushed) reads as an
@@ -520,13 +520,13 @@ impl RedisStore {
         build(&mut cmd, &key);
         let mut replies = self
             .operator_reads()
-            .run_all(vec![self.keyspace_probe(), (key.into_bytes(), cmd)])
+            .run_all(vec![(key.into_bytes(), cmd), self.keyspace_probe()])
             .await
             .map_err(unavailable)?;
-        self.probed(replies.first())?;
+        let probe = replies.pop();
+        self.probed(probe.as_ref())?;
         replies
             .pop()
-            .filter(|_| replies.len() == 1)
             .ok_or_else(|| StoreError::corrupt("no reply to a definitions read".into()))
     }
 }
