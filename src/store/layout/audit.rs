@@ -114,7 +114,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CLUSTER_SLOTS, EntryKey, Layout, key_slot};
+use super::{CLUSTER_SLOTS, EntryKey, Layout, key_slot, slot_tags};
 use crate::domain::{Dimension, ListName, Sandbox, Value};
 
 /// What an audit record says was done to an entry; its `op` field, spelt as `as_str`.
@@ -164,22 +164,15 @@ pub enum AuditTerm {
 pub const AUDIT_PARTS: usize = 64;
 
 /// The hash tags of the audit parts: for part `i`, the smallest decimal number whose slot is
-/// in `[256·i, 256·(i+1))`. Computed once; `tests::audit_tags_are_stable` pins them, since a
-/// different tag would be a different key.
+/// in `[256·i, 256·(i+1))` (the smallest of those slots' `slot_tags`). Computed once;
+/// `tests::audit_tags_are_stable` pins them, since a different tag would be a different key.
 pub(super) fn audit_tags() -> &'static [u32; AUDIT_PARTS] {
     static TAGS: std::sync::OnceLock<[u32; AUDIT_PARTS]> = std::sync::OnceLock::new();
     TAGS.get_or_init(|| {
-        let width = u32::from(CLUSTER_SLOTS) / AUDIT_PARTS as u32;
+        let width = usize::from(CLUSTER_SLOTS) / AUDIT_PARTS;
         let mut tags = [u32::MAX; AUDIT_PARTS];
-        let mut left = AUDIT_PARTS;
-        let mut n = 0u32;
-        while left > 0 {
-            let part = (u32::from(key_slot(n.to_string().as_bytes())) / width) as usize;
-            if tags[part] == u32::MAX {
-                tags[part] = n;
-                left -= 1;
-            }
-            n += 1;
+        for (part, slots) in tags.iter_mut().zip(slot_tags().chunks(width)) {
+            *part = slots.iter().copied().min().unwrap_or(u32::MAX);
         }
         tags
     })

@@ -56,6 +56,17 @@
 //! An instance that finds it missing or changed leaves the marker `<prefix>{<prefix>meta}lost`
 //! (the lost id, in the meta hash's slot); while it stands, no instance or tool creates a
 //! keyspace at the prefix but `namelist-tools keyspace create`, which removes it.
+//!
+//! On a cluster the meta hash lives on one shard: another shard restarted without its data
+//! (or flushed, or failed over to an empty replica) would leave it in place and read as empty
+//! buckets. So a cluster keyspace also has a **shard marker** in every hash slot,
+//! `<prefix>{<tag>}shard` (`tag` = `slot_tags()[slot]`), a hash holding the same
+//! `keyspace_id` (16,384 small hashes: 2.8 MB of `used_memory` for the cluster), written
+//! when the keyspace is made or first opened by a build that knows them, which records
+//! `shard_markers` = 1 in the meta hash. A read on a cluster carries, after its commands, `HGET <marker> keyspace_id`
+//! for every slot it read; a write's step checks the markers of its slots inside its own
+//! `MULTI`; a metric script call checks its slot's marker before it writes. A marker missing
+//! is that slot's data lost, handled as a lost keyspace.
 
 use serde::{Deserialize, Serialize};
 
@@ -151,6 +162,17 @@ impl Layout {
     /// `namelist-tools keyspace create` (see `store::redis`, *A lost keyspace*).
     pub fn lost_marker_key_of(prefix: &str) -> String {
         format!("{prefix}{{{prefix}meta}}lost")
+    }
+
+    /// The shard marker of hash `slot` (see *The keyspace id*): `<prefix>{<tag>}shard`, in
+    /// that slot.
+    pub fn shard_marker_key(&self, slot: u16) -> String {
+        let tags = super::slot_tags();
+        format!(
+            "{}{{{}}}shard",
+            self.prefix,
+            tags[usize::from(slot) % tags.len()]
+        )
     }
 }
 

@@ -66,6 +66,33 @@ pub fn key_slot(key: &[u8]) -> u16 {
     CRC16.checksum(tagged.unwrap_or(key)) % CLUSTER_SLOTS
 }
 
+/// For each hash slot, the smallest decimal number whose slot it is: a hash tag that puts a
+/// key in that slot (the shard markers', `entries`, *The keyspace id*; the audit parts' are
+/// the smallest of each part's 256). Computed once (109,758 numbers are tried before every
+/// slot has one); `tests::slot_tags_are_stable` pins some, since a different tag would be a
+/// different key.
+pub fn slot_tags() -> &'static [u32] {
+    static TAGS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    TAGS.get_or_init(|| {
+        let mut tags = vec![u32::MAX; usize::from(CLUSTER_SLOTS)];
+        let mut left = tags.len();
+        let mut text = String::new();
+        let mut n = 0u32;
+        while left > 0 {
+            use std::fmt::Write;
+            text.clear();
+            let _ = write!(text, "{n}");
+            let slot = usize::from(key_slot(text.as_bytes()));
+            if tags[slot] == u32::MAX {
+                tags[slot] = n;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags
+    })
+}
+
 /// A (list, sandbox) pair: the scope of a prefix-length registry, of a list's counts and
 /// hits. Serialised (the embedded store's snapshot, postcard) as the pair it once was: list,
 /// then sandbox.
@@ -147,6 +174,23 @@ impl Layout {
 mod tests {
     use super::*;
     use crate::store::fingerprint::FingerprintKey;
+
+    #[test]
+    fn slot_tags_are_stable() {
+        let tags = slot_tags();
+        assert_eq!(tags.len(), usize::from(CLUSTER_SLOTS));
+        for (slot, tag) in tags.iter().enumerate() {
+            assert_eq!(usize::from(key_slot(tag.to_string().as_bytes())), slot);
+        }
+        let l = Layout::new("nl:", 10, Hashing::Unkeyed);
+        for slot in [0, 1, 5460, 5461, 10922, 16383] {
+            let key = l.shard_marker_key(slot);
+            assert_eq!(key_slot(key.as_bytes()), slot, "{key}");
+        }
+        // Pinned: these are key names in existing keyspaces.
+        assert_eq!(l.shard_marker_key(0), "nl:{3560}shard");
+        assert_eq!(l.shard_marker_key(16383), "nl:{39296}shard");
+    }
 
     #[test]
     fn a_scope_is_encoded_as_the_pair_it_was() {
