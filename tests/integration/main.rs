@@ -34,6 +34,7 @@ mod openapi;
 mod operators_http;
 mod props;
 mod replication;
+mod shard_lost;
 mod shutdown;
 mod tier;
 mod tls;

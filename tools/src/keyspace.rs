@@ -10,6 +10,10 @@ use namelist::store::redis::{RedisOptions, RedisStore};
 /// Make a new, empty keyspace at the prefix, even where a running instance saw the previous
 /// one vanish (Redis restarted without its data, flushed, failed over to an empty node).
 ///
+/// On a cluster whose meta hash is intact but one shard lost its data (its hash slots'
+/// markers are gone: instances refuse to start on it), this accepts the loss instead: those
+/// slots are marked again, empty, and the rest of the keyspace is kept.
+///
 /// Only when the lost keyspace cannot be restored (an RDB or AOF brings back its id, and the
 /// instances resume by themselves): every list and count it held is gone, so load them again
 /// after this (`import`). Instances still running on the lost keyspace refuse writes and
@@ -37,6 +41,15 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<()> {
     let (_, report) = RedisStore::open_anew(RedisOptions::from_settings(&settings)?)
         .await
         .context("making the keyspace")?;
+    if !report.created && report.shards_marked > 0 {
+        crate::out(format_args!(
+            "the keyspace at prefix {} had lost the data of {} hash slot(s) (a shard restarted \
+             empty): they are marked again, empty; load the lists again (import), and restart \
+             the service's instances if they refuse writes",
+            settings.key_prefix, report.shards_marked
+        ))?;
+        return Ok(());
+    }
     if !report.created {
         bail!(
             "a keyspace is already there at prefix {} (nothing done)",

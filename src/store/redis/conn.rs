@@ -20,7 +20,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+
+use crate::store::layout::key_slot;
 use redis::{
     Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value,
 };
@@ -80,6 +82,14 @@ impl ConnectionLike for RedisConn {
 
     fn get_db(&self) -> i64 {
         0
+    }
+}
+
+/// A reply that is a server's error, as the error.
+pub(super) fn server_error(v: Value) -> RedisResult<Value> {
+    match v {
+        Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
     }
 }
 
@@ -247,6 +257,83 @@ impl RedisConn {
     /// Like `run`, but every command must succeed.
     pub async fn run_all(&self, cmds: Vec<Keyed>) -> RedisResult<Vec<Value>> {
         self.run(cmds).await?.into_iter().collect()
+    }
+
+    /// `run_all` in one round trip per slot range of the cluster (`CLUSTER SLOTS`: one per
+    /// primary unless slots were moved), for many keys over many slots at once (the 16,384
+    /// shard markers at open; `run` sends a pipeline a slot). A range's pipeline that fails
+    /// (a slot moved meanwhile: the client refuses a pipeline with a `MOVED` in it) is sent
+    /// again by `run_all`. One pipeline on a node.
+    pub async fn run_spread(&self, cmds: Vec<Keyed>) -> RedisResult<Vec<Value>> {
+        let RedisConn::Cluster(c) = self else {
+            return self.run_all(cmds).await;
+        };
+        let slots = c
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        let ranges: Vec<(u16, u16)> = match slots {
+            Value::Array(ranges) => ranges
+                .iter()
+                .filter_map(|r| match r {
+                    Value::Array(r) => match (r.first(), r.get(1)) {
+                        (Some(Value::Int(a)), Some(Value::Int(b))) => {
+                            Some((u16::try_from(*a).ok()?, u16::try_from(*b).ok()?))
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); ranges.len()];
+        let mut again = Vec::new();
+        for (i, (key, _)) in cmds.iter().enumerate() {
+            let slot = key_slot(key);
+            match ranges.iter().position(|&(a, b)| (a..=b).contains(&slot)) {
+                Some(g) => groups[g].push(i),
+                None => again.push(i),
+            }
+        }
+        let sent = join_all(
+            groups
+                .into_iter()
+                .zip(&ranges)
+                .filter(|(idx, _)| !idx.is_empty())
+                .map(|(idx, &(start, _))| {
+                    let mut pipe = redis::pipe();
+                    for &i in &idx {
+                        pipe.add_command(cmds[i].1.clone());
+                    }
+                    let route = Route::new(start, SlotAddr::Master);
+                    let route = SingleNodeRoutingInfo::SpecificNode(route);
+                    async move { (c.route_pipeline(pipe, 0, idx.len(), route).await, idx) }
+                }),
+        )
+        .await;
+        let mut out: Vec<Option<Value>> = vec![None; cmds.len()];
+        for (replies, idx) in sent {
+            match replies {
+                Ok(replies) => {
+                    for (i, v) in idx.into_iter().zip(replies) {
+                        out[i] = Some(server_error(v)?);
+                    }
+                }
+                Err(_) => again.extend(idx),
+            }
+        }
+        if !again.is_empty() {
+            let cmds_again = again.iter().map(|&i| cmds[i].clone()).collect();
+            for (i, v) in again.into_iter().zip(self.run_all(cmds_again).await?) {
+                out[i] = Some(v);
+            }
+        }
+        out.into_iter()
+            .map(|v| v.map_or_else(missing, Ok))
+            .collect()
     }
 
     /// The nodes to `SCAN` for every key: the node, or every cluster primary.

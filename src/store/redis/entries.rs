@@ -61,10 +61,9 @@ impl RedisStore {
         buckets: &[u32],
     ) -> StoreResult<Vec<Vec<(i64, u32)>>> {
         let mut cmds = self.on_buckets("HGETALL", buckets);
-        cmds.push(self.keyspace_probe());
+        let probes = self.add_probes(&mut cmds);
         let mut replies = self.bulk.run_all(cmds).await.map_err(unavailable)?;
-        let probe = replies.pop();
-        self.probed(probe.as_ref())?;
+        self.take_probes(&probes, &mut replies)?;
         replies
             .iter()
             .map(|v| {
@@ -245,10 +244,9 @@ impl EntryStore for RedisStore {
                 })
             })
             .collect();
-        cmds.push(self.keyspace_probe());
+        let probes = self.add_probes(&mut cmds);
         let mut replies = self.reads().run_all(cmds).await.map_err(unavailable)?;
-        let probe = replies.pop();
-        self.probed(probe.as_ref())?;
+        self.take_probes(&probes, &mut replies)?;
         replies
             .iter()
             .map(|v| {
@@ -264,10 +262,9 @@ impl EntryStore for RedisStore {
             return self.hgetall_buckets(buckets).await;
         }
         let mut cmds = self.on_buckets("DUMP", buckets);
-        cmds.push(self.keyspace_probe());
+        let probes = self.add_probes(&mut cmds);
         let mut replies = self.bulk.run(cmds).await.map_err(unavailable)?;
-        let probe = replies.pop().transpose().map_err(unavailable)?;
-        self.probed(probe.as_ref())?;
+        self.take_probe_results(&probes, &mut replies)?;
         let mut out: Vec<Option<Vec<(i64, u32)>>> = Vec::with_capacity(buckets.len());
         let mut other = Vec::new();
         for (i, reply) in replies.into_iter().enumerate() {
@@ -332,10 +329,9 @@ impl EntryStore for RedisStore {
             .collect();
         self.unless_lost(false)?;
         let mut cmds: Vec<Keyed> = cmds;
-        cmds.push(self.keyspace_probe());
+        let probes = self.add_probes(&mut cmds);
         let mut raw = self.reads().run_all(cmds).await.map_err(unavailable)?;
-        let probe = raw.pop();
-        self.probed(probe.as_ref())?;
+        self.take_probes(&probes, &mut raw)?;
         raw.iter()
             .map(|v| {
                 let members: Vec<String> = redis::from_redis_value_ref(v)
@@ -398,10 +394,16 @@ impl EntryStore for RedisStore {
         let r = async {
             let replies = if self.conn.is_cluster() {
                 // No transaction across slots: the same order, step by step, then the WAITs.
+                // Each slot's marker is read in the entries' `MULTI` on that slot: entries
+                // that reached a shard that lost its data are never acknowledged.
+                let slots = self.slots_of(registries.iter().chain(&buckets));
                 all_ok(session.step(registries, true).await?)?;
-                let replies = all_ok(session.step(buckets, true).await?)?;
+                let step = slots.iter().map(|&s| self.shard_probe(s)).chain(buckets);
+                let mut replies = all_ok(session.step(step.collect(), true).await?)?;
+                let entries = replies.split_off(slots.len().min(replies.len()));
+                self.shards_probed(&slots, &replies)?;
                 all_ok(session.commit(last, true).await?)?;
-                replies
+                entries
             } else {
                 // The keyspace id first, in the same transaction: a write that reached a
                 // keyspace lost meanwhile is never acknowledged (and announced to nobody).
@@ -456,14 +458,11 @@ impl EntryStore for RedisStore {
         let r = async {
             // The keyspace id after the deletions, on their connection: deletions that reached
             // a keyspace lost meanwhile are neither audited, announced nor acknowledged.
-            let mut results = session
-                .step(
-                    scripts.into_iter().chain([self.keyspace_probe()]).collect(),
-                    false,
-                )
-                .await?;
-            let probe = results.pop().transpose().map_err(unavailable)?;
-            self.probed(probe.as_ref())?;
+            // On a cluster, each slot's marker after its deletions (`shards`).
+            let mut cmds = scripts;
+            let probes = self.add_probes(&mut cmds);
+            let mut results = session.step(cmds, false).await?;
+            self.take_probe_results(&probes, &mut results)?;
             if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
                 // The script cache was flushed (a restart): load and redo what did not run.
                 self.load_scripts().await?;

@@ -59,6 +59,7 @@ pub mod write_pool;
 mod audit;
 mod bus;
 mod entries;
+mod shards;
 mod velocity;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -142,6 +143,9 @@ pub struct OpenReport {
     /// Audit records indexed at open: those written before the index existed (or by an
     /// older build since); 0 once every stream is indexed.
     pub audit_indexed: u64,
+    /// Shard markers written at open (a cluster: all 16,384 for a keyspace that had none,
+    /// the lost slots' when `keyspace create --lost-for-good` accepts their loss).
+    pub shards_marked: usize,
 }
 
 /// What `RedisStore::fold_old_counts` did.
@@ -204,6 +208,10 @@ pub struct RedisStore {
     keyspace_id: String,
     lost: AtomicBool,
     health: tokio::sync::watch::Sender<KeyspaceHealth>,
+    /// On a cluster, the slots whose shard markers were found missing (`shards`), and where
+    /// `verify_keyspace`'s sweep of the markers is.
+    lost_slots: std::sync::Mutex<std::collections::BTreeSet<u16>>,
+    sweep: AtomicUsize,
 }
 
 impl RedisStore {
@@ -530,6 +538,11 @@ impl RedisStore {
         let layout = Layout::new(opts.prefix, buckets, hashing)
             .with_velocity(velocity, event_buckets)
             .with_rules(rules);
+        let shards_marked = if cluster {
+            shards::open_shard_markers(&conn, &layout, &keyspace_id, create == Create::Anew).await?
+        } else {
+            0
+        };
 
         let mean = opts
             .expected_entries
@@ -595,6 +608,8 @@ impl RedisStore {
             keyspace_id,
             lost: AtomicBool::new(false),
             health: tokio::sync::watch::channel(KeyspaceHealth::Present).0,
+            lost_slots: Default::default(),
+            sweep: AtomicUsize::new(0),
         };
         store.load_scripts().await?;
         let (audit_indexed, not_indexed) = store.index_audit_trail().await;
@@ -609,6 +624,7 @@ impl RedisStore {
                 warnings,
                 unkeyed,
                 audit_indexed,
+                shards_marked,
             },
         ))
     }
@@ -734,15 +750,22 @@ impl StoreBase for RedisStore {
 
     /// Reads the keyspace id from the meta hash: missing or another → lost; this one again
     /// after a loss (its data restored) → present again, said at WARN, the marker removed.
+    /// On a cluster the shard markers of the slots seen lost are read too, and the next
+    /// `shards::SWEEP` in turn.
     async fn verify_keyspace(&self) -> StoreResult<()> {
-        let probe = self.keyspace_probe();
-        let reply = self
+        let slots = self.slots_to_verify();
+        let cmds = std::iter::once(self.keyspace_probe())
+            .chain(slots.iter().map(|&s| self.shard_probe(s)))
+            .collect();
+        let replies = self
             .operator_reads()
-            .run_all(vec![probe])
+            .run_spread(cmds)
             .await
             .map_err(unavailable)?;
-        self.probed(reply.first())?;
+        self.probed(replies.first())?;
+        self.shards_probed(&slots, replies.get(1..).unwrap_or_default())?;
         if self.lost.swap(false, Ordering::AcqRel) {
+            self.forget_lost_slots();
             tracing::warn!(
                 keyspace_id = self.keyspace_id,
                 "the keyspace is back (its data restored): writes are taken again"

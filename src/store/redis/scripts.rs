@@ -139,11 +139,12 @@ return out
 /// members that left the window when it reaches its cap, before evicting any of the
 /// window's.
 ///
-/// Guard: with an ARGV[2] (updates on one node), the last key is the meta hash and ARGV[2]
-/// the keyspace id as opened; a meta hash without it (Redis restarted empty, flushed, failed
-/// over to an empty node) fails the call with `NAMELIST_LOST` before anything is written or
-/// recorded, so an event refused then is neither counted nor remembered, and its retry once
-/// the keyspace is restored counts. On a cluster the meta hash is in another slot: no guard.
+/// Guard: with an ARGV[2] (updates), the last key is the meta hash on one node, the slot's
+/// shard marker on a cluster (`shards`), and ARGV[2] the keyspace id as opened; a hash
+/// without it (Redis or the shard restarted empty, flushed, failed over to an empty node)
+/// fails the call with `NAMELIST_LOST` before anything is written or recorded, so an event
+/// refused then is neither counted nor remembered, and its retry once the keyspace is
+/// restored counts.
 ///
 /// Returns {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
 /// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the

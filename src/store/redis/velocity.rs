@@ -228,12 +228,10 @@ impl RedisStore {
         let calls = metric_calls(ops, &idx, self.conn.is_cluster());
         let now = now_ms();
         let script = &self.metric_scripts.write;
-        // On one node each call checks the keyspace id before it writes (`METRIC_BODY`'s
-        // guard): updates that reach a keyspace lost meanwhile are neither applied nor
-        // acknowledged. On a cluster the meta hash is in another slot than the call's keys;
-        // the loss is noticed by the reads' probe and the subscription's check.
-        let guard = !self.conn.is_cluster();
-        let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now, guard);
+        // Each call checks the keyspace id before it writes (`METRIC_BODY`'s guard), in the
+        // meta hash on one node, in its slot's shard marker on a cluster (`shards`): updates
+        // that reach a keyspace or shard lost meanwhile are neither applied nor acknowledged.
+        let cmd = |c: usize| self.metric_call_cmd(script, ops, &calls[c], now, true);
         let mut cmds: Vec<Keyed> = (0..calls.len()).map(cmd).collect();
         // The keys of a call share its slot (on a cluster), so its routing key stands for it.
         let mut session = self
@@ -302,16 +300,21 @@ impl RedisStore {
                 })
                 .collect();
             // With the keyspace probe, as every read: counts read from a keyspace lost
-            // meanwhile (Redis restarted empty: every count zero) are never answered.
+            // meanwhile (Redis restarted empty: every count zero) are never answered. First
+            // (the shard markers, on a cluster, after the calls, as every read's).
+            let slots = self.slots_of(cmds.iter());
             cmds.insert(0, self.keyspace_probe());
-            let mut replies = self
-                .reads()
-                .run(cmds)
-                .await
-                .map_err(unavailable)?
-                .into_iter();
+            cmds.extend(slots.iter().map(|&s| self.shard_probe(s)));
+            let mut replies = self.reads().run(cmds).await.map_err(unavailable)?;
+            let shards = replies
+                .split_off(replies.len() - slots.len())
+                .into_iter()
+                .collect::<RedisResult<Vec<_>>>()
+                .map_err(unavailable)?;
+            let mut replies = replies.into_iter();
             let probe = replies.next().transpose().map_err(unavailable)?;
             self.probed(probe.as_ref())?;
+            self.shards_probed(&slots, &shards)?;
             let again =
                 self.sort_replies(ops, &calls, &pending, replies, attempt == 0, &mut out)?;
             if !again.is_empty() {
@@ -341,7 +344,13 @@ impl RedisStore {
                 Ok(v) => out.extend(self.call_answers(ops, &calls[c], &v)?),
                 Err(e) if first && is_noscript(&e) => again.push(c),
                 Err(e) if is_lost(&e) => {
-                    return Err(self.gone("; the updates were refused before any was applied"));
+                    let more = "; the updates were refused before any was applied";
+                    return Err(match self.conn.is_cluster() {
+                        true => {
+                            self.shard_gone(key_slot(ops[calls[c].ops[0]].key.as_bytes()), more)
+                        }
+                        false => self.gone(more),
+                    });
                 }
                 Err(e) => return Err(unavailable(e)),
             }
@@ -460,7 +469,11 @@ impl RedisStore {
             pack_op(&mut blob, op);
         }
         if guard {
-            keys.push(self.layout.meta_key());
+            // The slot's shard marker on a cluster (`shards`), else the meta hash.
+            keys.push(match cluster {
+                true => self.layout.shard_marker_key(key_slot(first.as_bytes())),
+                false => self.layout.meta_key(),
+            });
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
@@ -518,13 +531,14 @@ impl RedisStore {
         let key = self.layout.definitions_key(kind.as_str());
         let mut cmd = redis::Cmd::new();
         build(&mut cmd, &key);
+        let mut cmds = vec![(key.into_bytes(), cmd)];
+        let probes = self.add_probes(&mut cmds);
         let mut replies = self
             .operator_reads()
-            .run_all(vec![(key.into_bytes(), cmd), self.keyspace_probe()])
+            .run_all(cmds)
             .await
             .map_err(unavailable)?;
-        let probe = replies.pop();
-        self.probed(probe.as_ref())?;
+        self.take_probes(&probes, &mut replies)?;
         replies
             .pop()
             .ok_or_else(|| StoreError::corrupt("no reply to a definitions read".into()))

@@ -46,7 +46,7 @@ use super::replicas::Topology;
 use crate::store::layout::key_slot;
 use crate::store::{Deadline, Refusal, StoreError, StoreResult};
 
-use super::conn::{ConnectOptions, Keyed, RedisConn, clients, missing};
+use super::conn::{ConnectOptions, Keyed, RedisConn, clients, missing, server_error};
 use super::worker_conn::PerWorker;
 
 /// The pool's members by default (`write_connections`): writes in flight at once when they
@@ -97,13 +97,6 @@ pub struct StepReplies {
 
 fn corrupt(what: String) -> StoreError {
     StoreError::corrupt(format!("write reply: {what}"))
-}
-
-fn server_error(v: Value) -> RedisResult<Value> {
-    match v {
-        Value::ServerError(e) => Err(e.into()),
-        v => Ok(v),
-    }
 }
 
 /// Splits the replies of a write pipeline of `n` commands: `[MULTI, QUEUED…, EXEC]` when
