@@ -433,3 +433,44 @@ async fn velocity_through_a_flushed_keyspace_is_refused_not_miscounted() {
 async fn counts_of_a_flushed_keyspace_are_refused_not_read_as_zero() {
     velocity_through_a_lost_keyspace(true, true).await;
 }
+
+/// A metric defined through an instance that has not yet seen the keyspace flushed: refused
+/// (`keyspace_lost`) by the definition script's own check of the keyspace id, before
+/// anything is written or announced, so nothing stands in the empty keyspace but the lost
+/// marker (a definition acknowledged there would be gone once the keyspace is restored). The
+/// instance knows from then on: the next changes, a definition and a deletion, are refused
+/// unsent. (A deletion as the first change writes nothing either way: the script finds no
+/// definition to mark deleted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_put_into_a_flushed_keyspace_is_refused_unwritten() {
+    let (redis, settings, app) = listed_u1(FailMode::Open).await;
+    let prefix = settings.key_prefix.clone();
+    let define = || async {
+        let res = app
+            .client
+            .put(app.url("/v1/metrics/n"))
+            .json(&json!({"expr": "COUNT(1h, tx) BY user"}))
+            .send()
+            .await
+            .unwrap();
+        error_code(res).await
+    };
+    let drop = || async {
+        let res = app
+            .client
+            .delete(app.url("/v1/metrics/n"))
+            .send()
+            .await
+            .unwrap();
+        error_code(res).await
+    };
+    assert_eq!(define().await.0, 200);
+    let () = redis::cmd("FLUSHALL").query(&mut redis.conn()).unwrap();
+    let lost = (503, "keyspace_lost".to_owned());
+    assert_eq!(define().await, lost, "the first change after the flush");
+    only_the_marker(&redis, &prefix, " by the refused change");
+    assert_eq!(define().await, lost);
+    assert_eq!(drop().await, lost);
+    only_the_marker(&redis, &prefix, " by the changes after");
+    app.stop().await;
+}

@@ -73,9 +73,9 @@ use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerError
 
 use self::conn::{ConnectOptions, Keyed, RedisConn};
 use self::scripts::{
-    AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, COUNT_CHANGES, COUNTS_PAGE, DELETE_DEFINITION,
-    GUARDED_PUBLISH, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION, TAKE_OLD_COUNTS, is_lost,
-    is_noscript,
+    AUDIT_APPEND_LUA, AUDIT_CATCH_UP_LUA, COUNT_CHANGES, COUNTS_PAGE, DEFINITION_GUARD,
+    DELETE_DEFINITION, GUARDED_PUBLISH, MetricScripts, OPEN_KEYSPACE, PUT_DEFINITION,
+    TAKE_OLD_COUNTS, is_lost, is_noscript,
 };
 use self::worker_conn::PerWorker;
 pub use self::write_pool::DEFAULT_WRITE_CONNECTIONS;

@@ -300,8 +300,19 @@ end
 return out
 ";
 
-/// Stores a definition. KEYS[1] the definitions hash; ARGV: id, fingerprint, body, channel,
-/// message. Values are `<version>\n<fingerprint>\n<body>`. Returns the version.
+/// The start of the definition scripts: KEYS[2] is the meta hash on one node, the shard
+/// marker of the definitions' slot on a cluster, and the last ARGV the keyspace id as opened;
+/// without it there (the keyspace or that shard restarted empty, flushed) the call fails
+/// with `NAMELIST_LOST` before anything is written or published, as `METRIC_BODY`'s guard.
+pub(super) const DEFINITION_GUARD: &str = r"
+if redis.call('HGET', KEYS[2], 'keyspace_id') ~= ARGV[#ARGV] then
+  return redis.error_reply('NAMELIST_LOST the keyspace id is not where the definitions are')
+end
+";
+
+/// Stores a definition (after `DEFINITION_GUARD`). KEYS[1] the definitions hash; ARGV: id,
+/// fingerprint, body, channel, message. Values are `<version>\n<fingerprint>\n<body>`.
+/// Returns the version.
 pub(super) const PUT_DEFINITION: &str = r"
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 local ver, fp = 0, ''
@@ -317,7 +328,8 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return ver
 ";
 
-/// Deletes a definition, keeping its version as a tombstone. Returns 1 if it existed.
+/// Deletes a definition (after `DEFINITION_GUARD`), keeping its version as a tombstone.
+/// KEYS[1] the definitions hash; ARGV: id, channel, message. Returns 1 if it existed.
 pub(super) const DELETE_DEFINITION: &str = r"
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if not cur then return 0 end
@@ -598,7 +610,8 @@ pub fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-/// Whether `e` is a metric script's guard finding the keyspace lost (`METRIC_BODY`).
+/// Whether `e` is a script's guard finding the keyspace lost (`METRIC_BODY`,
+/// `DEFINITION_GUARD`).
 pub fn is_lost(e: &RedisError) -> bool {
     e.code() == Some("NAMELIST_LOST")
 }

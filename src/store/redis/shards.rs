@@ -150,6 +150,24 @@ impl RedisStore {
         ))
     }
 
+    /// The key a script's guard reads the keyspace id from, for a call on `key`: the shard
+    /// marker of its slot on a cluster, else the meta hash.
+    pub(super) fn guard_key(&self, key: &[u8]) -> String {
+        match self.conn.is_cluster() {
+            true => self.layout.shard_marker_key(key_slot(key)),
+            false => self.layout.meta_key(),
+        }
+    }
+
+    /// A script's guard found the keyspace id missing where a call on `key` checked it: the
+    /// shard of its slot on a cluster (`shard_gone`), else the keyspace (`gone`).
+    pub(super) fn lost_at(&self, key: &[u8], more: &str) -> StoreError {
+        match self.conn.is_cluster() {
+            true => self.shard_gone(key_slot(key), more),
+            false => self.gone(more),
+        }
+    }
+
     fn remember_lost_slot(&self, slot: u16) {
         self.lost_slots
             .lock()

@@ -345,12 +345,7 @@ impl RedisStore {
                 Err(e) if first && is_noscript(&e) => again.push(c),
                 Err(e) if is_lost(&e) => {
                     let more = "; the updates were refused before any was applied";
-                    return Err(match self.conn.is_cluster() {
-                        true => {
-                            self.shard_gone(key_slot(ops[calls[c].ops[0]].key.as_bytes()), more)
-                        }
-                        false => self.gone(more),
-                    });
+                    return Err(self.lost_at(ops[calls[c].ops[0]].key.as_bytes(), more));
                 }
                 Err(e) => return Err(unavailable(e)),
             }
@@ -389,8 +384,8 @@ impl RedisStore {
     }
 
     /// Runs a definition script (sent whole: rare, and immune to a flushed script cache) on
-    /// the write path: `args` (the first is the definition's id), then the channel and the
-    /// message naming the definition.
+    /// the write path, after `DEFINITION_GUARD`: `args` (the first is the definition's id),
+    /// then the channel and the message naming the definition, then the keyspace id.
     pub(super) async fn definition_call(
         &self,
         kind: DefinitionKind,
@@ -404,14 +399,27 @@ impl RedisStore {
             .session(&topology, [key.as_bytes()], self.write_replicas, deadline)
             .await?;
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(script).arg(1).arg(&key);
+        cmd.arg(format!("{DEFINITION_GUARD}{script}"))
+            .arg(2)
+            .arg(&key)
+            .arg(self.guard_key(key.as_bytes()));
         for a in args {
             cmd.arg(*a);
         }
         cmd.arg(self.layout.channel())
-            .arg(Invalidation::definition(kind, args[0]).encode());
+            .arg(Invalidation::definition(kind, args[0]).encode())
+            .arg(&self.keyspace_id);
         let r = async {
-            first(session.commit(vec![(key.into_bytes(), cmd)], false).await?)?.map_err(unavailable)
+            match first(
+                session
+                    .commit(vec![(key.clone().into_bytes(), cmd)], false)
+                    .await?,
+            )? {
+                Err(e) if is_lost(&e) => {
+                    Err(self.lost_at(key.as_bytes(), "; the definition was refused unwritten"))
+                }
+                r => r.map_err(unavailable),
+            }
         }
         .await;
         self.noted(r)
@@ -469,11 +477,7 @@ impl RedisStore {
             pack_op(&mut blob, op);
         }
         if guard {
-            // The slot's shard marker on a cluster (`shards`), else the meta hash.
-            keys.push(match cluster {
-                true => self.layout.shard_marker_key(key_slot(first.as_bytes())),
-                false => self.layout.meta_key(),
-            });
+            keys.push(self.guard_key(first.as_bytes()));
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
