@@ -47,24 +47,15 @@ NODES=$(for p in $PORTS; do printf "redis://127.0.0.1:%s," $p; done | sed 's/,$/
 "$TOOLS" keygen --out $D/fp.key >/dev/null 2>&1
 python3 - $D <<'PY'
 import json, random, sys
+sys.path.insert(0, "benches")
+from bodies import subjects, transaction
 d = sys.argv[1]; rnd = random.Random(7)
-def subjects():
-    return {"uid": "nu%09d" % rnd.randrange(10**9), "phone": "+86139%08d" % rnd.randrange(10**8),
-            "device": "nd%09d" % rnd.randrange(10**9), "imei": "35%013d" % rnd.randrange(10**13),
-            "ip": "172.%d.%d.%d" % (rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)),
-            "wifi_mac": "02-00-%02X-%02X-%02X-%02X" % tuple(rnd.randrange(256) for _ in range(4)),
-            "id_card": "nid%012d" % rnd.randrange(10**12)}
 with open(d + "/checks.txt", "w") as f:
     for i in range(100000):
-        f.write(json.dumps({"sandbox": "loan", "lists": ["black", "grey"], "subjects": subjects()}) + "\n")
-n = 200000
+        f.write(json.dumps({"sandbox": "loan", "lists": ["black", "grey"], "subjects": subjects(rnd)}) + "\n")
 with open(d + "/events.txt", "w") as f:
     for i in range(600000):
-        ip = rnd.randrange(n)
-        f.write(json.dumps({"id": "ev-%08d" % i, "type": "transaction", "fields": {
-            "device_id": "d%06d" % rnd.randrange(n), "userid": "u%06d" % rnd.randrange(n),
-            "ip": "10.%d.%d.%d" % (ip >> 16 & 255, ip >> 8 & 255, ip & 255),
-            "amount": rnd.randrange(100000) / 100}}) + "\n")
+        f.write(json.dumps(transaction(rnd, i, 200000)) + "\n")
 PY
 cpu() { local t=0; for p in $PORTS; do t=$(python3 -c "print($t + $(redis-cli -p $p info cpu | awk -F: '/used_cpu_(user|sys):/{s+=$2} END{print s}'))"); done; echo $t; }
 SP=$(free_port)

@@ -90,20 +90,12 @@ reqs() { python3 -c 'import json,sys; print(sum(json.load(open(sys.argv[1]))["st
 
 python3 - "$D" "$ENTITIES" "$LINES" <<'PY'
 import json, random, sys
+sys.path.insert(0, "benches")
+import bodies
 d, n, lines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rnd = random.Random(27)
-def tx(i, prefix="ev"):
-    ip = rnd.randrange(n)
-    return {"id": "%s-%08d" % (prefix, i), "type": "transaction", "fields": {
-        "device_id": "d%06d" % rnd.randrange(n), "userid": "u%06d" % rnd.randrange(n),
-        "ip": "10.%d.%d.%d" % (ip >> 16 & 255, ip >> 8 & 255, ip & 255),
-        "amount": rnd.randrange(100000) / 100}}
-def subjects():
-    return {"uid": "nu%09d" % rnd.randrange(10**9), "phone": "+86139%08d" % rnd.randrange(10**8),
-            "device": "nd%09d" % rnd.randrange(10**9), "imei": "35%013d" % rnd.randrange(10**13),
-            "ip": "172.%d.%d.%d" % (rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)),
-            "wifi_mac": "02-00-%02X-%02X-%02X-%02X" % tuple(rnd.randrange(256) for _ in range(4)),
-            "id_card": "nid%012d" % rnd.randrange(10**12)}
+tx = lambda i, prefix="ev": bodies.transaction(rnd, i, n, prefix)
+subjects = lambda: bodies.subjects(rnd)
 with open(d + "/events.txt", "w") as f:
     for i in range(lines):
         f.write(json.dumps(tx(i)) + "\n")

@@ -27,7 +27,7 @@ fn check(values: &[&str]) -> Value {
 }
 
 /// Every key of the keyspace at `prefix`, as `DUMP`s: what an RDB restore brings back.
-fn dump_all(redis: &RedisServer, prefix: &str) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn dump_all(redis: &RedisServer, prefix: &str) -> Vec<(String, Vec<u8>)> {
     let mut conn = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
@@ -41,7 +41,7 @@ fn dump_all(redis: &RedisServer, prefix: &str) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn restore_all(redis: &RedisServer, dumps: &[(String, Vec<u8>)]) {
+pub(crate) fn restore_all(redis: &RedisServer, dumps: &[(String, Vec<u8>)]) {
     let mut conn = redis.conn();
     for (k, d) in dumps {
         let () = redis::cmd("RESTORE")
@@ -292,6 +292,19 @@ async fn a_new_keyspace_is_made_explicitly_and_adopted_on_restart() {
     fresh.stop().await;
 }
 
+/// `PUT /v1/metrics/n`, the count of `tx` events by `user` in the last hour: status and
+/// error code.
+pub(crate) async fn define_n(app: &TestApp) -> (u16, String) {
+    let res = app
+        .client
+        .put(app.url("/v1/metrics/n"))
+        .json(&json!({"expr": "COUNT(1h, tx) BY user"}))
+        .send()
+        .await
+        .unwrap();
+    error_code(res).await
+}
+
 /// `POST /v1/events` of one transaction of user `u` with id `id`: status and body.
 async fn event(app: &TestApp, id: &str) -> (u16, Value) {
     let res = app
@@ -332,14 +345,7 @@ async fn count(app: &TestApp) -> (u16, Value) {
 async fn velocity_through_a_lost_keyspace(flush: bool, count_first: bool) {
     let (mut redis, settings, app) = listed_u1(FailMode::Open).await;
     let prefix = settings.key_prefix.clone();
-    let put = app
-        .client
-        .put(app.url("/v1/metrics/n"))
-        .json(&json!({"expr": "COUNT(1h, tx) BY user"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(put.status(), 200);
+    assert_eq!(define_n(&app).await.0, 200);
     assert_eq!(event(&app, "e1").await.0, 200);
     assert_eq!(count(&app).await, (200, json!({"values": {"n": 1}})));
     let backup = dump_all(&redis, &prefix);
@@ -445,16 +451,6 @@ async fn counts_of_a_flushed_keyspace_are_refused_not_read_as_zero() {
 async fn a_definition_put_into_a_flushed_keyspace_is_refused_unwritten() {
     let (redis, settings, app) = listed_u1(FailMode::Open).await;
     let prefix = settings.key_prefix.clone();
-    let define = || async {
-        let res = app
-            .client
-            .put(app.url("/v1/metrics/n"))
-            .json(&json!({"expr": "COUNT(1h, tx) BY user"}))
-            .send()
-            .await
-            .unwrap();
-        error_code(res).await
-    };
     let drop = || async {
         let res = app
             .client
@@ -464,12 +460,16 @@ async fn a_definition_put_into_a_flushed_keyspace_is_refused_unwritten() {
             .unwrap();
         error_code(res).await
     };
-    assert_eq!(define().await.0, 200);
+    assert_eq!(define_n(&app).await.0, 200);
     let () = redis::cmd("FLUSHALL").query(&mut redis.conn()).unwrap();
     let lost = (503, "keyspace_lost".to_owned());
-    assert_eq!(define().await, lost, "the first change after the flush");
+    assert_eq!(
+        define_n(&app).await,
+        lost,
+        "the first change after the flush"
+    );
     only_the_marker(&redis, &prefix, " by the refused change");
-    assert_eq!(define().await, lost);
+    assert_eq!(define_n(&app).await, lost);
     assert_eq!(drop().await, lost);
     only_the_marker(&redis, &prefix, " by the changes after");
     app.stop().await;

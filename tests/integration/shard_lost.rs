@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::keyspace_lost::{define_n, dump_all, restore_all};
 use common::{RedisCluster, RedisServer, TestApp, cluster_settings, spawn_app};
 use namelist::config::Settings;
 use namelist::lists::FailMode;
@@ -80,18 +81,6 @@ async fn count(app: &TestApp, user: &str) -> Value {
     res.json::<Value>().await.unwrap()["values"]["n"].clone()
 }
 
-/// Every key on `node` (a primary: its own slots only), as `DUMP`s.
-fn dump_node(node: &RedisServer) -> Vec<(String, Vec<u8>)> {
-    let mut conn = node.conn();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
-    keys.into_iter()
-        .map(|k| {
-            let d: Vec<u8> = redis::cmd("DUMP").arg(&k).query(&mut conn).unwrap();
-            (k, d)
-        })
-        .collect()
-}
-
 fn dbsize(node: &RedisServer) -> i64 {
     redis::cmd("DBSIZE").query(&mut node.conn()).unwrap()
 }
@@ -128,14 +117,7 @@ async fn a_shard_restarted_empty_is_noticed_never_read_as_not_listed() {
     );
     let uids = uids();
     assert_eq!(write(&writer, &uids).await, (200, String::new()));
-    let put = writer
-        .client
-        .put(writer.url("/v1/metrics/n"))
-        .json(&json!({"expr": "COUNT(1h, tx) BY user"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(put.status(), 200);
+    assert_eq!(define_n(&writer).await.0, 200);
     let users: Vec<String> = (0..30).map(|i| format!("v{i}")).collect();
     for u in &users {
         assert_eq!(event(&writer, &format!("e-{u}"), u).await.0, 200);
@@ -167,7 +149,8 @@ async fn a_shard_restarted_empty_is_noticed_never_read_as_not_listed() {
         .into_iter()
         .find(|n| n.port != cluster.nodes[meta_node].port)
         .expect("another primary");
-    let backup = dump_node(lost);
+    // Every key of that primary (its own slots only), as an RDB of it would hold them.
+    let backup = dump_all(lost, "");
     assert!(
         backup
             .iter()
@@ -224,16 +207,7 @@ async fn a_shard_restarted_empty_is_noticed_never_read_as_not_listed() {
 
     // The shard restored (as its RDB would bring it back): both instances resume by
     // themselves, every entry listed, and the events refused, sent again, count once.
-    let mut conn = lost.conn();
-    for (k, d) in &backup {
-        let () = redis::cmd("RESTORE")
-            .arg(k)
-            .arg(0)
-            .arg(d.as_slice())
-            .arg("REPLACE")
-            .query(&mut conn)
-            .unwrap();
-    }
+    restore_all(lost, &backup);
     ready_becomes(&reader, 200, Duration::from_secs(5)).await;
     ready_becomes(&writer, 200, Duration::from_secs(5)).await;
     for u in &uids {
