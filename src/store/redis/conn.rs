@@ -21,13 +21,12 @@ use futures::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-
-use crate::store::layout::key_slot;
 use redis::{
     Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value,
 };
 
 use super::heal::HealingCluster;
+use crate::store::layout::key_slot;
 
 /// Installs rustls's crypto provider once per process (for `rediss://`).
 fn install_tls_provider() {

@@ -43,7 +43,8 @@
 //! write path, `StoreBase`); one module per trait implementation beside it (`entries`,
 //! `bus`, `velocity` for metrics and definitions, `audit` for the trail and its reports); and
 //! the Redis plumbing they share: `conn` (read routing and the write pool), `worker_conn`,
-//! `heal`, `replicas`, `scripts`, `bulk` (the tools' bulk reads and writes), `dump`
+//! `heal`, `replicas`, `scripts`, `shards` (the markers that tell a cluster's shard that lost
+//! its data), `bulk` (the tools' bulk reads and writes), `dump`
 //! (reading `DUMP` payloads) and `changelog` (catching up from the audit trail).
 
 pub mod bulk;
