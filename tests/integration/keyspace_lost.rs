@@ -468,6 +468,13 @@ async fn a_definition_put_into_a_flushed_keyspace_is_refused_unwritten() {
         lost,
         "the first change after the flush"
     );
+    lost_within(&app, Duration::from_secs(5)).await;
+    // The marker is left by a task of its own: wait for it, then for nothing else.
+    let started = Instant::now();
+    while !marker_exists(&redis, &prefix) {
+        assert!(started.elapsed() < Duration::from_secs(5), "no lost marker");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     only_the_marker(&redis, &prefix, " by the refused change");
     assert_eq!(define_n(&app).await, lost);
     assert_eq!(drop().await, lost);

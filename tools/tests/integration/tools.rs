@@ -295,4 +295,42 @@ async fn import_and_audit_on_a_cluster() {
     let (_, hits) = check_all(&app, &read_rows(&non_members)).await;
     assert!(hits.is_empty(), "{} false positives", hits.len());
     app.stop().await;
+
+    // A primary that does not hold the meta hash loses its data: the tools refuse the
+    // keyspace, naming the slots, until `keyspace create --lost-for-good` accepts the loss
+    // (those slots marked again, empty), and then take it as it is.
+    let meta = namelist::store::Layout::meta_key_of(prefix);
+    let meta_node = cluster.primary_of_slot(namelist::store::layout::key_slot(meta.as_bytes()));
+    let lost = cluster
+        .primaries()
+        .into_iter()
+        .find(|n| n.port != cluster.nodes[meta_node].port)
+        .expect("another primary");
+    let () = redis::cmd("FLUSHALL").query(&mut lost.conn()).unwrap();
+    let run = |args: &[&str]| {
+        let out = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"))
+            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+            .args(global)
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, _, err) = run(&["audit", "--compare-sample", "0"]);
+    assert!(!ok && err.contains("hash slot"), "{err}");
+    let (ok, _, err) = run(&["keyspace", "create"]);
+    assert!(!ok && err.contains("--lost-for-good"), "{err}");
+    let (ok, out, err) = run(&["keyspace", "create", "--lost-for-good"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("marked again"), "{out}");
+    let audit: Json = serde_json::from_str(&tools_with(
+        &[&global[..], &["audit", "--json", "--compare-sample", "0"]].concat(),
+    ))
+    .unwrap();
+    let left = audit["entries"].as_u64().unwrap();
+    assert!(
+        left > 0 && left < ROWS as u64,
+        "the other primaries' entries kept: {audit}"
+    );
 }
