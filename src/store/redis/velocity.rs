@@ -307,7 +307,7 @@ impl RedisStore {
             cmds.extend(slots.iter().map(|&s| self.shard_probe(s)));
             let mut replies = self.reads().run(cmds).await.map_err(unavailable)?;
             let shards = replies
-                .split_off(replies.len() - slots.len())
+                .split_off(replies.len().saturating_sub(slots.len()))
                 .into_iter()
                 .collect::<RedisResult<Vec<_>>>()
                 .map_err(unavailable)?;
