@@ -13,7 +13,13 @@
 #   markers; the markers' worst case, said so on the row);
 # * the same check at the default tier (what the engine's traffic meets);
 # * `POST /v1/events`, one event a request, five metrics (as in benches/velocity_engine.sh),
-#   200,000 entities, with `write_replicas = 1` (the production recommendation).
+#   200,000 entities, with `write_replicas = 1` (the production recommendation);
+# * `mixed`: production's settings (`write_replicas = 1`, default tier) under reads and writes
+#   at once: checks at their maximum (`oha -c 32`), events at 1,000/s (`-q 1000 -c 16`), a
+#   writer upserting 1,000 new devices a second and a victim checking one request at a time
+#   (benches/mixed_victim.py: its history must hold, read-your-writes included; the bench
+#   exits 1 if not). Redis CPU is the whole run's, in % of a core.
+# ROWS picks rows (default: tier-off default events mixed).
 # Prints requests/s, p99, and Redis CPU per request (`used_cpu_user + used_cpu_sys` of all six
 # nodes around the run). Needs redis-server, redis-cli, python3 and oha ($OHA, PATH, or
 # target/oha/bin, which `cargo bench --bench load` installs).
@@ -26,6 +32,8 @@ TOOLS=target/release/namelist-tools
 OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
+ROWS=${ROWS:-tier-off default events mixed}
+row() { case " $ROWS " in *" $1 "*) return 0 ;; esac; return 1; }
 PORTS=""
 while [ "$(echo $PORTS | wc -w)" -lt 6 ]; do
   p=$(free_port)
@@ -59,40 +67,78 @@ with open(d + "/events.txt", "w") as f:
 PY
 cpu() { local t=0; for p in $PORTS; do t=$(python3 -c "print($t + $(redis-cli -p $p info cpu | awk -F: '/used_cpu_(user|sys):/{s+=$2} END{print s}'))"); done; echo $t; }
 SP=$(free_port)
-run() { # name binary prefix path file extra-env...
-  local name=$1 bin=$2 prefix=$3 path=$4 file=$5; shift 5
+start_svc() { # binary prefix extra-env...
+  local bin=$1 prefix=$2; shift 2
   env "$@" NAMELIST_LISTEN=127.0.0.1:$SP NAMELIST_REDIS_CLUSTER_NODES=$NODES NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key \
     NAMELIST_KEY_PREFIX=$prefix RUST_LOG=warn "$bin" >>$D/svc.log 2>&1 &
   SVC=$!
   for _ in $(seq 200); do curl -sf localhost:$SP/readyz >/dev/null && break; sleep 0.1; done
-  if [ "$path" = /v1/events ]; then
-    def() { curl -sf -X PUT -H 'content-type: application/json' localhost:$SP/v1/metrics/$1 -d "{\"expr\": \"$2\"}" >/dev/null; }
-    def tx_dev_1h "COUNT(1h, transaction) BY device_id"
-    def amt_user_1d "SUM(1d, transaction, amount) BY userid"
-    def avg_user_1d "AVG(1d, transaction, amount) BY userid"
-    def users_dev_30d "COUNT_DISTINCT(30d, transaction, userid) BY device_id"
-    def devs_ip_1d "APPROX_COUNT_DISTINCT(1d, transaction, device_id) BY ip"
-    sleep 1
-  fi
-  "$OHA" --no-tui -z 2s -m POST -H 'content-type: application/json' -Z $file -c 64 http://127.0.0.1:$SP$path >/dev/null
-  local c0=$(cpu)
-  "$OHA" --no-tui --output-format json -z ${SECS}s -m POST -H 'content-type: application/json' -Z $file -c 64 http://127.0.0.1:$SP$path >$D/o.json
-  local c1=$(cpu)
-  kill $SVC; wait $SVC 2>/dev/null || true; SVC=
-  python3 - "$name" $c0 $c1 $D/o.json <<'PY'
+}
+stop_svc() { kill $SVC; wait $SVC 2>/dev/null || true; SVC=; }
+define5() {
+  def() { curl -sf -X PUT -H 'content-type: application/json' localhost:$SP/v1/metrics/$1 -d "{\"expr\": \"$2\"}" >/dev/null; }
+  def tx_dev_1h "COUNT(1h, transaction) BY device_id"
+  def amt_user_1d "SUM(1d, transaction, amount) BY userid"
+  def avg_user_1d "AVG(1d, transaction, amount) BY userid"
+  def users_dev_30d "COUNT_DISTINCT(30d, transaction, userid) BY device_id"
+  def devs_ip_1d "APPROX_COUNT_DISTINCT(1d, transaction, device_id) BY ip"
+  sleep 1
+}
+load() { # json-out path file oha-args...
+  local out=$1 path=$2 file=$3; shift 3
+  "$OHA" --no-tui --output-format json -z ${SECS}s -m POST -H 'content-type: application/json' -Z $file "$@" http://127.0.0.1:$SP$path >$out
+}
+report() { # name cpu0 cpu1 oha-json
+  python3 - "$@" <<'PY'
 import json, sys
 name, c0, c1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 o = json.load(open(sys.argv[4])); n = sum(o["statusCodeDistribution"].values())
-print("%-34s %8.0f/s  p99 %6.2f ms  Redis %6.1f us/request  %s" % (name, o["summary"]["requestsPerSec"],
-      o["latencyPercentiles"]["p99"] * 1e3, (c1 - c0) * 1e6 / n, o["statusCodeDistribution"]))
+redis = "  Redis %6.1f us/request" % ((c1 - c0) * 1e6 / n) if c1 > c0 else ""
+print("%-34s %8.0f/s  p99 %6.2f ms%s  %s" % (name, o["summary"]["requestsPerSec"],
+      o["latencyPercentiles"]["p99"] * 1e3, redis, o["statusCodeDistribution"]))
 PY
+}
+run() { # name binary prefix path file extra-env...
+  local name=$1 bin=$2 prefix=$3 path=$4 file=$5; shift 5
+  start_svc "$bin" "$prefix" "$@"
+  [ "$path" = /v1/events ] && define5
+  "$OHA" --no-tui -z 2s -m POST -H 'content-type: application/json' -Z $file -c 64 http://127.0.0.1:$SP$path >/dev/null
+  local c0=$(cpu)
+  load $D/o.json "$path" "$file" -c 64
+  local c1=$(cpu)
+  stop_svc
+  report "$name" $c0 $c1 $D/o.json
+}
+# Checks at their maximum, events at 1,000/s and list writes at once, with write_replicas = 1
+# and the default tier (production's settings); the victim's history must hold (exit 1 if not).
+mixed() { # name binary prefix
+  local name=$1 bin=$2 prefix=$3
+  start_svc "$bin" "$prefix" NAMELIST_WRITE_REPLICAS=1
+  define5
+  curl -sf -X POST -H 'content-type: application/json' localhost:$SP/v1/lists/black/entries \
+    -d '{"entries": [{"dimension": "device", "value": "victim-listed", "sandbox": "loan"}]}' >/dev/null
+  local c0=$(cpu)
+  load $D/mc.json /v1/check $D/checks.txt -c 32 &
+  local lc=$!
+  load $D/me.json /v1/events $D/events.txt -q 1000 -c 16 &
+  local le=$!
+  local v=0
+  python3 benches/mixed_victim.py $SP $SECS victim-listed || v=$?
+  wait $lc $le
+  local c1=$(cpu)
+  stop_svc
+  report "$name: checks (-c 32)" 0 0 $D/mc.json
+  report "$name: events (1,000/s)" 0 0 $D/me.json
+  echo "  Redis CPU, six nodes: $(python3 -c "print('%.0f' % (($c1 - $c0) * 100 / $SECS))") % of a core"
+  [ $v = 0 ] || { echo "$name: the victim's history broke" >&2; exit 1; }
 }
 echo "redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, 6 nodes; $SECS s a run"
 for round in $(seq "$ROUNDS"); do
   for which in ${OLD:+old} new; do
     bin=$NEW; [ $which = old ] && bin=$OLD
-    run "$which check, tier off" "$bin" "c$which$round:" /v1/check $D/checks.txt NAMELIST_LOCAL_MEMORY_MB=0
-    run "$which check, default tier" "$bin" "d$which$round:" /v1/check $D/checks.txt
-    run "$which events, write_replicas=1" "$bin" "e$which$round:" /v1/events $D/events.txt NAMELIST_WRITE_REPLICAS=1
+    if row tier-off; then run "$which check, tier off" "$bin" "c$which$round:" /v1/check $D/checks.txt NAMELIST_LOCAL_MEMORY_MB=0; fi
+    if row default; then run "$which check, default tier" "$bin" "d$which$round:" /v1/check $D/checks.txt; fi
+    if row events; then run "$which events, write_replicas=1" "$bin" "e$which$round:" /v1/events $D/events.txt NAMELIST_WRITE_REPLICAS=1; fi
+    if row mixed; then mixed "$which mixed, write_replicas=1" "$bin" "m$which$round:"; fi
   done
 done
