@@ -259,3 +259,60 @@ async fn a_shard_restarted_empty_is_noticed_never_read_as_not_listed() {
     reader.stop().await;
     writer.stop().await;
 }
+
+/// The meta hash's shard lost its data while every instance was down: none saw it vanish, so
+/// none left the lost marker. The shard markers on the other shards still hold the old
+/// keyspace's id, so the first instance to start refuses instead of making a new, empty
+/// keyspace over the other shards' entries, and leaves the lost marker for the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_meta_shard_lost_while_no_instance_ran_is_refused_not_made_anew() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let settings = cluster_settings(&cluster);
+    let prefix = settings.key_prefix.clone();
+    let app = spawn_app(settings.clone()).await;
+    assert_eq!(write(&app, &uids()).await, (200, String::new()));
+    app.stop().await;
+    let meta = Layout::meta_key_of(&prefix);
+    let meta_node = &cluster.nodes[cluster.primary_of_slot(key_slot(meta.as_bytes()))];
+    let old: String = redis::cmd("HGET")
+        .arg(&meta)
+        .arg("keyspace_id")
+        .query(&mut meta_node.conn())
+        .unwrap();
+    flushall(meta_node);
+
+    let err = match Application::build(settings.clone()).await {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("an instance made a new keyspace over another one's shards"),
+    };
+    assert!(
+        err.contains(&format!("shard markers of keyspace {old}")),
+        "{err}"
+    );
+    assert!(err.contains("keyspace create --lost-for-good"), "{err}");
+    // The meta hash it made is taken back, and the lost marker stands as a running instance
+    // would have left it: the next instance is refused at once.
+    let mut conn = meta_node.conn();
+    let exists: i64 = redis::cmd("EXISTS").arg(&meta).query(&mut conn).unwrap();
+    assert_eq!(exists, 0, "the new meta hash was taken back");
+    let marker: Option<String> = redis::cmd("GET")
+        .arg(Layout::lost_marker_key_of(&prefix))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(marker.as_deref(), Some(old.as_str()));
+    let err = match Application::build(settings.clone()).await {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("a second instance made a new keyspace"),
+    };
+    assert!(err.contains(&old) && err.contains("vanish"), "{err}");
+
+    // Accepted explicitly: a new keyspace, every slot marked with its id.
+    let (_, report) = RedisStore::open_anew(RedisOptions::from_settings(&settings).unwrap())
+        .await
+        .unwrap();
+    assert!(report.created);
+    assert_eq!(report.shards_marked, 16_384);
+    let fresh = spawn_app(settings.clone()).await;
+    assert_eq!(fresh.get("/readyz").await.status(), 200);
+    fresh.stop().await;
+}

@@ -540,7 +540,14 @@ impl RedisStore {
             .with_velocity(velocity, event_buckets)
             .with_rules(rules);
         let shards_marked = if cluster {
-            shards::open_shard_markers(&conn, &layout, &keyspace_id, create == Create::Anew).await?
+            shards::open_shard_markers(
+                &conn,
+                &layout,
+                &keyspace_id,
+                create == Create::Anew,
+                created == 1,
+            )
+            .await?
         } else {
             0
         };

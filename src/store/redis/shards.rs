@@ -18,7 +18,9 @@
 //!   and a restore (the shard's RDB or AOF brings its markers back) is seen within a second;
 //! * at open, a keyspace that records `shard_markers` has every marker read: one missing
 //!   refuses the start (as a lost meta hash does); one that does not (made by an older build,
-//!   or just made) has them written, and records it.
+//!   or just made) has them written, and records it, unless some slot holds the marker of
+//!   another keyspace: then the meta hash's shard lost its data while no instance ran, and
+//!   the open is refused (`refuse_other_keyspace`).
 //!
 //! On one node there is nothing to add: the meta hash shares the node's fate.
 
@@ -203,6 +205,7 @@ pub(super) async fn open_shard_markers(
     layout: &Layout,
     keyspace_id: &str,
     accept: bool,
+    created: bool,
 ) -> StoreResult<usize> {
     let meta = layout.meta_key();
     let recorded: Option<String> = conn
@@ -251,6 +254,9 @@ pub(super) async fn open_shard_markers(
         }
         lost
     } else {
+        if !accept {
+            refuse_other_keyspace(conn, layout, keyspace_id, created).await?;
+        }
         slots
     };
     let writes: Vec<Keyed> = write
@@ -269,6 +275,85 @@ pub(super) async fn open_shard_markers(
         .map_err(unavailable)?;
     Ok(write.len())
 }
+
+/// Before the markers of a keyspace that has none yet are written: refuses if any slot holds
+/// the marker of another keyspace. The meta hash is then new, or was never marked, while other
+/// shards kept a keyspace's data: the shard of the meta hash restarted without its data (or
+/// was flushed, or failed over to an empty replica) while every instance was down, so none
+/// saw it vanish and none left the lost marker. Writing the markers would have made every
+/// entry of the other shards read as the new, empty keyspace's ("not listed"). If this open
+/// made the meta hash (`created`), it is removed again and the lost marker left in its place,
+/// holding the other keyspace's id, as a running instance would have left it: the next
+/// instance is refused the same way (`OPEN_KEYSPACE`'s -2), and `namelist-tools keyspace
+/// create --lost-for-good` makes a new keyspace explicitly.
+async fn refuse_other_keyspace(
+    conn: &RedisConn,
+    layout: &Layout,
+    keyspace_id: &str,
+    created: bool,
+) -> StoreResult<()> {
+    let reads = (0..CLUSTER_SLOTS)
+        .map(|s| marker_cmd(layout, s, "HGET"))
+        .collect();
+    let replies = conn.run_spread(reads).await.map_err(unavailable)?;
+    let mut others: Vec<(u16, String)> = Vec::new();
+    for (slot, v) in (0..CLUSTER_SLOTS).zip(&replies) {
+        let id: Option<String> = redis::from_redis_value_ref(v)
+            .map_err(|e| StoreError::corrupt(format!("shard marker: {e}")))?;
+        if let Some(id) = id.filter(|id| id != keyspace_id) {
+            others.push((slot, id));
+        }
+    }
+    // The id most slots hold (one, unless something else wrote markers).
+    let Some(other) = others
+        .iter()
+        .map(|(_, id)| id)
+        .max_by_key(|id| others.iter().filter(|(_, o)| o == *id).count())
+        .cloned()
+    else {
+        return Ok(());
+    };
+    let meta = layout.meta_key();
+    if created {
+        redis::Script::new(RETIRE_NEW_META)
+            .key(&meta)
+            .key(Layout::lost_marker_key_of(layout.prefix()))
+            .arg(keyspace_id)
+            .arg(&other)
+            .arg(RECORDED)
+            .invoke_async::<i64>(&mut conn.clone())
+            .await
+            .map_err(unavailable)?;
+    }
+    let slots: Vec<u16> = others.iter().map(|(s, _)| *s).collect();
+    Err(StoreError::Keyspace(format!(
+        "{meta} {}, but {} hash slot(s), {}, hold the shard markers of keyspace {other}: the \
+         shard holding {meta} lost its data (restarted without it, was flushed, or failed over \
+         to an empty replica) while the other shards kept theirs, and no instance was running \
+         to see it. Their entries would read as a new, empty keyspace's (not listed). Restore \
+         that shard's data (RDB or AOF) and start again, or make a new, empty keyspace \
+         explicitly with `namelist-tools keyspace create --lost-for-good` and load the lists \
+         again",
+        if created {
+            "was missing (not made again)"
+        } else {
+            "has no shard markers recorded"
+        },
+        slots.len(),
+        slot_ranges(&slots)
+    )))
+}
+
+/// Takes back a meta hash this open just made (KEYS[1], while it still holds this open's id,
+/// ARGV[1], and no instance recorded its markers, ARGV[3]) and leaves the lost marker (KEYS[2])
+/// holding the other keyspace's id (ARGV[2]). Returns 1 if it did.
+const RETIRE_NEW_META: &str = r"
+if redis.call('HGET', KEYS[1], 'keyspace_id') ~= ARGV[1] then return 0 end
+if redis.call('HEXISTS', KEYS[1], ARGV[3]) == 1 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
+";
 
 /// `<verb> <marker of slot> keyspace_id`, keyed by the marker (`HSET` takes the id after).
 fn marker_cmd(layout: &Layout, slot: u16, verb: &str) -> Keyed {
