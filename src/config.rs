@@ -43,6 +43,11 @@ pub struct Settings {
     /// Without a key, create an unkeyed (format 1) keyspace instead of refusing: development
     /// only, said at ERROR level at every start-up.
     pub allow_unkeyed: bool,
+    /// Whether the service (and `namelist-tools import`) may make a keyspace where Redis has
+    /// none. `false` for production: an emptied Redis (restarted without persistence, flushed)
+    /// with every instance down looks like a new one, and a keyspace made there would answer
+    /// "not listed" for everything; then only `namelist-tools keyspace create` makes one.
+    pub create_keyspace: bool,
     /// Sizes the bucket count of a new keyspace (`ceil(n / 200)`). Unset: an existing
     /// keyspace's recorded count is adopted and a new one is sized for 1,000,000 entries.
     pub expected_entries: Option<u64>,
@@ -170,6 +175,7 @@ impl Default for Settings {
             key_prefix: "nl:".into(),
             fingerprint_key_file: None,
             allow_unkeyed: false,
+            create_keyspace: true,
             expected_entries: None,
             cache_ttl_ms: 30_000,
             cache_capacity: 1_000_000,
@@ -251,6 +257,7 @@ const KEYS: &[&str] = &[
     "key_prefix",
     "fingerprint_key_file",
     "allow_unkeyed",
+    "create_keyspace",
     "expected_entries",
     "cache_ttl_ms",
     "cache_capacity",

@@ -73,7 +73,11 @@ pub async fn open_store(settings: &Settings) -> Result<OpenedStore, StartupError
     let cluster = !settings.redis_cluster_nodes.is_empty();
     match (&settings.redis_url, cluster) {
         (Some(_), _) | (None, true) => {
-            let (store, report) = RedisStore::open(RedisOptions::from_settings(settings)?).await?;
+            let (store, report) = RedisStore::open_configured(
+                RedisOptions::from_settings(settings)?,
+                settings.create_keyspace,
+            )
+            .await?;
             tracing::info!(
                 store = if cluster { "redis-cluster" } else { "redis" },
                 prefix = settings.key_prefix,

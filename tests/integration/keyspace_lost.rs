@@ -481,3 +481,50 @@ async fn a_definition_put_into_a_flushed_keyspace_is_refused_unwritten() {
     only_the_marker(&redis, &prefix, " by the changes after");
     app.stop().await;
 }
+
+/// With `create_keyspace = false` (production's setting) an empty Redis is never taken for a
+/// new one: Redis restarted without its data while every instance was down (so none left the
+/// lost marker) refuses every start, writing nothing, until the keyspace is restored or made
+/// explicitly (what `namelist-tools keyspace create` does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_create_keyspace_an_emptied_redis_is_refused_not_made_anew() {
+    let mut redis = RedisServer::start();
+    let settings = Settings {
+        create_keyspace: false,
+        ..redis_settings(&redis)
+    };
+    let prefix = settings.key_prefix.clone();
+    let refused = |what: &'static str| {
+        let settings = settings.clone();
+        async move {
+            match Application::build(settings).await {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("{what}: an instance made a keyspace on an empty Redis"),
+            }
+        }
+    };
+    // A new Redis: refused, naming the setting and the tool; nothing written.
+    let err = refused("new Redis").await;
+    assert!(err.contains("create_keyspace = false"), "{err}");
+    assert!(err.contains("namelist-tools keyspace create"), "{err}");
+    let keys: i64 = redis::cmd("DBSIZE").query(&mut redis.conn()).unwrap();
+    assert_eq!(keys, 0);
+
+    // Made explicitly (the tool's call), then instances start and serve.
+    let (_, report) =
+        RedisStore::open_configured(RedisOptions::from_settings(&settings).unwrap(), true)
+            .await
+            .unwrap();
+    assert!(report.created);
+    let app = spawn_app(settings.clone()).await;
+    let res = app.post("/v1/lists/black/entries", &upsert(&["u1"])).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(app.check(&check(&["u1"])).await["hits"][0]["value"], "u1");
+    app.stop().await;
+
+    // Redis restarted empty while no instance ran: refused again, nothing written.
+    redis.restart_empty();
+    let err = refused("emptied Redis").await;
+    assert!(err.contains("create_keyspace = false"), "{err}");
+    assert!(!meta_exists(&redis, &prefix));
+}

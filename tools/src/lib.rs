@@ -103,7 +103,7 @@ impl Global {
             response_timeout: Duration::from_secs(60),
             ..RedisOptions::from_settings(&settings)?
         };
-        let (store, report) = RedisStore::open(options)
+        let (store, report) = RedisStore::open_configured(options, settings.create_keyspace)
             .await
             .context("opening the keyspace")?;
         if let Some(line) = &report.unkeyed {

@@ -369,6 +369,8 @@ pub fn min_listpack_entries(mean_fill: f64) -> u64 {
 /// Whether `RedisStore::open` may make a keyspace where the meta hash is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Create {
+    /// Never (`create_keyspace = false`): an empty Redis is refused, never taken for a new one.
+    Never,
     /// Unless an instance saw one vanish there (the lost marker stands).
     IfNew,
     /// Even then (`namelist-tools keyspace create`): the marker is removed.
@@ -380,6 +382,21 @@ impl RedisStore {
     /// the server's listpack limit.
     pub async fn open(opts: RedisOptions) -> StoreResult<(Self, OpenReport)> {
         Self::open_with(opts, Create::IfNew).await
+    }
+
+    /// `open` if `create_keyspace`, else only an existing keyspace: a missing meta hash is
+    /// refused (`create_keyspace = false`, for production: nothing in an emptied Redis tells
+    /// it from a new one, so only `namelist-tools keyspace create` makes one).
+    pub async fn open_configured(
+        opts: RedisOptions,
+        create_keyspace: bool,
+    ) -> StoreResult<(Self, OpenReport)> {
+        let create = if create_keyspace {
+            Create::IfNew
+        } else {
+            Create::Never
+        };
+        Self::open_with(opts, create).await
     }
 
     /// `open`, making a new keyspace even where one was seen lost (the lost marker stands):
@@ -452,7 +469,11 @@ impl RedisStore {
         ) = Script::new(OPEN_KEYSPACE)
             .key(&meta)
             .key(&marker)
-            .arg(create_format)
+            .arg(if create == Create::Never {
+                String::new()
+            } else {
+                create_format
+            })
             .arg(wanted)
             .arg(now_ms())
             .arg(create_key_id)
@@ -469,13 +490,23 @@ impl RedisStore {
                 "{meta} is missing, and an instance saw the keyspace there (id {}) vanish: Redis \
                  restarted without its data, was flushed, or failed over to an empty node. Restore \
                  its data (RDB or AOF) and start again, or make a new, empty keyspace explicitly \
-                 with `namelist-tools keyspace create` and load the lists into it",
+                 with `namelist-tools keyspace create --lost-for-good` and load the lists into it",
                 keyspace_id.as_deref().unwrap_or("?")
             )));
         }
         let keyspace_id = keyspace_id.unwrap_or(new_id);
         let (hashing, unkeyed) = match created {
             // Missing, and not created: only when there was nothing to create it with.
+            -1 if create == Create::Never => {
+                return Err(StoreError::Keyspace(format!(
+                    "no keyspace at key prefix {} ({meta} is missing), and create_keyspace = \
+                     false: nothing in Redis tells an emptied one from a new one. If Redis lost \
+                     its data (restarted without it, flushed, failed over to an empty node), \
+                     restore it (RDB or AOF) and start again; if this Redis is new, make the \
+                     keyspace with `namelist-tools keyspace create`, then load the lists",
+                    opts.prefix
+                )));
+            }
             -1 => {
                 return Err(StoreError::Keyspace(
                     new.err()

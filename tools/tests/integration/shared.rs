@@ -20,17 +20,22 @@ pub fn tools(redis: &RedisServer, prefix: &str, args: &[&str]) -> String {
 /// `NAMELIST_*` environment (the arguments say where the store is); its stdout (the run
 /// must succeed).
 pub fn tools_with(args: &[&str]) -> String {
+    let (ok, out, err) = tools_outcome(&[], args);
+    assert!(ok, "{args:?}: {err}");
+    out
+}
+
+/// `namelist-tools ARGS` as [`tools_with`] runs it, with `env` set too: (whether it
+/// succeeded, its stdout, its stderr).
+pub fn tools_outcome(env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
     let out = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"))
         .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+        .envs(env.iter().copied())
         .args(args)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
 
 /// `namelist-tools gen ARGS --quiet --out MEMBERS --non-members NON_MEMBERS` (no store, so no

@@ -7,7 +7,7 @@
 // The root's test helpers (redis-server on free ports, local clusters, the app on port 0),
 // shared by path rather than copied.
 use crate::common;
-use crate::shared::{Probe, check_all, generate, tools, tools_with};
+use crate::shared::{Probe, check_all, generate, tools, tools_outcome, tools_with};
 
 use std::path::Path;
 
@@ -307,16 +307,7 @@ async fn import_and_audit_on_a_cluster() {
         .find(|n| n.port != cluster.nodes[meta_node].port)
         .expect("another primary");
     let () = redis::cmd("FLUSHALL").query(&mut lost.conn()).unwrap();
-    let run = |args: &[&str]| {
-        let out = common::without_namelist_env(env!("CARGO_BIN_EXE_namelist-tools"))
-            .env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
-            .args(global)
-            .args(args)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status.success(), text(&out.stdout), text(&out.stderr))
-    };
+    let run = |args: &[&str]| tools_outcome(&[], &[&global[..], args].concat());
     let (ok, _, err) = run(&["audit", "--compare-sample", "0"]);
     assert!(!ok && err.contains("hash slot"), "{err}");
     let (ok, _, err) = run(&["keyspace", "create"]);
@@ -333,4 +324,43 @@ async fn import_and_audit_on_a_cluster() {
         left > 0 && left < ROWS as u64,
         "the other primaries' entries kept: {audit}"
     );
+}
+
+/// With `create_keyspace = false` (production's setting, shared by the service and the tools)
+/// `import` never makes a keyspace on an empty Redis (a daily delta imported into a Redis
+/// that restarted empty would otherwise become the whole list); `keyspace create` makes one
+/// explicitly, says so once, and then does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_create_keyspace_only_keyspace_create_makes_one() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let global = ["--redis-url", url.as_str(), "--prefix", "nk:"];
+    let env = [("NAMELIST_CREATE_KEYSPACE", "false")];
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("delta.csv");
+    std::fs::write(&csv, "list,dimension,value\nblack,uid,u1\n").unwrap();
+    let import = [&global[..], &["import", csv.to_str().unwrap(), "--quiet"]].concat();
+
+    let (ok, _, err) = tools_outcome(&env, &import);
+    assert!(!ok && err.contains("create_keyspace = false"), "{err}");
+    let keys: i64 = redis::cmd("DBSIZE").query(&mut redis.conn()).unwrap();
+    assert_eq!(keys, 0, "nothing written");
+
+    let create = [&global[..], &["keyspace", "create"]].concat();
+    let (ok, out, err) = tools_outcome(&env, &create);
+    assert!(ok && out.contains("made a new keyspace"), "{out}{err}");
+    let (ok, out, err) = tools_outcome(&env, &create);
+    assert!(ok && out.contains("nothing done"), "{out}{err}");
+    let (ok, _, err) = tools_outcome(&env, &import);
+    assert!(ok, "{err}");
+
+    let mut settings = redis_settings(&redis);
+    settings.key_prefix = "nk:".into();
+    settings.create_keyspace = false;
+    let app = spawn_app(settings).await;
+    let body = app
+        .check(&serde_json::json!({"lists": ["black"], "subjects": {"uid": "u1"}}))
+        .await;
+    assert_eq!(body["hits"][0]["value"], "u1", "{body}");
+    app.stop().await;
 }
