@@ -44,6 +44,9 @@
 //!   listed before the loss breaks the first rule above. A write that began after the loss
 //!   (once Redis was back, empty) and was acknowledged breaks the contract too: nothing in a
 //!   run restores the keyspace, so the service had to refuse it.
+//!   On a cluster a shard may lose its part alone (`lost_slots`): the same holds for the
+//!   values whose buckets were there, while writes of the others may still be acknowledged
+//!   until the instance has seen the loss.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -51,6 +54,7 @@ use std::fmt::Write as _;
 use super::model::{
     History, Instance, Micros, Op, Outcome, Reply, Request, Staleness, WriteKind, abridge, rel,
 };
+use super::schedule::slot_of;
 
 /// How long an acknowledged write may take to reach the other instances (pub/sub).
 pub const INVALIDATION_BOUND: Micros = 100_000;
@@ -185,10 +189,11 @@ pub fn check(h: &History) -> Vec<Violation> {
                 if !write_status_allowed(&w.detail) {
                     out.push(protocol(i, format!("a write answered {}", w.detail)));
                 }
-                let lost = h
-                    .faults
-                    .iter()
-                    .find(|f| f.loses_keyspace && f.end < op.start);
+                let lost = h.faults.iter().find(|f| {
+                    f.end < op.start
+                        && (f.loses_keyspace
+                            || w.values.iter().any(|v| f.lost_slots.contains(&slot_of(v))))
+                });
                 if let (Outcome::Ok, Some(f)) = (w.outcome, lost) {
                     out.push(Violation {
                         rule: Rule::Lost,
@@ -717,6 +722,7 @@ mod tests {
                 start: 1_000 * MS,
                 end: 1_100 * MS,
                 loses_keyspace: true,
+                lost_slots: Vec::new(),
             }],
         };
         let broken = |h: History| check(&h).into_iter().map(|v| v.rule).collect::<Vec<_>>();
@@ -740,6 +746,7 @@ mod tests {
             start: 1_000 * MS,
             end: 1_100 * MS,
             loses_keyspace: true,
+            lost_slots: Vec::new(),
         };
         let broken = |ops: Vec<Op>| {
             let h = History {
@@ -771,6 +778,27 @@ mod tests {
             }],
         };
         assert!(check(&h).is_empty());
+        // A shard lost (a cluster): a write of a value there breaks it, one elsewhere not.
+        let h = |value: &str| History {
+            ops: vec![upsert(A, 1_200, 1_210, Acked, value)],
+            faults: vec![FaultEvent {
+                loses_keyspace: false,
+                lost_slots: vec![slot_of("w0")],
+                ..loss.clone()
+            }],
+        };
+        let elsewhere = (1..)
+            .map(|i| format!("w{i}"))
+            .find(|v| slot_of(v) != slot_of("w0"))
+            .unwrap();
+        assert_eq!(
+            check(&h("w0"))
+                .into_iter()
+                .map(|v| v.rule)
+                .collect::<Vec<_>>(),
+            [Rule::Lost]
+        );
+        assert!(check(&h(&elsewhere)).is_empty());
     }
 
     #[test]

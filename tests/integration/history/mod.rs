@@ -8,7 +8,8 @@
 //! * `model`: the history (plain data). `checker`: the rules, as functions of a history, with
 //!   unit tests on hand-written histories. `schedule`: the fault schedules, named and random
 //!   (seeded). `scenario`: the runner (Redis, instances, clients, faults, the report).
-//! * Named schedules reproduce issue 25's rows 1–4 (`row1`...`row4`); random ones draw faults
+//! * Named schedules reproduce issue 25's rows 1–4 (`row1`...`row4`), and `row6` a cluster
+//!   shard (not the meta hash's) flushed while clients write and check; random ones draw faults
 //!   from Redis `kill -9` + restart on its AOF (`appendfsync always`), SIGSTOP/SIGCONT for
 //!   1–3 s, a last restart with no data, an instance restarted while writes go on (its tier
 //!   loading), `CLIENT KILL TYPE pubsub`, and on a 6-node cluster a primary killed and its
@@ -84,6 +85,11 @@ async fn row5_pubsub_killed_with_and_without_the_change_log() {
         caught_up.full >= 6,
         "the trimmed log read everything again: {caught_up:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row6_cluster_shard_flushed() {
+    scenario::run(schedule::row6()).await;
 }
 
 // The fixed seeds cover every kind of fault: node 2 (instance restarts, kill -9, SIGSTOP, a

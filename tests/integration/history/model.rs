@@ -131,6 +131,10 @@ pub struct FaultEvent {
     pub end: Micros,
     /// Redis came back without the keyspace (restarted empty): nothing restores it in a run.
     pub loses_keyspace: bool,
+    /// Cluster: the hash slots of a shard that lost its data (the rest of the keyspace kept
+    /// its own): the values whose buckets are there (`schedule::slot_of`) were lost; nothing
+    /// restores them in a run. Empty for every other fault.
+    pub lost_slots: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Default)]

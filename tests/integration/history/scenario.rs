@@ -421,6 +421,7 @@ impl Run {
 
     async fn fault(&mut self, fault: &Fault) {
         let start = self.net.rec.now();
+        let mut lost_slots = Vec::new();
         match (fault, &mut self.store) {
             (Fault::KillRedis, Store::Node(r)) => tokio::task::block_in_place(|| r.kill()),
             (Fault::RestartRedis, Store::Node(r)) => tokio::task::block_in_place(|| r.restart()),
@@ -466,6 +467,27 @@ impl Run {
                     assert!(c.wait_ok(Duration::from_secs(30)), "the node rejoined");
                 });
             }
+            (Fault::FlushShard, Store::Cluster(c)) => {
+                lost_slots = tokio::task::block_in_place(|| {
+                    let meta = namelist::store::layout::key_slot(
+                        namelist::store::Layout::meta_key_of("nl:").as_bytes(),
+                    );
+                    let keeper = c.nodes[c.primary_of_slot(meta)].port;
+                    let node = c
+                        .primaries()
+                        .into_iter()
+                        .find(|n| n.port != keeper)
+                        .expect("another primary");
+                    let slots: Vec<u16> = c
+                        .slot_map()
+                        .into_iter()
+                        .filter(|(_, _, port)| *port == node.port)
+                        .flat_map(|(s, e, _)| s..=e)
+                        .collect();
+                    let () = redis::cmd("FLUSHALL").query(&mut node.conn()).unwrap();
+                    slots
+                });
+            }
             (Fault::RestartInstance(slot), _) => self.restart_instance(*slot).await,
             (Fault::StartInstance, _) => self.start_instance().await,
             (Fault::KillPubsub | Fault::TrimLog, store) => {
@@ -503,6 +525,7 @@ impl Run {
             start,
             end,
             loses_keyspace: *fault == Fault::RestartRedisEmpty,
+            lost_slots,
         });
     }
 

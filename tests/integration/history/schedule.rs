@@ -75,6 +75,9 @@ pub enum Fault {
     KillPrimary { shard: usize },
     /// Cluster: start the killed node again (it rejoins as a replica of its successor).
     RestartKilledNode,
+    /// Cluster: `FLUSHALL` on a primary that does not hold the meta hash (its replica
+    /// follows): that shard's part of the keyspace is lost, the rest kept.
+    FlushShard,
 }
 
 impl fmt::Display for Fault {
@@ -93,6 +96,10 @@ impl fmt::Display for Fault {
             Fault::KillPrimary { shard } => {
                 write!(f, "primary of shard {shard} kill -9, replica promoted")
             }
+            Fault::FlushShard => write!(
+                f,
+                "a primary (not the meta hash's) FLUSHALL: its shard lost"
+            ),
             Fault::RestartKilledNode => write!(f, "killed node restarted (rejoins as replica)"),
         }
     }
@@ -201,6 +208,14 @@ fn bucket_of(v: &str, buckets: u32) -> u32 {
             &value,
         )
         .bucket
+}
+
+/// The hash slot of uid `v`'s bucket in a keyspace made by the runs (prefix `nl:`, the
+/// default bucket count): where a cluster keeps it.
+pub fn slot_of(v: &str) -> u16 {
+    let buckets = default_buckets();
+    let key = Layout::new("nl:", buckets, crate::common::keyed()).bucket_key(bucket_of(v, buckets));
+    namelist::store::layout::key_slot(key.as_bytes())
 }
 
 /// Whether `v` lives in the last fifth of the buckets, which a new instance's tier loads last
@@ -364,6 +379,44 @@ pub fn row5() -> Schedule {
             wait(1_000),
             Step::Fault(Fault::TrimLog),
             wait(2_000),
+        ],
+    }
+}
+
+/// Row 6 (cluster): every uid listed, then, while clients upsert, delete and check, a shard
+/// other than the meta hash's loses its data. A uid there must never be answered "not listed"
+/// without `degraded` (and a staleness that reaches back before the loss), and no write of a
+/// uid there may be acknowledged once it is gone.
+pub fn row6() -> Schedule {
+    let check = |slot| Step::Check {
+        slot,
+        values: all_uids(),
+    };
+    Schedule {
+        name: "row6_cluster_shard_flushed".into(),
+        seed: Some(6),
+        topology: Topology::Cluster,
+        instances: 2,
+        aof: false,
+        background: 0,
+        clients: 4,
+        steps: vec![
+            Step::Upsert {
+                slot: 0,
+                values: all_uids(),
+            },
+            Step::Wait(ms(2_000)),
+            check(0),
+            check(1),
+            Step::Fault(Fault::FlushShard),
+            check(0),
+            check(1),
+            Step::Wait(ms(1_500)),
+            check(0),
+            check(1),
+            Step::Wait(ms(1_500)),
+            check(0),
+            check(1),
         ],
     }
 }
