@@ -19,7 +19,9 @@
 #   writer upserting 1,000 new devices a second and a victim checking one request at a time
 #   (benches/mixed_victim.py: its history must hold, read-your-writes included; the bench
 #   exits 1 if not). Redis CPU is the whole run's, in % of a core.
-# ROWS picks rows (default: tier-off default events mixed).
+# ROWS picks rows (default: tier-off default events mixed). ENTRIES=N (default 0) first has
+# `namelist-tools gen` + `import` load N entries into the mixed row's keyspace, and measures
+# once every bucket answers locally: the production settings at the size users reach.
 # Prints requests/s, p99, and Redis CPU per request (`used_cpu_user + used_cpu_sys` of all six
 # nodes around the run). Needs redis-server, redis-cli, python3 and oha ($OHA, PATH, or
 # target/oha/bin, which `cargo bench --bench load` installs).
@@ -33,6 +35,7 @@ OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
 ROWS=${ROWS:-tier-off default events mixed}
+ENTRIES=${ENTRIES:-0}
 row() { case " $ROWS " in *" $1 "*) return 0 ;; esac; return 1; }
 PORTS=""
 while [ "$(echo $PORTS | wc -w)" -lt 6 ]; do
@@ -113,7 +116,26 @@ run() { # name binary prefix path file extra-env...
 # and the default tier (production's settings); the victim's history must hold (exit 1 if not).
 mixed() { # name binary prefix
   local name=$1 bin=$2 prefix=$3
+  if [ "$ENTRIES" -gt 0 ]; then
+    "$TOOLS" gen --rows "$ENTRIES" --out $D/lists.csv >/dev/null 2>&1
+    local t0=$(date +%s.%N)
+    env NAMELIST_REDIS_CLUSTER_NODES=$NODES NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key NAMELIST_KEY_PREFIX=$prefix \
+      NAMELIST_EXPECTED_ENTRIES=$ENTRIES "$TOOLS" import $D/lists.csv >$D/import.json 2>$D/import.log \
+      || { echo "import failed:" >&2; grep -m2 -B2 -A6 -i "panicked\|error" $D/import.log >&2; exit 1; }
+    rm -f $D/lists.csv
+    echo "  $ENTRIES entries imported in $(python3 -c "print('%.0f' % ($(date +%s.%N) - $t0))") s"
+  fi
+  local t1=$(date +%s.%N)
   start_svc "$bin" "$prefix" NAMELIST_WRITE_REPLICAS=1
+  if [ "$ENTRIES" -gt 0 ]; then
+    # Measured once every bucket answers locally, as an instance in service does.
+    for _ in $(seq 1200); do
+      python3 -c "import sys; sys.exit(0 if float(sys.argv[1] or 0) >= 0.999 else 1)" \
+        "$(curl -s localhost:$SP/metrics | awk '$1 == "namelist_tier_answering_ratio" {print $2}')" && break
+      sleep 0.5
+    done
+    echo "  every bucket answering locally $(python3 -c "print('%.0f' % ($(date +%s.%N) - $t1))") s after the start"
+  fi
   define5
   curl -sf -X POST -H 'content-type: application/json' localhost:$SP/v1/lists/black/entries \
     -d '{"entries": [{"dimension": "device", "value": "victim-listed", "sandbox": "loan"}]}' >/dev/null

@@ -42,6 +42,7 @@ pub const COLUMNS: [&str; 7] = [
 ];
 mod partition;
 mod write;
+pub use write::{ATTEMPTS, PUBLISH_TIMEOUT, WRITE_TIMEOUT};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -11,6 +11,16 @@
 //!    bucket up to its last is acknowledged: that is what the checkpoint records. Running
 //!    services are told to drop cached misses every 2 s and at the end (`Invalidation::Bulk`).
 //!
+//! **A connection that stops answering** (the cluster client can stall, see the service's
+//! `store::redis::heal`) must not stop a run of minutes: every pipeline is bounded by
+//! [`WRITE_TIMEOUT`] and tried up to [`ATTEMPTS`] times (a write is idempotent: a bucket a
+//! first try `RESTORE`d exists now and gets the same fields by `HSET`; only the created-entry
+//! count, which feeds the lists' approximate counts, may come out lower). The notice every 2 s
+//! is best effort within [`PUBLISH_TIMEOUT`] (the end's notice is the one that must land, and
+//! is retried the same way). An abandoned request counts as unanswered, so the store rebuilds
+//! a silent cluster connection and the next try goes out on a new one. 50M rows on a local
+//! 6-node cluster failed after a 60 s silence of the notice's connection before this.
+//!
 //! The run ends with one audit record (counts, not rows).
 
 use std::collections::HashSet;
@@ -92,6 +102,7 @@ pub(super) async fn write_partitions(
     );
     let mut distinct = 0u64;
     let mut last_publish = Instant::now();
+    let mut publish_warned = false;
     let mut last_checkpoint = Instant::now();
     let batch_buckets = args.batch_buckets.max(1);
     let pace = Pace::per_sec(args.max_rows_per_sec);
@@ -114,7 +125,11 @@ pub(super) async fn write_partitions(
             let rows: u64 = batch.iter().map(|b| b.pairs.len() as u64).sum();
             async move {
                 pace.take(rows).await;
-                store.write_buckets(format, &batch).await.map(|o| (last, o))
+                with_retries("writing buckets", WRITE_TIMEOUT, || {
+                    store.write_buckets(format, &batch)
+                })
+                .await
+                .map(|o| (last, o))
             }
         }))
         .buffered(args.in_flight.max(1));
@@ -136,7 +151,21 @@ pub(super) async fn write_partitions(
                 last_checkpoint = Instant::now();
             }
             if last_publish.elapsed() > Duration::from_secs(2) {
-                store.publish(&Invalidation::Bulk).await?;
+                // Best effort: the end's notice is the one that must land.
+                let told =
+                    tokio::time::timeout(PUBLISH_TIMEOUT, store.publish(&Invalidation::Bulk)).await;
+                if !matches!(told, Ok(Ok(()))) && !publish_warned {
+                    // Once a run: the notice is sent again every 2 s and at the end.
+                    eprintln!(
+                        "WARNING: telling running services to drop cached misses failed ({}); \
+                         trying again every 2 s and at the end",
+                        match told {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => format!("no answer within {PUBLISH_TIMEOUT:?}"),
+                        }
+                    );
+                    publish_warned = true;
+                }
                 last_publish = Instant::now();
             }
         }
@@ -144,6 +173,43 @@ pub(super) async fn write_partitions(
     bar.finish_and_clear();
     summary.write_seconds = started.elapsed().as_secs_f64();
     Ok(distinct)
+}
+
+/// Longest one pipeline of buckets may take before it is tried again.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Longest the notice to running services may take (every 2 s, and at the end per try).
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Tries of a pipeline of buckets, and of the end's notice.
+pub const ATTEMPTS: u32 = 4;
+
+/// `op` until it succeeds, each try bounded by `limit`, at most [`ATTEMPTS`] tries (a short
+/// pause between them); the last error (or time-out) otherwise, saying `what` it was.
+async fn with_retries<T, E, F, Fut>(what: &str, limit: Duration, mut op: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: Into<anyhow::Error>,
+{
+    let mut last = None;
+    for attempt in 1..=ATTEMPTS {
+        match tokio::time::timeout(limit, op()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => last = Some(e.into()),
+            Err(_) => last = Some(anyhow::anyhow!("no answer within {limit:?}")),
+        }
+        if attempt < ATTEMPTS {
+            eprintln!(
+                "WARNING: {what}: try {attempt} of {ATTEMPTS} failed ({:#}); trying again",
+                last.as_ref().expect("set above")
+            );
+            tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
+        }
+    }
+    Err(last
+        .expect("at least one try")
+        .context(format!("{what}: {ATTEMPTS} tries failed")))
 }
 
 /// Adds what the run created to the lists' approximate counts (`GET /v1/lists`). The store
@@ -181,7 +247,10 @@ pub(super) async fn record_run(
     args: &Args,
     summary: &ImportSummary,
 ) -> anyhow::Result<()> {
-    store.publish(&Invalidation::Bulk).await?;
+    with_retries("telling running services", PUBLISH_TIMEOUT, || {
+        store.publish(&Invalidation::Bulk)
+    })
+    .await?;
     let mut fields = vec![
         ("at".to_owned(), now_ms().to_string()),
         ("who".to_owned(), args.actor.clone()),
@@ -215,4 +284,43 @@ pub(super) async fn record_run(
         .append_audit(&AuditRecord { fields })
         .await
         .context("writing the audit record")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A try that never answers is abandoned at the limit and the next one is made; one that
+    /// keeps failing ends the run with its last error after `ATTEMPTS` tries.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_try_is_abandoned_and_made_again() {
+        let tries = AtomicU32::new(0);
+        let got = with_retries("writing buckets", WRITE_TIMEOUT, || {
+            let n = tries.fetch_add(1, Ordering::Relaxed);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, anyhow::Error>(n)
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!((got, tries.load(Ordering::Relaxed)), (1, 2));
+
+        let tries = AtomicU32::new(0);
+        let err = with_retries("telling running services", PUBLISH_TIMEOUT, || {
+            tries.fetch_add(1, Ordering::Relaxed);
+            async { Err::<(), _>(anyhow::anyhow!("refused")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(tries.load(Ordering::Relaxed), ATTEMPTS);
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("4 tries failed") && text.contains("refused"),
+            "{text}"
+        );
+    }
 }

@@ -684,3 +684,60 @@ async fn a_running_service_sees_imported_entries() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Redis stops answering in the middle of the write phase (SIGSTOP, longer than a pipeline's
+/// time limit): the run does not fail; the pipelines in flight are tried again once it is back,
+/// and the keyspace ends up exactly as an undisturbed run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silence_mid_write_is_waited_out_and_written_the_same() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.csv");
+    write_csv_absolute(&file, &rows(60_000, "s"));
+    let import = |prefix: &str, paced: bool| {
+        let mut c = common::without_namelist_env(TOOLS);
+        c.env("NAMELIST_FINGERPRINT_KEY_FILE", common::key_file())
+            .args(["--redis-url", &redis.url(), "--prefix", prefix, "import"])
+            .arg(&file)
+            .arg("--quiet")
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if paced {
+            // ~10 s of writing, so that the silence falls inside it.
+            c.args(["--max-rows-per-sec", "6000"]);
+        }
+        c.spawn().unwrap()
+    };
+    let clean = import("c:", false).wait_with_output().unwrap();
+    assert!(clean.status.success());
+
+    let child = import("p:", true);
+    let started = Instant::now();
+    loop {
+        let written: Vec<String> = redis::cmd("KEYS")
+            .arg("p:b:*")
+            .query(&mut redis.conn())
+            .unwrap();
+        if !written.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no bucket written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.pause();
+    tokio::time::sleep(namelist_tools::import::WRITE_TIMEOUT + Duration::from_secs(2)).await;
+    redis.resume();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("try 1 of 4 failed"), "{stderr}");
+    assert_same_buckets(
+        &dump_buckets(&redis, "c:"),
+        &dump_buckets(&redis, "p:"),
+        "a run through a silence against an undisturbed one",
+    );
+}
