@@ -24,7 +24,7 @@
 //!
 //! On one node there is nothing to add: the meta hash shares the node's fate.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 
 use redis::{RedisResult, Value};
@@ -223,19 +223,13 @@ pub(super) async fn open_shard_markers(
         .flatten();
     let slots: Vec<u16> = (0..CLUSTER_SLOTS).collect();
     let write = if recorded.is_some() {
-        let reads = slots
-            .iter()
-            .map(|&s| marker_cmd(layout, s, "HGET"))
+        let lost: Vec<u16> = read_markers(conn, layout)
+            .await?
+            .into_iter()
+            .zip(&slots)
+            .filter(|(id, _)| id.as_deref() != Some(keyspace_id))
+            .map(|(_, &slot)| slot)
             .collect();
-        let replies = conn.run_spread(reads).await.map_err(unavailable)?;
-        let mut lost = Vec::new();
-        for (&slot, v) in slots.iter().zip(&replies) {
-            let id: Option<String> = redis::from_redis_value_ref(v)
-                .map_err(|e| StoreError::corrupt(format!("shard marker: {e}")))?;
-            if id.as_deref() != Some(keyspace_id) {
-                lost.push(slot);
-            }
-        }
         if lost.is_empty() {
             return Ok(0);
         }
@@ -292,25 +286,16 @@ async fn refuse_other_keyspace(
     keyspace_id: &str,
     created: bool,
 ) -> StoreResult<()> {
-    let reads = (0..CLUSTER_SLOTS)
-        .map(|s| marker_cmd(layout, s, "HGET"))
-        .collect();
-    let replies = conn.run_spread(reads).await.map_err(unavailable)?;
-    let mut others: Vec<(u16, String)> = Vec::new();
-    for (slot, v) in (0..CLUSTER_SLOTS).zip(&replies) {
-        let id: Option<String> = redis::from_redis_value_ref(v)
-            .map_err(|e| StoreError::corrupt(format!("shard marker: {e}")))?;
+    let mut slots = Vec::new();
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for (slot, id) in (0..CLUSTER_SLOTS).zip(read_markers(conn, layout).await?) {
         if let Some(id) = id.filter(|id| id != keyspace_id) {
-            others.push((slot, id));
+            slots.push(slot);
+            *ids.entry(id).or_default() += 1;
         }
     }
     // The id most slots hold (one, unless something else wrote markers).
-    let Some(other) = others
-        .iter()
-        .map(|(_, id)| id)
-        .max_by_key(|id| others.iter().filter(|(_, o)| o == *id).count())
-        .cloned()
-    else {
+    let Some((other, _)) = ids.into_iter().max_by_key(|(_, n)| *n) else {
         return Ok(());
     };
     let meta = layout.meta_key();
@@ -325,7 +310,6 @@ async fn refuse_other_keyspace(
             .await
             .map_err(unavailable)?;
     }
-    let slots: Vec<u16> = others.iter().map(|(s, _)| *s).collect();
     Err(StoreError::Keyspace(format!(
         "{meta} {}, but {} hash slot(s), {}, hold the shard markers of keyspace {other}: the \
          shard holding {meta} lost its data (restarted without it, was flushed, or failed over \
@@ -342,6 +326,23 @@ async fn refuse_other_keyspace(
         slots.len(),
         slot_ranges(&slots)
     )))
+}
+
+/// The keyspace id every slot's marker holds (`None`: missing), slot 0 first: one pipeline
+/// per slot range.
+async fn read_markers(conn: &RedisConn, layout: &Layout) -> StoreResult<Vec<Option<String>>> {
+    let reads = (0..CLUSTER_SLOTS)
+        .map(|s| marker_cmd(layout, s, "HGET"))
+        .collect();
+    conn.run_spread(reads)
+        .await
+        .map_err(unavailable)?
+        .iter()
+        .map(|v| {
+            redis::from_redis_value_ref(v)
+                .map_err(|e| StoreError::corrupt(format!("shard marker: {e}")))
+        })
+        .collect()
 }
 
 /// Takes back a meta hash this open just made (KEYS[1], while it still holds this open's id,
