@@ -30,6 +30,7 @@ use std::sync::atomic::Ordering;
 use redis::{RedisResult, Value};
 
 use super::conn::{Keyed, RedisConn};
+use super::scripts::RETIRE_NEW_META;
 use super::{RedisStore, unavailable};
 use crate::store::layout::{CLUSTER_SLOTS, Layout, key_slot};
 use crate::store::{StoreError, StoreResult};
@@ -344,17 +345,6 @@ async fn read_markers(conn: &RedisConn, layout: &Layout) -> StoreResult<Vec<Opti
         })
         .collect()
 }
-
-/// Takes back a meta hash this open just made (KEYS[1], while it still holds this open's id,
-/// ARGV[1], and no instance recorded its markers, ARGV[3]) and leaves the lost marker (KEYS[2])
-/// holding the other keyspace's id (ARGV[2]). Returns 1 if it did.
-const RETIRE_NEW_META: &str = r"
-if redis.call('HGET', KEYS[1], 'keyspace_id') ~= ARGV[1] then return 0 end
-if redis.call('HEXISTS', KEYS[1], ARGV[3]) == 1 then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], ARGV[2])
-return 1
-";
 
 /// `<verb> <marker of slot> keyspace_id`, keyed by the marker (`HSET` takes the id after).
 fn marker_cmd(layout: &Layout, slot: u16, verb: &str) -> Keyed {

@@ -192,7 +192,8 @@ pub fn check(h: &History) -> Vec<Violation> {
                 let lost = h.faults.iter().find(|f| {
                     f.end < op.start
                         && (f.loses_keyspace
-                            || w.values.iter().any(|v| f.lost_slots.contains(&slot_of(v))))
+                            || (!f.lost_slots.is_empty()
+                                && w.values.iter().any(|v| f.lost_slots.contains(&slot_of(v)))))
                 });
                 if let (Outcome::Ok, Some(f)) = (w.outcome, lost) {
                     out.push(Violation {
