@@ -21,8 +21,10 @@
 //! path.
 //!
 //! **Staleness of a fail-open answer** (`stale_ms`): the time since each copy used was last
-//! known in sync (now, while trusted and current; when the subscription broke, or its
-//! generation ended, or it turned dirty, otherwise).
+//! known in sync: now, while trusted and current; otherwise the earliest of when the
+//! subscription broke (or its generation ended) and when it turned dirty. A dirty mark never
+//! makes a copy fresher: one set after the copy's sync ended (this instance's own write of
+//! unknown outcome dirties whatever copy it finds) says nothing of the writes missed before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -190,7 +192,10 @@ impl LocalTier {
     }
 
     /// When what was read at `fetched_at` in `generation` (dirty since `dirty_since`) was
-    /// last known in sync.
+    /// last known in sync: the earlier of the dirty mark and what its generation says. A copy
+    /// dirtied after it stopped being known in sync (the subscription had broken, or its
+    /// generation had ended: a write of this instance whose outcome is unknown dirties
+    /// whatever copy is held) is no fresher for it.
     pub(super) fn synced_at(
         &self,
         generation: u64,
@@ -198,18 +203,17 @@ impl LocalTier {
         fetched_at: Instant,
         now: Instant,
     ) -> Instant {
-        if let Some(t) = dirty_since {
-            return t;
-        }
         let st = self.sync.lock();
-        if generation == st.generation {
-            return if st.trusted {
+        let known = if generation == st.generation {
+            if st.trusted {
                 self.proven_at(now)
             } else {
                 st.broke_at.unwrap_or(now)
-            };
-        }
-        st.ended.get(&generation).copied().unwrap_or(fetched_at)
+            }
+        } else {
+            st.ended.get(&generation).copied().unwrap_or(fetched_at)
+        };
+        dirty_since.map_or(known, |d| d.min(known))
     }
 
     /// When the tier as a whole was last known in sync (now, while trusted); `None` when off.
@@ -260,5 +264,42 @@ mod tests {
         assert_eq!(t.synced(now), Some(now));
         install(&t, vec![(5, 0)]);
         assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Local(Some(0)));
+    }
+
+    /// A copy marked dirty (here by this instance's own write, outcome unknown) after it
+    /// stopped being known in sync (the subscription broke; then its generation ended) is no
+    /// fresher for it: a fail-open answer from it is as old as the earlier of the two. (CI's
+    /// history seed 8: a copy of an ended generation, missing a write made while the
+    /// subscription was dead, was dirtied by the instance's own failed upsert during a
+    /// SIGSTOP and answered "not listed" as if in sync at that upsert.)
+    #[test]
+    fn a_dirty_mark_never_makes_a_copy_fresher_than_its_sync() {
+        let t = tier(Duration::ZERO);
+        install(&t, vec![(5, 0)]);
+        t.lost_sync();
+        let broke = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        // Untrusted, current generation: this instance's write fails (unknown outcome).
+        t.wrote(&[key(6)], t.write_mark());
+        let (_, at) = t.held(&key(5), Instant::now()).unwrap();
+        assert!(at <= broke, "claims sync {:?} after the break", at - broke);
+
+        // Subscribed again, a new generation; the copy is not read again yet, and another
+        // write of this instance fails.
+        t.resynced();
+        std::thread::sleep(Duration::from_millis(20));
+        t.wrote(&[key(7)], t.write_mark());
+        let (code, at) = t.held(&key(5), Instant::now()).unwrap();
+        assert_eq!(code, Some(0));
+        assert!(at <= broke, "claims sync {:?} after the break", at - broke);
+
+        // Read again in the current generation, then dirtied while trusted: in sync until the
+        // dirty mark, as before.
+        install(&t, vec![(5, 0)]);
+        let mark = t.write_mark();
+        t.wrote(&[key(5)], mark);
+        std::thread::sleep(Duration::from_millis(5));
+        let (_, at) = t.held(&key(5), Instant::now()).unwrap();
+        assert!(at <= mark.at && at > broke);
     }
 }
