@@ -15,6 +15,10 @@
 //!   loading), `CLIENT KILL TYPE pubsub`, and on a 6-node cluster a primary killed and its
 //!   replica promoted. `row5` kills the subscriptions while clients write, so that the
 //!   instances catch up from the change log, and once with the log trimmed first (a gap).
+//!   `row7` keeps the instances from subscribing again (the ACL) while a write lands, and
+//!   from reading buckets once they have (a new generation, the old copies kept), then stops
+//!   Redis: an instance's own write of unknown outcome must not make its copy, which missed
+//!   that write, look fresher than the break.
 //! * Settings: the defaults, but for the store, the fingerprint key, text logs and, on the
 //!   cluster, `NAMELIST_WRITE_REPLICAS=1`. `NAMELIST_EXPECTED_ENTRIES` stays unset on purpose:
 //!   the keyspace is sized for 1,000,000 entries (5,000 buckets), so a new instance's tier
@@ -71,7 +75,7 @@ async fn row4_first_write_after_redis_restarted_empty() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row5_pubsub_killed_with_and_without_the_change_log() {
-    let caught_up = scenario::run(schedule::row5()).await;
+    let caught_up = scenario::run(schedule::row5()).await.caught_up;
     // Three instances: one full catch-up each at start and one full each after the log was
     // trimmed (its position is gone, whatever else happened). Of the three kills before the
     // trim each instance replays the ones its resubscription saw: a resubscription still in
@@ -84,6 +88,25 @@ async fn row5_pubsub_killed_with_and_without_the_change_log() {
     assert!(
         caught_up.full >= 6,
         "the trimmed log read everything again: {caught_up:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row7_own_unknown_write_after_a_missed_one() {
+    let history = scenario::run(schedule::row7()).await.history;
+    // Not kept by doing nothing: instance 1 answered from its copy, degraded, "not listed".
+    let from_the_copy = history.ops.iter().any(|op| match &op.request {
+        model::Request::Check(c) => matches!(
+            &c.reply,
+            model::Reply::Answer(a) if matches!(a.staleness, model::Staleness::Stale(_))
+                && a.hits.is_empty()
+                && a.unanswered.is_empty()
+        ),
+        model::Request::Write(_) => false,
+    });
+    assert!(
+        from_the_copy,
+        "no degraded \"not listed\" from the copy: the schedule missed its window"
     );
 }
 

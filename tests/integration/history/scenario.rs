@@ -503,19 +503,12 @@ impl Run {
                         }
                     }
                     for url in urls {
-                        // A killed node refuses the connection: nothing to kill there.
-                        let conn = redis::Client::open(url).and_then(|c| {
-                            c.get_connection_with_timeout(Duration::from_millis(500))
-                        });
-                        if let Ok(mut conn) = conn {
-                            let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                                .arg("KILL")
-                                .arg("TYPE")
-                                .arg("pubsub")
-                                .query(&mut conn);
-                        }
+                        kill_pubsub(&url);
                     }
                 });
+            }
+            (Fault::Acl(rules), Store::Node(r)) => {
+                tokio::task::block_in_place(|| acl_setuser(&r.url(), rules));
             }
             (f, _) => panic!("{f} is not a fault of a {:?}", self.schedule.topology),
         }
@@ -566,6 +559,33 @@ impl Run {
 
 /// Trims every audit part (the change log) on the node at `url` to nothing; a replica (or a
 /// node down) refuses, and is left alone.
+/// `CLIENT KILL TYPE pubsub` on the node at `url` (a killed node refuses the connection:
+/// nothing to kill there).
+fn kill_pubsub(url: &str) {
+    let conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)));
+    if let Ok(mut conn) = conn {
+        let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut conn);
+    }
+}
+
+/// `ACL SETUSER default <rules>` on the node at `url`.
+fn acl_setuser(url: &str, rules: &str) {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+        .expect("connect to change the ACL");
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg("default");
+    for rule in rules.split_whitespace() {
+        cmd.arg(rule);
+    }
+    let _: () = cmd.query(&mut conn).expect("ACL SETUSER");
+}
+
 fn trim_log(url: &str) {
     let conn = redis::Client::open(url)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)));
@@ -624,9 +644,15 @@ async fn catch_ups(net: &Net) -> CatchUps {
     out
 }
 
+/// What a run that kept the contract leaves: how the instances caught up after their
+/// subscriptions broke, and the history itself.
+pub struct Ran {
+    pub caught_up: CatchUps,
+    pub history: History,
+}
+
 /// Runs `schedule` and checks its history; panics, after printing the report, on a violation.
-/// Returns how the instances caught up after their subscriptions broke.
-pub async fn run(schedule: Schedule) -> CatchUps {
+pub async fn run(schedule: Schedule) -> Ran {
     let began = Instant::now();
     eprint!("{schedule}");
     let mut run = Run::start(schedule).await;
@@ -686,7 +712,7 @@ pub async fn run(schedule: Schedule) -> CatchUps {
             drop(services); // the logs are complete
             eprintln!("the instances' logs are kept in {}", logs.keep().display());
         }
-        return caught_up;
+        return Ran { caught_up, history };
     }
     eprintln!(
         "\n{}",
