@@ -91,7 +91,7 @@ impl NameLists {
         match &result {
             Ok(_) if self.store.inner().atomic_messages() => self.cache.wrote_acked(&changes, mark),
             Ok(_) => {
-                self.cache.remember_own(&changes);
+                self.cache.remember_own(&changes, mark);
                 self.cache.wrote(&keys, mark);
             }
             Err(_) => self.cache.wrote(&keys, mark),
@@ -166,7 +166,7 @@ impl NameLists {
             .await;
         if result.is_ok() {
             let gone: Vec<(EntryKey, Option<u32>)> = unique.iter().map(|k| (*k, None)).collect();
-            self.cache.remember_own(&gone);
+            self.cache.remember_own(&gone, mark);
         }
         self.cache.wrote(&unique, mark);
         let flags = result?;

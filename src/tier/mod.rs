@@ -347,12 +347,15 @@ impl LocalTier {
     /// when that copy was last known in sync. `None` when the bucket is not held.
     /// A filter that says the key is absent answers too.
     /// This instance's own acknowledged writes answer too (`remember_own`): for a field whose
-    /// bucket is not held, or held from before the write, its code as of the write's
-    /// acknowledgement. `None` when nothing here knows the key: never "absent" by default.
+    /// bucket is not held, or held as last known in sync no later than the write was sent,
+    /// its code as of the write's sending (it took effect between then and the
+    /// acknowledgement; dated by the acknowledgement, an instance too busy to process it at
+    /// once would claim writes acknowledged meanwhile elsewhere had been seen). `None` when
+    /// nothing here knows the key: never "absent" by default.
     pub fn held(&self, key: &EntryKey, now: Instant) -> Option<(Option<u32>, Instant)> {
         self.copies.as_ref()?;
         let own = self.recent.own(key);
-        let newer_own = |at: Instant| own.filter(|(_, acked)| *acked > at);
+        let newer_own = |at: Instant| own.filter(|(_, sent)| *sent >= at);
         if let Some(c) = self.get(key.bucket) {
             let at = self.synced_at(c.generation, c.dirty_since, c.fetched_at, now);
             return Some(newer_own(at).unwrap_or((c.get(key.field), at)));

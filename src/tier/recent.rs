@@ -32,7 +32,9 @@ struct Heards {
     heard: HashMap<EntryKey, Heard>,
     /// Changes heard so far: a write's mark (`write_mark`) is this count when it was sent.
     seq: u64,
-    /// Field → the code this instance wrote and had acknowledged, and when.
+    /// Field → the code this instance wrote and had acknowledged, and when that write was
+    /// sent (it took effect between then and its acknowledgement; the acknowledgement may be
+    /// processed late on a busy instance, so a fail-open answer from it is dated by the send).
     own: HashMap<EntryKey, (Option<u32>, Instant)>,
     /// When old entries of both maps were last forgotten.
     pruned: Instant,
@@ -79,8 +81,8 @@ impl Recent {
         self.0.lock().seq
     }
 
-    /// The code this instance wrote to `key` and had acknowledged, and when, if within the
-    /// window.
+    /// The code this instance wrote to `key` and had acknowledged, and when that write was
+    /// sent, if within the window.
     pub(super) fn own(&self, key: &EntryKey) -> Option<(Option<u32>, Instant)> {
         self.0.lock().own.get(key).copied()
     }
@@ -133,13 +135,14 @@ impl Recent {
         (conflicts, since)
     }
 
-    /// Records this instance's acknowledged upsert of `changes`, sent when `seq` changes had
-    /// been heard (`LocalTier::wrote_acked`), and returns the buckets it cannot be applied
-    /// to at once: a change of the field heard since with another code, or full maps.
+    /// Records this instance's acknowledged upsert of `changes`, sent at `sent` when `seq`
+    /// changes had been heard (`LocalTier::wrote_acked`), and returns the buckets it cannot be
+    /// applied to at once: a change of the field heard since with another code, or full maps.
     pub(super) fn acknowledged(
         &self,
         changes: &[(EntryKey, Option<u32>)],
         seq: u64,
+        sent: Instant,
         window: Duration,
         now: Instant,
     ) -> HashSet<u32> {
@@ -158,17 +161,18 @@ impl Recent {
             // Unsure too: a message of an older write arriving after the bucket is read
             // again must not take the field back behind this write.
             if !full {
-                recent.own.insert(*k, (*code, now));
+                recent.own.insert(*k, (*code, sent));
             }
         }
         unsure
     }
 
-    /// Remembers this instance's acknowledged write of `changes` at `now`
+    /// Remembers this instance's acknowledged write of `changes`, sent at `sent`
     /// (`LocalTier::remember_own`).
     pub(super) fn remember(
         &self,
         changes: &[(EntryKey, Option<u32>)],
+        sent: Instant,
         window: Duration,
         now: Instant,
     ) {
@@ -176,7 +180,7 @@ impl Recent {
         recent.prune(now, window);
         if recent.own.len() < RECENT_CAP {
             for (k, code) in changes {
-                recent.own.insert(*k, (*code, now));
+                recent.own.insert(*k, (*code, sent));
             }
         }
     }
@@ -218,12 +222,14 @@ impl LocalTier {
         }
         let window = self.settings.conflict_window;
         if window.is_zero() || mark.generation != self.generation() {
-            self.remember_own(changes);
+            self.remember_own(changes, mark);
             self.wrote(&changes.iter().map(|(k, _)| *k).collect::<Vec<_>>(), mark);
             return;
         }
         let now = Instant::now();
-        let unsure = self.recent.acknowledged(changes, mark.seq, window, now);
+        let unsure = self
+            .recent
+            .acknowledged(changes, mark.seq, mark.at, window, now);
         let sure: Vec<_> = changes
             .iter()
             .filter(|(k, _)| !unsure.contains(&k.bucket))
@@ -235,15 +241,19 @@ impl LocalTier {
         }
     }
 
-    /// This instance's write of `changes` was acknowledged: what a fail-open answer may say of
-    /// these fields while their buckets are not held (or are held older), as of now
-    /// (`held`). Kept for the conflict window, like every own write.
-    pub fn remember_own(&self, changes: &[(EntryKey, Option<u32>)]) {
+    /// This instance's write of `changes`, sent at `mark`, was acknowledged: what a fail-open
+    /// answer may say of these fields while their buckets are not held (or are held older),
+    /// as of its sending (`held`). Kept for the conflict window, like every own write.
+    pub fn remember_own(&self, changes: &[(EntryKey, Option<u32>)], mark: WriteMark) {
         if self.copies.is_none() || changes.is_empty() {
             return;
         }
-        self.recent
-            .remember(changes, self.settings.conflict_window, Instant::now());
+        self.recent.remember(
+            changes,
+            mark.at,
+            self.settings.conflict_window,
+            Instant::now(),
+        );
     }
 }
 
@@ -297,6 +307,34 @@ mod tests {
         let mark = t.write_mark();
         t.wrote_acked(&[(key(6), Some(LATER))], mark);
         assert_eq!(t.lookup(&key(6), Instant::now()), Lookup::Remote);
+    }
+
+    /// An own write acknowledged late (a busy instance) answers a fail-open lookup as of its
+    /// sending, not of the acknowledgement: writes elsewhere acknowledged meanwhile were not
+    /// seen.
+    #[test]
+    fn an_own_write_answers_fail_open_as_of_its_sending() {
+        let t = tier(Duration::from_secs(3));
+        let mark = t.write_mark();
+        std::thread::sleep(Duration::from_millis(30));
+        t.wrote_acked(&[(key(6), Some(LATER))], mark);
+        assert_eq!(
+            t.held(&key(6), Instant::now()),
+            Some((Some(LATER), mark.at))
+        );
+        // A copy dirtied by that very write (its message not atomic with it): the write
+        // answers, as of the same instant.
+        install(&t, vec![(5, LATER)]);
+        let mark = t.write_mark();
+        std::thread::sleep(Duration::from_millis(30));
+        t.remember_own(&[(key(7), None)], mark);
+        t.wrote(&[key(7)], mark);
+        t.lost_sync();
+        assert_eq!(t.held(&key(7), Instant::now()), Some((None, mark.at)));
+        assert_eq!(
+            t.held(&key(5), Instant::now()).map(|(_, at)| at),
+            Some(mark.at)
+        );
     }
 
     /// One event of an interleaving with this instance writing too: another instance's
