@@ -261,6 +261,27 @@ async fn catch_up(
     }
 }
 
+/// After a resubscription: once the keyspace is known to be the one opened, the registries
+/// read again and the buckets to read again found (`catch_up`). A check the store cannot
+/// answer (Redis still loading its data after a restart, a timeout) is tried again every
+/// `KEYSPACE_EVERY`: given up, the subscription would stay untrusted until it next broke,
+/// every check going to Redis meanwhile. A lost keyspace ends this from outside (the
+/// listener drops it when the store says so).
+async fn verified_catch_up(
+    bus: &Instrumented<dyn InvalidationBus>,
+    registries: &RegistryCache,
+    marks: &Marks,
+    broke: Option<Instant>,
+    lag: Duration,
+) -> Option<BTreeSet<u32>> {
+    while let Err(e) = unhurried(bus, StoreOp::Keyspace, |b| b.verify_keyspace()).await {
+        tracing::info!(error = %e, "keyspace check after subscribing failed: trying again");
+        tokio::time::sleep(KEYSPACE_EVERY).await;
+    }
+    registries.invalidate_all();
+    catch_up(bus, marks, broke, lag).await
+}
+
 /// Listens for invalidations until the task is aborted. `marks` and `lag`: see the module
 /// docs, *Catching up from the change log*.
 pub async fn listen(
@@ -292,19 +313,17 @@ pub async fn listen(
                 metrics.subscription_up.set(1);
                 backoff = MIN_BACKOFF;
                 tracing::info!("cache invalidation subscription up");
-                // Nothing is trusted until the keyspace is known to be the one opened.
-                let checked = unhurried(&bus, StoreOp::Keyspace, |b| b.verify_keyspace()).await;
                 let mut trusting = false;
-                // Anything held before now may have changed while nobody listened: the
-                // registries are read again (they are small), the buckets the change log
-                // names (or all of them). The log is read while messages and proofs keep
-                // flowing (a subscription left unread for seconds is found dead), and the
-                // messages are applied meanwhile: whatever the log then says is read again.
+                // Nothing is trusted until the keyspace is known to be the one opened (checked
+                // again until the store answers: `verified_catch_up`). Anything held before
+                // now may have changed while nobody listened: the registries are read again
+                // (they are small), the buckets the change log names (or all of them). The log
+                // is read while messages and proofs keep flowing (a subscription left unread
+                // for seconds is found dead), and the messages are applied meanwhile: whatever
+                // the log then says is read again.
                 let pending = broke.take();
-                let mut catching = (checked.is_ok() && !lost(&health)).then(|| {
-                    registries.invalidate_all();
-                    Box::pin(catch_up(&bus, &marks, pending, lag))
-                });
+                let mut catching = (!lost(&health))
+                    .then(|| Box::pin(verified_catch_up(&bus, &registries, &marks, pending, lag)));
                 if catching.is_none() {
                     broke = pending;
                 }

@@ -545,3 +545,44 @@ async fn a_write_whose_message_never_went_out_is_found_in_the_change_log() {
     );
     assert_eq!(failed, 0, "of {calls} XINFO STREAM");
 }
+
+/// The keyspace check a resubscription makes before trusting anything fails (here the ACL
+/// refuses B's `HGET`; after a restart, Redis still loading its data): it is tried again, and
+/// B trusts its tier again once it passes, rather than sending every check to Redis until its
+/// subscription next breaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_check_failing_at_resubscription_is_tried_again() {
+    let redis = RedisServer::start();
+    let mut settings = redis_settings(&redis);
+    let a = spawn_app(settings.clone()).await;
+    settings.redis_url = Some(secrecy::SecretString::from(acl_user(&redis, "bee")));
+    let b = spawn_app(settings).await;
+    list(&a, "d-1").await;
+    wait_complete(&b, "B loads").await;
+    let hgets = |allowed: bool| {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("bee")
+            .arg(if allowed { "+hget" } else { "-hget" })
+            .query(&mut redis.conn())
+            .unwrap();
+    };
+    hgets(false);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut redis.conn())
+        .unwrap();
+    wait_trusted(&b, false).await;
+    // Subscribed again (the back-off starts at 20 ms) and its keyspace check refused.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b.lists.cache().is_trusted(), "not trusted unchecked");
+    hgets(true);
+    wait_trusted(&b, true).await;
+    // (Caught up in full: B started too recently for a change log mark old enough.)
+    wait_complete(&b, "B loads again").await;
+    let hits = cache_hits(&b).await;
+    assert!(listed(&b, "d-1").await);
+    assert!(cache_hits(&b).await > hits, "answered from B's tier again");
+}
