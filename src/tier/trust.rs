@@ -169,12 +169,26 @@ impl LocalTier {
         self.sync.lock().began >= at
     }
 
-    /// Entries were written in bulk (import): anything held may be out of date.
+    /// Entries were written in bulk (import), or the change log cannot be followed: anything
+    /// held may be out of date. The generation ends when it was last known in sync: now (the
+    /// last proof) while trusted, else when the subscription broke; ended now while the tier
+    /// was untrusted, its copies would claim they had heard the writes missed meanwhile.
     pub fn invalidate_all(&self) {
         let mut st = self.sync.lock();
-        self.new_generation(&mut st, Instant::now());
+        let ended = self.sync_end(&st, Instant::now());
+        self.new_generation(&mut st, ended);
         drop(st);
         self.queue.wake();
+    }
+
+    /// Until when what the current generation holds is known in sync: the last proof of
+    /// delivery while trusted, else when the subscription broke (`now` when it never was).
+    fn sync_end(&self, st: &SyncState, now: Instant) -> Instant {
+        if st.trusted {
+            self.proven_at(now)
+        } else {
+            st.broke_at.unwrap_or(now)
+        }
     }
 
     pub(super) fn new_generation(&self, st: &mut SyncState, ended: Instant) {
@@ -205,11 +219,7 @@ impl LocalTier {
     ) -> Instant {
         let st = self.sync.lock();
         let known = if generation == st.generation {
-            if st.trusted {
-                self.proven_at(now)
-            } else {
-                st.broke_at.unwrap_or(now)
-            }
+            self.sync_end(&st, now)
         } else {
             st.ended.get(&generation).copied().unwrap_or(fetched_at)
         };
@@ -219,12 +229,7 @@ impl LocalTier {
     /// When the tier as a whole was last known in sync (now, while trusted); `None` when off.
     pub fn synced(&self, now: Instant) -> Option<Instant> {
         self.copies.as_ref()?;
-        let st = self.sync.lock();
-        Some(if st.trusted {
-            self.proven_at(now)
-        } else {
-            st.broke_at.unwrap_or(now)
-        })
+        Some(self.sync_end(&self.sync.lock(), now))
     }
 }
 
@@ -262,6 +267,25 @@ mod tests {
         assert_eq!(t.lookup(&key(5), now), Lookup::Remote);
         assert_eq!(t.held(&key(5), now).map(|(_, a)| a), Some(at));
         assert_eq!(t.synced(now), Some(now));
+        install(&t, vec![(5, 0)]);
+        assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Local(Some(0)));
+    }
+
+    /// A generation ended (an import's `Bulk`, a gap in the change log) while the tier was
+    /// untrusted: its copies were known in sync only until the subscription broke, not until
+    /// the generation ended.
+    #[test]
+    fn a_generation_ended_while_untrusted_ends_at_the_break() {
+        let t = tier(Duration::ZERO);
+        install(&t, vec![(5, 0)]);
+        t.lost_sync();
+        let broke = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        t.invalidate_all();
+        let (_, at) = t.held(&key(5), Instant::now()).unwrap();
+        assert!(at <= broke, "claims sync {:?} after the break", at - broke);
+        // Back: the new generation's copies are current again once read.
+        t.resynced();
         install(&t, vec![(5, 0)]);
         assert_eq!(t.lookup(&key(5), Instant::now()), Lookup::Local(Some(0)));
     }
