@@ -461,6 +461,7 @@ impl Application {
     /// forced shutdown).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
+        self.lists.stop_background().await;
         for t in [self.reloader, Some(self.audit_reader)]
             .into_iter()
             .flatten()

@@ -138,12 +138,14 @@ pub struct NameLists {
     expired: mpsc::Sender<(EntryKey, u32, Scope)>,
     /// Hits answered by checks since this instance started, per scope (`GET /v1/lists`).
     hits: std::sync::Mutex<HashMap<Scope, u64>>,
-    tasks: Vec<JoinHandle<()>>,
+    /// The background tasks (`new`), until `stop_background` takes them.
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for NameLists {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        for t in tasks.iter() {
             t.abort();
         }
     }
@@ -213,7 +215,21 @@ impl NameLists {
             metrics,
             expired,
             hits: std::sync::Mutex::new(HashMap::new()),
-            tasks,
+            tasks: std::sync::Mutex::new(tasks),
+        }
+    }
+
+    /// Stops the background tasks and waits until they have ended: once the server has
+    /// stopped, nothing of this instance reads or writes Redis any more (a keyspace check of
+    /// a stopped instance must not, say, mark a keyspace lost that it no longer serves).
+    /// Later calls do nothing; dropping the service aborts them too, without waiting.
+    pub async fn stop_background(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
         }
     }
 
