@@ -465,8 +465,8 @@ pub fn row7() -> Schedule {
             Step::Fault(Fault::Acl("-dump -hgetall")),
             Step::Fault(Fault::TrimLog),
             Step::Fault(Fault::Acl("+subscribe +psubscribe +ssubscribe")),
-            // Subscribed again (the back-off is under a second), a new generation begun.
-            Step::Wait(ms(1_500)),
+            // Subscribed again (the back-off is at most a second), a new generation begun.
+            Step::Wait(ms(2_000)),
             Step::Fault(Fault::Pause { shard: None }),
             Step::Wait(ms(200)),
             upsert(1),
