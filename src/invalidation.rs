@@ -274,8 +274,13 @@ async fn verified_catch_up(
     broke: Option<Instant>,
     lag: Duration,
 ) -> Option<BTreeSet<u32>> {
+    let mut tries = 0u64;
     while let Err(e) = unhurried(bus, StoreOp::Keyspace, |b| b.verify_keyspace()).await {
-        tracing::info!(error = %e, "keyspace check after subscribing failed: trying again");
+        // Said once; a store that keeps refusing is logged by the calls themselves.
+        if tries == 0 {
+            tracing::info!(error = %e, "keyspace check after subscribing failed: trying again every second");
+        }
+        tries += 1;
         tokio::time::sleep(KEYSPACE_EVERY).await;
     }
     registries.invalidate_all();
