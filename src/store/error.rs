@@ -38,12 +38,41 @@ pub enum StoreError {
     Refused(Refusal),
 }
 
+/// Whether a call Redis failed with `e` may succeed if made again: not after an error reply
+/// that would come again (`NOPERM`, a plain `ERR`: `OOM`, `WRONGTYPE`); after anything else
+/// (no answer, a connection lost, `LOADING`, `READONLY`, `TRYAGAIN`, a redirection) it may.
+pub fn redis_error_may_pass_again(e: &redis::RedisError) -> bool {
+    !matches!(
+        e.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::NoPerm | redis::ServerErrorKind::ResponseError
+        )
+    )
+}
+
 /// The lower-level error a `StoreError` came from; shared so that `StoreError` stays `Clone`
 /// (one failed call may be answered to several waiters). To downcast it, take it from the
 /// variant (`source.downcast_ref::<RedisError>()`): `Error::source` hands out the `Arc`.
 pub type SourceError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 impl StoreError {
+    /// Whether the same call may succeed if made again: the store did not answer (or not in
+    /// time), or refused a write for now (replicas behind, a primary being replaced, every
+    /// connection busy). Not: a lost or another keyspace, data that is not what it should
+    /// be, or a Redis error reply that would come again (`NOPERM`, a plain `ERR`: `OOM`,
+    /// `WRONGTYPE`). Callers that try again (the import) give up at once on these.
+    pub fn may_pass_again(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) => true,
+            StoreError::Refused(r) => !matches!(r, Refusal::KeyspaceLost),
+            StoreError::Unavailable { source, .. } => source
+                .as_deref()
+                .and_then(|s| s.downcast_ref::<redis::RedisError>())
+                .is_none_or(redis_error_may_pass_again),
+            StoreError::Corrupt { .. } | StoreError::Keyspace(_) | StoreError::Lost(_) => false,
+        }
+    }
+
     /// The store did not answer, or answered with an error; `message` says what was tried.
     pub fn unavailable(message: String) -> Self {
         StoreError::Unavailable {

@@ -41,6 +41,7 @@ pub use entries::{
 };
 pub use error::{
     KeyspaceHealth, LOST_MESSAGE, Refusal, SourceError, StoreError, StoreResult, one_each,
+    redis_error_may_pass_again,
 };
 pub use expiry::ExpiryCode;
 pub use fingerprint::{FingerprintKey, Hashing, KeyError};

@@ -31,10 +31,11 @@ use futures::StreamExt;
 use namelist::domain::now_ms;
 use namelist::store::InvalidationBus;
 use namelist::store::redis::RedisStore;
-use namelist::store::redis::bulk::BucketWrite;
+use namelist::store::redis::bulk::{BucketWrite, BulkError};
 use namelist::store::redis::dump::DumpFormat;
 use namelist::store::{
     AuditRecord, CountChange, Deadline, EntryStore, Invalidation, Layout, PrefixLen, Scope,
+    StoreError,
 };
 
 use super::checkpoint::Resume;
@@ -185,18 +186,23 @@ pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 pub const ATTEMPTS: u32 = 4;
 
 /// `op` until it succeeds, each try bounded by `limit`, at most [`ATTEMPTS`] tries (a short
-/// pause between them); the last error (or time-out) otherwise, saying `what` it was.
+/// pause between them); the last error (or time-out) otherwise, saying `what` it was. An
+/// error that trying again cannot pass (`StoreError::may_pass_again`: a lost keyspace, a
+/// refused command) ends it at once.
 async fn with_retries<T, E, F, Fut>(what: &str, limit: Duration, mut op: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
-    E: Into<anyhow::Error>,
+    E: MayPassAgain + std::error::Error + Send + Sync + 'static,
 {
     let mut last = None;
     for attempt in 1..=ATTEMPTS {
         match tokio::time::timeout(limit, op()).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => last = Some(e.into()),
+            Ok(Err(e)) if !e.may_pass_again() => {
+                return Err(anyhow::Error::new(e).context(format!("{what} (not tried again)")));
+            }
+            Ok(Err(e)) => last = Some(anyhow::Error::new(e)),
             Err(_) => last = Some(anyhow::anyhow!("no answer within {limit:?}")),
         }
         if attempt < ATTEMPTS {
@@ -210,6 +216,23 @@ where
     Err(last
         .expect("at least one try")
         .context(format!("{what}: {ATTEMPTS} tries failed")))
+}
+
+/// The errors `with_retries` may try again after.
+trait MayPassAgain {
+    fn may_pass_again(&self) -> bool;
+}
+
+impl MayPassAgain for StoreError {
+    fn may_pass_again(&self) -> bool {
+        StoreError::may_pass_again(self)
+    }
+}
+
+impl MayPassAgain for BulkError {
+    fn may_pass_again(&self) -> bool {
+        BulkError::may_pass_again(self)
+    }
 }
 
 /// Adds what the run created to the lists' approximate counts (`GET /v1/lists`). The store
@@ -302,7 +325,7 @@ mod tests {
                 if n == 0 {
                     std::future::pending::<()>().await;
                 }
-                Ok::<_, anyhow::Error>(n)
+                Ok::<_, StoreError>(n)
             }
         })
         .await
@@ -312,7 +335,7 @@ mod tests {
         let tries = AtomicU32::new(0);
         let err = with_retries("telling running services", PUBLISH_TIMEOUT, || {
             tries.fetch_add(1, Ordering::Relaxed);
-            async { Err::<(), _>(anyhow::anyhow!("refused")) }
+            async { Err::<(), _>(StoreError::unavailable("refused".into())) }
         })
         .await
         .unwrap_err();
@@ -322,5 +345,34 @@ mod tests {
             text.contains("4 tries failed") && text.contains("refused"),
             "{text}"
         );
+    }
+
+    /// An error that trying again cannot pass (a lost keyspace, a command the ACL refuses)
+    /// ends the run at the first try, not after four tries and their pauses.
+    #[tokio::test(start_paused = true)]
+    async fn an_error_that_would_come_again_is_not_tried_again() {
+        let noperm = || {
+            StoreError::unavailable_from(redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+                "NOPERM",
+                "this user has no permissions to run the 'restore' command".to_owned(),
+            )))
+        };
+        for (error, tried) in [
+            (StoreError::Lost("gone".into()), 1),
+            (noperm(), 1),
+            (StoreError::Timeout(Duration::from_millis(5)), ATTEMPTS),
+        ] {
+            let tries = AtomicU32::new(0);
+            let error = std::sync::Mutex::new(Some(error));
+            let failed = with_retries("writing buckets", WRITE_TIMEOUT, || {
+                tries.fetch_add(1, Ordering::Relaxed);
+                let e = error.lock().unwrap().clone().unwrap();
+                async move { Err::<(), _>(e) }
+            })
+            .await;
+            assert!(failed.is_err());
+            assert_eq!(tries.load(Ordering::Relaxed), tried);
+        }
     }
 }

@@ -45,6 +45,17 @@ pub enum BulkError {
     Reply(String),
 }
 
+impl BulkError {
+    /// Whether the same write may succeed if made again (`StoreError::may_pass_again`): a
+    /// Redis error that may pass; never a payload, a probe or a reply that was wrong.
+    pub fn may_pass_again(&self) -> bool {
+        match self {
+            BulkError::Redis { source, .. } => crate::store::redis_error_may_pass_again(source),
+            BulkError::Payload(_) | BulkError::ProbeDiffers(_) | BulkError::Reply(_) => false,
+        }
+    }
+}
+
 fn redis_err(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> BulkError {
     let what = what.into();
     move |source| BulkError::Redis { what, source }
