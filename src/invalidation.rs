@@ -10,7 +10,8 @@
 //! a healthy link), and never later than the cache TTL.
 //!
 //! The keyspace too (`KeyspaceHealth`): before it trusts anything again after subscribing,
-//! the task checks that the keyspace is the one opened; while the store says it is lost, the
+//! the task checks that the keyspace is the one opened (again every second while the store
+//! cannot answer: Redis still loading its data after a restart); while the store says it is lost, the
 //! tier is untrusted (answers go to the fail-open path, from the copies as they stood when the
 //! loss was seen: the store refuses to read a lost keyspace) and messages are not applied;
 //! when it is back (its data restored), a new generation starts as after a resubscription.
