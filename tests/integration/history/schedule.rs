@@ -456,7 +456,8 @@ pub fn row7() -> Schedule {
         background: 10_000,
         clients: 0,
         steps: vec![
-            Step::Wait(ms(2_000)),
+            // Both tiers loaded (~1 s at the default fetch rate; three on a busy machine).
+            Step::Wait(ms(3_000)),
             Step::Fault(Fault::Acl("-subscribe -psubscribe -ssubscribe")),
             Step::Fault(Fault::KillPubsub),
             Step::Wait(ms(200)),
