@@ -275,13 +275,12 @@ async fn verified_catch_up(
     broke: Option<Instant>,
     lag: Duration,
 ) -> Option<BTreeSet<u32>> {
-    let mut tries = 0u64;
+    let mut said = false;
     while let Err(e) = unhurried(bus, StoreOp::Keyspace, |b| b.verify_keyspace()).await {
         // Said once; a store that keeps refusing is logged by the calls themselves.
-        if tries == 0 {
+        if !std::mem::replace(&mut said, true) {
             tracing::info!(error = %e, "keyspace check after subscribing failed: trying again every second");
         }
-        tries += 1;
         tokio::time::sleep(KEYSPACE_EVERY).await;
     }
     registries.invalidate_all();

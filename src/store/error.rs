@@ -41,7 +41,7 @@ pub enum StoreError {
 /// Whether a call Redis failed with `e` may succeed if made again: not after an error reply
 /// that would come again (`NOPERM`, a plain `ERR`: `OOM`, `WRONGTYPE`); after anything else
 /// (no answer, a connection lost, `LOADING`, `READONLY`, `TRYAGAIN`, a redirection) it may.
-pub fn redis_error_may_pass_again(e: &redis::RedisError) -> bool {
+pub(crate) fn redis_error_may_pass_again(e: &redis::RedisError) -> bool {
     !matches!(
         e.kind(),
         redis::ErrorKind::Server(

@@ -39,9 +39,9 @@ pub use entries::{
     AuditChunk, AuditOp, AuditPos, AuditRead, AuditTerm, CountChange, CountsPage, CountsQuery,
     ListCount, RemoveBatch, Removed, WriteBatch,
 };
+pub(crate) use error::redis_error_may_pass_again;
 pub use error::{
     KeyspaceHealth, LOST_MESSAGE, Refusal, SourceError, StoreError, StoreResult, one_each,
-    redis_error_may_pass_again,
 };
 pub use expiry::ExpiryCode;
 pub use fingerprint::{FingerprintKey, Hashing, KeyError};

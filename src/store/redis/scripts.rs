@@ -64,9 +64,10 @@ local m = redis.call('HMGET', KEYS[1], 'format', 'buckets', 'key_id', 'keyspace_
 return {m[1], m[2], 0, m[3], m[4], m[5], m[6], m[7]}
 ";
 
-/// Takes back a meta hash an open just made (`shards::refuse_other_keyspace`) (KEYS[1], while it still holds this open's id,
-/// ARGV[1], and no instance recorded its markers, ARGV[3]) and leaves the lost marker (KEYS[2])
-/// holding the other keyspace's id (ARGV[2]). Returns 1 if it did.
+/// Takes back a meta hash an open just made (`shards::refuse_other_keyspace`): KEYS[1],
+/// while it still holds this open's id (ARGV[1]) and no instance recorded its markers
+/// (ARGV[3]); and leaves the lost marker (KEYS[2]) holding the other keyspace's id (ARGV[2]).
+/// Returns 1 if it did.
 pub(super) const RETIRE_NEW_META: &str = r"
 if redis.call('HGET', KEYS[1], 'keyspace_id') ~= ARGV[1] then return 0 end
 if redis.call('HEXISTS', KEYS[1], ARGV[3]) == 1 then return 0 end

@@ -557,8 +557,6 @@ impl Run {
     }
 }
 
-/// Trims every audit part (the change log) on the node at `url` to nothing; a replica (or a
-/// node down) refuses, and is left alone.
 /// `CLIENT KILL TYPE pubsub` on the node at `url` (a killed node refuses the connection:
 /// nothing to kill there).
 fn kill_pubsub(url: &str) {
@@ -586,6 +584,8 @@ fn acl_setuser(url: &str, rules: &str) {
     let _: () = cmd.query(&mut conn).expect("ACL SETUSER");
 }
 
+/// Trims every audit part (the change log) on the node at `url` to nothing; a replica (or a
+/// node down) refuses, and is left alone.
 fn trim_log(url: &str) {
     let conn = redis::Client::open(url)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)));
