@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::RedisServer;
-use scene::{Attack, Scene, VICTIM, call};
+use scene::{Attack, Scene, VICTIM, VictimAnswer, call};
 use serde_json::json;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -88,7 +88,10 @@ async fn victim(url: String, rate: u64, secs: u64) -> (Vec<Duration>, usize) {
                 Some(Scene::victim_check(n)),
             )
             .await;
-            (due.elapsed(), Scene::victim_answer_is_exact(status, &body))
+            (
+                due.elapsed(),
+                Scene::victim_answer(status, &body) == VictimAnswer::Exact,
+            )
         });
     }
     let mut took = Vec::with_capacity(total as usize);

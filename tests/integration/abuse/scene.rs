@@ -167,8 +167,8 @@ impl Scene {
                "subjects": {"phone": LISTED_PHONE, "uid": [LISTED_UID, format!("never-seen-{fresh}")]}})
     }
 
-    /// Whether an answer to `victim_check` is exactly right: 200, its two hits, not degraded.
-    pub fn victim_answer_is_exact(status: u16, body: &Value) -> bool {
+    /// How an answer to `victim_check` came out (see `VictimAnswer`).
+    pub fn victim_answer(status: u16, body: &Value) -> VictimAnswer {
         let mut hits: Vec<String> = body["hits"]
             .as_array()
             .map(|h| {
@@ -185,12 +185,29 @@ impl Scene {
             .unwrap_or_default();
         hits.sort();
         let phone = hits.first().map(String::as_str);
-        status == 200
-            && body["degraded"] == false
+        let hits_exact = status == 200
             && hits.len() == 2
             && matches!(phone, Some("phone:13800138000" | "phone:+8613800138000"))
-            && hits[1] == format!("uid:{LISTED_UID}")
+            && hits[1] == format!("uid:{LISTED_UID}");
+        match (hits_exact, &body["degraded"]) {
+            (true, Value::Bool(false)) => VictimAnswer::Exact,
+            (true, Value::Bool(true)) if body["stale_ms"].is_u64() => VictimAnswer::Late,
+            _ => VictimAnswer::Wrong,
+        }
     }
+}
+
+/// An answer to `Scene::victim_check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VictimAnswer {
+    /// 200, exactly its two hits, `degraded: false`.
+    Exact,
+    /// 200, exactly its two hits, but `degraded: true` with its `stale_ms`: a lookup missed
+    /// the check's 20 ms deadline, or the tier's last proof of delivery came late, and the
+    /// local tier answered. Right, and honest about it, but not known current.
+    Late,
+    /// Anything else: a missing or extra hit, an error, a degraded answer without its age.
+    Wrong,
 }
 
 pub async fn call(
