@@ -294,6 +294,7 @@ pub struct Application {
     port: u16,
     server: actix_web::dev::Server,
     lists: web::Data<NameLists>,
+    velocity: web::Data<Velocity>,
     memory: Option<Arc<MemoryStore>>,
     reloader: Option<tokio::task::JoinHandle<()>>,
     audit_reader: tokio::task::JoinHandle<()>,
@@ -397,13 +398,14 @@ impl Application {
                 .map_err(StartupError::Lane)?,
         );
         let app_lists = lists.clone();
+        let app_velocity = velocity.clone();
         let app_tokens = web::Data::from(tokens);
         let mut server = HttpServer::new(move || {
             App::new()
                 .app_data(app_tokens.clone())
                 .app_data(app_lists.clone())
                 .app_data(audit_trail.clone())
-                .app_data(velocity.clone())
+                .app_data(app_velocity.clone())
                 .app_data(metrics.clone())
                 .app_data(limit.clone())
                 .app_data(limits.clone())
@@ -436,6 +438,7 @@ impl Application {
             port,
             server,
             lists,
+            velocity,
             memory: opened.memory,
             reloader,
             audit_reader,
@@ -462,6 +465,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.lists.stop_background().await;
+        self.velocity.stop_background().await;
         for t in [self.reloader, Some(self.audit_reader)]
             .into_iter()
             .flatten()

@@ -483,6 +483,19 @@ impl Velocity {
         Ok(v)
     }
 
+    /// Stops the definitions listener and waits until it has ended (`NameLists::
+    /// stop_background`, for the same reason: a stopped instance reads nothing more). Later
+    /// calls do nothing; dropping the service aborts it too, without waiting.
+    pub async fn stop_background(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
     fn defs(&self) -> Arc<Definitions> {
         self.defs.read().expect("definitions lock").clone()
     }

@@ -498,3 +498,40 @@ async fn buckets_are_read_whole_as_listpacks_hashtables_or_without_dump() {
     read_back(&limited, &written).await;
     read_back(&limited, &written).await;
 }
+
+/// The subscriptions `app`'s instance holds on `redis` (its keyspace's channel: the tier's
+/// invalidations and the velocity definitions' listener both follow it).
+fn subscribers(redis: &RedisServer, app: &TestApp) -> i64 {
+    let channel = app.lists.store().layout().channel();
+    let reply: (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channel)
+        .query(&mut redis.conn())
+        .unwrap();
+    reply.1
+}
+
+/// A stopped application holds no subscription any more, though the test still holds its
+/// `NameLists`: the tier's background tasks end with the server, not when the last handle
+/// goes (fails without `NameLists::stop_background`, 2 subscriptions left). The velocity
+/// definitions' listener is stopped the same way; nothing outside the server holds that
+/// service, so dropping it ended the listener before too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_instance_listens_no_more() {
+    let redis = RedisServer::start();
+    let app = spawn_app(redis_settings(&redis)).await;
+    assert!(
+        subscribers(&redis, &app) >= 2,
+        "the tier and velocity listen"
+    );
+    app.stop().await;
+    let started = Instant::now();
+    while subscribers(&redis, &app) > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{} subscriptions left 2 s after the stop",
+            subscribers(&redis, &app)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
