@@ -284,20 +284,12 @@ impl RedisStore {
                 since_ms: now_ms(),
                 why: why.clone(),
             });
-            let mut conn = self.operator_reads();
-            let marker = Layout::lost_marker_key_of(self.layout.prefix());
-            let id = self.keyspace_id.clone();
-            tokio::spawn(async move {
-                let r: RedisResult<()> = redis::cmd("SET")
-                    .arg(&marker)
-                    .arg(&id)
-                    .arg("NX")
-                    .query_async(&mut conn)
-                    .await;
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "could not leave the lost keyspace's marker");
-                }
-            });
+            tokio::spawn(leave_lost_marker(
+                self.operator_reads(),
+                Layout::lost_marker_key_of(self.layout.prefix()),
+                self.keyspace_id.clone(),
+                self.health.subscribe(),
+            ));
         }
         StoreError::Lost(why)
     }
@@ -314,6 +306,53 @@ impl RedisStore {
         })
     }
 }
+
+/// Leaves the lost keyspace's marker (`SET NX` of its id), tried again until it lands for as
+/// long as the keyspace stays lost: the first try often meets the connection the loss itself
+/// broke (Redis restarted), and without the marker an instance starting meanwhile would make
+/// a new, empty keyspace over the lost one. Ends once the keyspace is back (which deletes the
+/// marker) or the store is gone.
+async fn leave_lost_marker(
+    mut conn: RedisConn,
+    marker: String,
+    id: String,
+    mut health: tokio::sync::watch::Receiver<KeyspaceHealth>,
+) {
+    let mut pause = Duration::from_millis(50);
+    let mut warned = false;
+    loop {
+        if health.has_changed().is_err()
+            || !matches!(*health.borrow_and_update(), KeyspaceHealth::Lost { .. })
+        {
+            return;
+        }
+        let set = redis::cmd("SET").arg(&marker).arg(&id).arg("NX").clone();
+        match tokio::time::timeout(LOST_MARKER_TRY, set.query_async::<()>(&mut conn)).await {
+            Ok(Ok(())) => {
+                if warned {
+                    tracing::info!("the lost keyspace's marker is left");
+                }
+                return;
+            }
+            Ok(Err(e)) if !warned => {
+                tracing::warn!(error = %e, "could not leave the lost keyspace's marker yet: trying again every second");
+                warned = true;
+            }
+            Err(_) if !warned => {
+                tracing::warn!(
+                    "could not leave the lost keyspace's marker within {LOST_MARKER_TRY:?}: trying again every second"
+                );
+                warned = true;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// How long one try of the lost keyspace's marker may take.
+const LOST_MARKER_TRY: Duration = Duration::from_secs(2);
 
 fn unavailable(e: RedisError) -> StoreError {
     if e.kind() == ErrorKind::Parse || e.kind() == ErrorKind::UnexpectedReturnType {
