@@ -123,8 +123,13 @@ async fn write(app: &TestApp, value: &str) -> u16 {
 }
 
 /// Asserts that the keyspace at `prefix` holds nothing but the lost marker: nothing was
-/// written into the empty one (`more` ends the failure's message).
-fn only_the_marker(redis: &RedisServer, prefix: &str, more: &str) {
+/// written into the empty one (`more` ends the failure's message). The marker is waited for
+/// (up to 3 s: its first try may fail and is tried again).
+async fn only_the_marker(redis: &RedisServer, prefix: &str, more: &str) {
+    let started = Instant::now();
+    while !marker_exists(redis, prefix) && started.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
         .query(&mut redis.conn())
@@ -167,7 +172,7 @@ async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
     .await;
     assert_eq!((status, code.as_str()), (503, "keyspace_lost"));
     assert!(!meta_exists(&redis, &prefix), "the keyspace was recreated");
-    only_the_marker(&redis, &prefix, "");
+    only_the_marker(&redis, &prefix, "").await;
 
     // Checks: from the tier, degraded, the listed entry still a hit, the rest as of the loss.
     let body = app.check(&check(&["u1", "never-seen"])).await;
@@ -228,7 +233,7 @@ async fn the_lost_marker_is_left_even_if_its_first_try_fails() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    only_the_marker(&redis, &prefix, "");
+    only_the_marker(&redis, &prefix, "").await;
     // A new instance is refused instead of making a new keyspace.
     let err = match Application::build(settings.clone()).await {
         Err(e) => e.to_string(),
@@ -427,7 +432,7 @@ async fn velocity_through_a_lost_keyspace(flush: bool, count_first: bool) {
         assert_eq!(res.0, 503, "{res:?}");
         assert_eq!(res.1["error"]["code"], "keyspace_lost", "{res:?}");
     }
-    only_the_marker(&redis, &prefix, &format!(" ({refused} events refused)"));
+    only_the_marker(&redis, &prefix, &format!(" ({refused} events refused)")).await;
     let metrics: Value = app.get("/v1/metrics").await.json().await.unwrap();
     assert!(
         metrics.to_string().contains("COUNT(1h, tx) BY user"),
@@ -519,10 +524,10 @@ async fn a_definition_put_into_a_flushed_keyspace_is_refused_unwritten() {
         assert!(started.elapsed() < Duration::from_secs(5), "no lost marker");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    only_the_marker(&redis, &prefix, " by the refused change");
+    only_the_marker(&redis, &prefix, " by the refused change").await;
     assert_eq!(define_n(&app).await, lost);
     assert_eq!(drop().await, lost);
-    only_the_marker(&redis, &prefix, " by the changes after");
+    only_the_marker(&redis, &prefix, " by the changes after").await;
     app.stop().await;
 }
 
