@@ -208,6 +208,8 @@ pub struct RedisStore {
     /// id*): set when a read, a write or `verify_keyspace` finds the meta hash without it.
     keyspace_id: String,
     lost: AtomicBool,
+    /// Whether the lost marker is known to stand, and whether a try is under way.
+    lost_marker: Arc<LostMarker>,
     health: tokio::sync::watch::Sender<KeyspaceHealth>,
     /// On a cluster, the slots whose shard markers were found missing (`shards`), and where
     /// `verify_keyspace`'s sweep of the markers is.
@@ -272,7 +274,8 @@ impl RedisStore {
     }
 
     /// The keyspace is lost (`KeyspaceHealth::Lost`): said once, loudly, with the marker left
-    /// for instances that start meanwhile. Returns the error to answer with.
+    /// for instances that start meanwhile (`leave_lost_marker`: tried on every call until it
+    /// stands). Returns the error to answer with.
     fn mark_lost(&self, why: String) -> StoreError {
         if !self.lost.swap(true, Ordering::AcqRel) {
             tracing::error!(
@@ -284,11 +287,15 @@ impl RedisStore {
                 since_ms: now_ms(),
                 why: why.clone(),
             });
+        }
+        if !self.lost_marker.left.load(Ordering::Acquire)
+            && !self.lost_marker.trying.swap(true, Ordering::AcqRel)
+        {
             tokio::spawn(leave_lost_marker(
                 self.operator_reads(),
                 Layout::lost_marker_key_of(self.layout.prefix()),
                 self.keyspace_id.clone(),
-                self.health.subscribe(),
+                self.lost_marker.clone(),
             ));
         }
         StoreError::Lost(why)
@@ -307,48 +314,52 @@ impl RedisStore {
     }
 }
 
-/// Leaves the lost keyspace's marker (`SET NX` of its id), tried again until it lands for as
-/// long as the keyspace stays lost: the first try often meets the connection the loss itself
-/// broke (Redis restarted), and without the marker an instance starting meanwhile would make
-/// a new, empty keyspace over the lost one. Ends once the keyspace is back (which deletes the
-/// marker) or the store is gone.
+/// The lost keyspace's marker, as far as this instance knows (`RedisStore::mark_lost`).
+#[derive(Default)]
+struct LostMarker {
+    /// It stands (cleared when the keyspace is back, which deletes it).
+    left: AtomicBool,
+    /// A try is under way.
+    trying: AtomicBool,
+    /// A failed try was logged (once per loss).
+    warned: AtomicBool,
+}
+
+/// One try at leaving the lost keyspace's marker (`SET NX` of its id). A failure is logged
+/// once; the next `mark_lost` tries again, and while the keyspace stays lost the keyspace
+/// watch calls it every second (`verify_keyspace`): the first try often meets the connection
+/// the loss itself broke (Redis restarted), and without the marker an instance starting
+/// meanwhile would make a new, empty keyspace over the lost one. A stopped instance's watch
+/// has stopped, so it tries no more.
 async fn leave_lost_marker(
     mut conn: RedisConn,
     marker: String,
     id: String,
-    mut health: tokio::sync::watch::Receiver<KeyspaceHealth>,
+    state: Arc<LostMarker>,
 ) {
-    let mut pause = Duration::from_millis(50);
-    let mut warned = false;
-    loop {
-        if health.has_changed().is_err()
-            || !matches!(*health.borrow_and_update(), KeyspaceHealth::Lost { .. })
-        {
-            return;
+    let set = redis::cmd("SET").arg(&marker).arg(&id).arg("NX").clone();
+    let failed = match tokio::time::timeout(LOST_MARKER_TRY, set.query_async::<()>(&mut conn)).await
+    {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("no answer within {LOST_MARKER_TRY:?}")),
+    };
+    match failed {
+        None => {
+            state.left.store(true, Ordering::Release);
+            if state.warned.swap(false, Ordering::AcqRel) {
+                tracing::info!("the lost keyspace's marker is left");
+            }
         }
-        let set = redis::cmd("SET").arg(&marker).arg(&id).arg("NX").clone();
-        match tokio::time::timeout(LOST_MARKER_TRY, set.query_async::<()>(&mut conn)).await {
-            Ok(Ok(())) => {
-                if warned {
-                    tracing::info!("the lost keyspace's marker is left");
-                }
-                return;
-            }
-            Ok(Err(e)) if !warned => {
-                tracing::warn!(error = %e, "could not leave the lost keyspace's marker yet: trying again every second");
-                warned = true;
-            }
-            Err(_) if !warned => {
-                tracing::warn!(
-                    "could not leave the lost keyspace's marker within {LOST_MARKER_TRY:?}: trying again every second"
-                );
-                warned = true;
-            }
-            _ => {}
+        Some(error) if !state.warned.swap(true, Ordering::AcqRel) => {
+            tracing::warn!(
+                error,
+                "could not leave the lost keyspace's marker yet: tried again every second while it is lost"
+            );
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
+        Some(_) => {}
     }
+    state.trying.store(false, Ordering::Release);
 }
 
 /// How long one try of the lost keyspace's marker may take.
@@ -685,6 +696,7 @@ impl RedisStore {
             dump_refused: AtomicBool::new(false),
             keyspace_id,
             lost: AtomicBool::new(false),
+            lost_marker: Arc::default(),
             health: tokio::sync::watch::channel(KeyspaceHealth::Present).0,
             lost_slots: Default::default(),
             sweep: AtomicUsize::new(0),
@@ -849,6 +861,7 @@ impl StoreBase for RedisStore {
                 "the keyspace is back (its data restored): writes are taken again"
             );
             self.health.send_replace(KeyspaceHealth::Present);
+            self.lost_marker.left.store(false, Ordering::Release);
             let mut conn = self.operator_reads();
             let _: RedisResult<()> = redis::cmd("DEL")
                 .arg(Layout::lost_marker_key_of(self.layout.prefix()))
