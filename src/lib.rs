@@ -23,6 +23,7 @@
 
 pub mod audit_trail;
 pub mod auth;
+pub mod background;
 pub mod config;
 pub mod domain;
 pub mod error;

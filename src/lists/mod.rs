@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
+use crate::background::BackgroundTasks;
 use crate::domain::{
     Dimension, Expiry, Norm, PhoneRegions, Rules, Sandbox, ValidationError, Value,
 };
@@ -138,17 +138,8 @@ pub struct NameLists {
     expired: mpsc::Sender<(EntryKey, u32, Scope)>,
     /// Hits answered by checks since this instance started, per scope (`GET /v1/lists`).
     hits: std::sync::Mutex<HashMap<Scope, u64>>,
-    /// The background tasks (`new`), until `stop_background` takes them.
-    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Drop for NameLists {
-    fn drop(&mut self) {
-        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
-        for t in tasks.iter() {
-            t.abort();
-        }
-    }
+    /// The background tasks (`new`), until `stop_background`.
+    tasks: BackgroundTasks,
 }
 
 impl NameLists {
@@ -215,7 +206,7 @@ impl NameLists {
             metrics,
             expired,
             hits: std::sync::Mutex::new(HashMap::new()),
-            tasks: std::sync::Mutex::new(tasks),
+            tasks: BackgroundTasks::new(tasks),
         }
     }
 
@@ -224,13 +215,7 @@ impl NameLists {
     /// a stopped instance must not, say, mark a keyspace lost that it no longer serves).
     /// Later calls do nothing; dropping the service aborts them too, without waiting.
     pub async fn stop_background(&self) {
-        let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
-        for t in &tasks {
-            t.abort();
-        }
-        for t in tasks {
-            let _ = t.await;
-        }
+        self.tasks.stop().await;
     }
 
     /// The store itself, uninstrumented (tests; the service calls it through `Instrumented`).

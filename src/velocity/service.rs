@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use serde_json::Value as Json;
-use tokio::task::JoinHandle;
 
 mod definitions;
 
 use super::expr::Aggregation;
 use super::model::{AMOUNT_SCALE, Amount, MetricDef, MetricSpec, RuleDef, amount_json};
 use super::rules::{self, Decision, Rule};
+use crate::background::BackgroundTasks;
 use crate::domain::{ErrorCode, EventType, FieldName, MetricId, RuleId, ValidationError, now_ms};
 use crate::instrumented::Instrumented;
 use crate::invalidation::unhurried;
@@ -239,15 +239,7 @@ pub struct Velocity {
     batch_turn: tokio::sync::Semaphore,
     settings: VelocitySettings,
     metrics: Arc<Metrics>,
-    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Drop for Velocity {
-    fn drop(&mut self) {
-        for t in self.tasks.lock().expect("tasks lock").iter() {
-            t.abort();
-        }
-    }
+    tasks: BackgroundTasks,
 }
 
 fn family(a: Aggregation) -> MetricFamily {
@@ -441,7 +433,7 @@ impl Velocity {
             batch_turn: tokio::sync::Semaphore::new(1),
             settings,
             metrics,
-            tasks: std::sync::Mutex::new(Vec::new()),
+            tasks: BackgroundTasks::default(),
         });
         let weak = Arc::downgrade(&v);
         let task = tokio::spawn(async move {
@@ -479,7 +471,7 @@ impl Velocity {
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         });
-        v.tasks.lock().expect("tasks lock").push(task);
+        v.tasks.push(task);
         Ok(v)
     }
 
@@ -487,13 +479,7 @@ impl Velocity {
     /// stop_background`, for the same reason: a stopped instance reads nothing more). Later
     /// calls do nothing; dropping the service aborts it too, without waiting.
     pub async fn stop_background(&self) {
-        let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
-        for t in &tasks {
-            t.abort();
-        }
-        for t in tasks {
-            let _ = t.await;
-        }
+        self.tasks.stop().await;
     }
 
     fn defs(&self) -> Arc<Definitions> {
