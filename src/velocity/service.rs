@@ -475,9 +475,9 @@ impl Velocity {
         Ok(v)
     }
 
-    /// Stops the definitions listener and waits until it has ended (`NameLists::
-    /// stop_background`, for the same reason: a stopped instance reads nothing more). Later
-    /// calls do nothing; dropping the service aborts it too, without waiting.
+    /// Stops the definitions listener and waits until it has ended, as
+    /// `NameLists::stop_background` does and for the same reason: a stopped instance reads
+    /// nothing more. Later calls do nothing; dropping the service aborts it too.
     pub async fn stop_background(&self) {
         self.tasks.stop().await;
     }

@@ -280,6 +280,16 @@ impl RedisServer {
             .expect("connection")
     }
 
+    /// `ACL SETUSER <user> <rule>`: what `user` may run from now on (`-set`, `+hget`…).
+    pub fn acl_setuser(&self, user: &str, rule: &str) {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg(rule)
+            .query(&mut self.conn())
+            .expect("ACL SETUSER");
+    }
+
     /// `CLIENT LIST`: a line per connection, with its last command (`cmd=`) and protocol
     /// (`resp=`), for tests of which connection carried what.
     pub fn client_list(&self) -> String {

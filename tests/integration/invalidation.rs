@@ -559,14 +559,7 @@ async fn a_keyspace_check_failing_at_resubscription_is_tried_again() {
     let b = spawn_app(settings).await;
     list(&a, "d-1").await;
     wait_complete(&b, "B loads").await;
-    let hgets = |allowed: bool| {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("bee")
-            .arg(if allowed { "+hget" } else { "-hget" })
-            .query(&mut redis.conn())
-            .unwrap();
-    };
+    let hgets = |allowed: bool| redis.acl_setuser("bee", if allowed { "+hget" } else { "-hget" });
     hgets(false);
     let _: i64 = redis::cmd("CLIENT")
         .arg("KILL")

@@ -207,15 +207,7 @@ async fn a_keyspace_restarted_empty_is_noticed_and_never_recreated() {
 async fn the_lost_marker_is_left_even_if_its_first_try_fails() {
     let (redis, settings, app) = listed_u1(FailMode::Open).await;
     let prefix = settings.key_prefix.clone();
-    let acl = |rule: &str| {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("default")
-            .arg(rule)
-            .query(&mut redis.conn())
-            .unwrap();
-    };
-    acl("-set");
+    redis.acl_setuser("default", "-set");
     let () = redis::cmd("FLUSHALL").query(&mut redis.conn()).unwrap();
     // A check is the first to meet the loss (a write's entries would land before its probe
     // refuses them: `only_the_marker` below is about the marker alone).
@@ -224,7 +216,7 @@ async fn the_lost_marker_is_left_even_if_its_first_try_fails() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!marker_exists(&redis, &prefix), "SET was refused");
 
-    acl("+set");
+    redis.acl_setuser("default", "+set");
     let started = Instant::now();
     while !marker_exists(&redis, &prefix) {
         assert!(
