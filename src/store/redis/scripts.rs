@@ -104,22 +104,27 @@ end
 return out
 ";
 
-/// The metric script: every update and read one event makes on the keys of one hash slot
-/// (or, without an event, a chunk of id-less updates or of reads), in one call. Written as a
+/// The metric script: every update and read that events make on the keys of one hash slot
+/// (on one node, where a script may touch keys of any slot, several events: as many as fit
+/// `METRIC_OPS_PER_CALL`; on a cluster one event's, per slot), or a chunk of id-less updates
+/// or of reads, in one call. Written as a
 /// body shared by the writing script (`METRIC_WRITE`) and the read-only one (`METRIC_READ`,
 /// `no-writes`: it may run on a replica), after `ENTRY_PREAMBLE` (`live_code`).
 ///
-/// KEYS[1] is the event's deduplication bucket (any key of the slot when there is no event),
+/// The call is a sequence of groups, each an event's ops (or a chunk of id-less ones). KEYS,
+/// per group: the event's deduplication bucket (any key of the slot when there is no event),
 /// then the ops' keys in order: one each, and for an APPROX_COUNT_DISTINCT read its window's
-/// `slots` sub-window keys after it. ARGV[1] is a sequence of MessagePack values, not an
+/// `slots` sub-window keys after it; after the last group, the guard's key (below). ARGV[1]
+/// is a sequence of MessagePack values, not an
 /// array (unpacked in C by `cmsgpack`: ~60 separate arguments cost Redis more than the
 /// updates themselves, and each value costs, so an op carries only what it uses; in the
-/// script value i is `A[i + 1]`, `A[1]` being the unpacker's offset): 1 the event's field
-/// (its 64-bit keyed hash as a decimal string; '' without an event), 2 the expiry code until
-/// which the event is remembered (a string), 3 now (`ExpiryCode::script_now`), 4 the fill
-/// from which the bucket drops its expired ids (`velocity::purge_from`) when this new id is
-/// one to look at the bucket's length (one in `velocity::PURGE_EVERY`, chosen by the caller
-/// from the hash), else 0, 5 a random number 0–7 (`seed`), then per op (`velocity::pack_op`):
+/// script value i is `A[i + 1]`, `A[1]` being the unpacker's offset): now
+/// (`ExpiryCode::script_now`), a random number 0–7 (`seed`), then per group: the event's
+/// field (its 64-bit keyed hash as a decimal string; '' without an event), the expiry code
+/// until which the event is remembered (a string), the fill from which the bucket drops its
+/// expired ids (`velocity::purge_from`) when this new id is one to look at the bucket's
+/// length (one in `velocity::PURGE_EVERY`, chosen by the caller from the hash), else 0, the
+/// group's number of ops, then per op (`velocity::pack_op`):
 /// - its head: the family (1 COUNT/SUM, 2 AVG, 3 MIN, 4 MAX, 5 COUNT_DISTINCT,
 ///   6 APPROX_COUNT_DISTINCT) + 8 if it updates + 16 if it reads back;
 /// - COUNT_DISTINCT: the member cap;
@@ -158,7 +163,11 @@ return out
 /// refused then is neither counted nor remembered, and its retry once the keyspace is
 /// restored counts.
 ///
-/// Returns {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
+/// Several events in one call cost Redis one call's dispatch, argument and guard, not one
+/// each; each is deduplicated on its own (a replay of an id earlier in the same call is a
+/// replay), so a call of many events applies each exactly once as a call of one would.
+///
+/// Returns, per group, {dup, bucket length (0 without an event), then per op: n, n values}: COUNT/SUM,
 /// MIN/MAX the values of the read window's sub-windows; AVG (field, value) pairs; the
 /// distinct families {count, capped}. n is 0 for an op that reads nothing.
 const METRIC_BODY: &str = r"
@@ -178,34 +187,11 @@ while A[1] >= 0 do
   A[1] = more[1]
   for i = 2, #more do A[#A + 1] = more[i] end
 end
-local event, now = A[2], A[4]
-local dup, fill = 0, 0
-if event ~= '' and call('HSETNX', KEYS[1], event, A[3]) == 0 then
-  if live_code(tonumber(call('HGET', KEYS[1], event)), now) then
-    dup = 1
-  else
-    call('HSET', KEYS[1], event, A[3])
-  end
-elseif event ~= '' and A[5] > 0 then
-  -- The new ids the caller chose (one in PURGE_EVERY, by hash) look at the bucket's length;
-  -- A[5] is how many ids the bucket may hold before its expired ones go.
-  fill = call('HLEN', KEYS[1])
-  if fill >= A[5] then
-    local all, gone = call('HGETALL', KEYS[1]), {}
-    for i = 1, #all, 2 do
-      if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
-    end
-    for i = 1, #gone, 1000 do
-      call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
-    end
-    fill = fill - #gone
-  end
-end
--- One hash update in eight (every eighth op of the call from a random start, A[6])
+local now, seed = A[2], A[3]
+-- One hash update in eight (every eighth op of the call from a random start, `seed`)
 -- also reads the hash's length; one holding more fields than its window needs is trimmed
 -- by its field names. So a hash holds a few sub-windows more than it needs at most, and
 -- the common path reads nothing.
-local seed = A[6]
 local function trim(k, width, n, trim_hi)
   if call('HLEN', k) > width * n then
     local lo = trim_hi - n + 1
@@ -227,87 +213,119 @@ local function read_window(k, width, lo, hi, out, fields)
   end
   out[at] = n
 end
-local out = {dup, fill}
-local a, ki, i = 7, 2, 0
+-- An event's id: whether it is remembered live in its bucket (a replay: dup = 1), else
+-- remembered now; and, for the ids the caller chose, the bucket's length, past which its
+-- expired ids go.
+local function remember(bucket, event, until_code, purge)
+  if call('HSETNX', bucket, event, until_code) == 0 then
+    if live_code(tonumber(call('HGET', bucket, event)), now) then return 1, 0 end
+    call('HSET', bucket, event, until_code)
+  elseif purge > 0 then
+    local fill = call('HLEN', bucket)
+    if fill >= purge then
+      local all, gone = call('HGETALL', bucket), {}
+      for i = 1, #all, 2 do
+        if not live_code(tonumber(all[i + 1]), now) then gone[#gone + 1] = all[i] end
+      end
+      for i = 1, #gone, 1000 do
+        call('HDEL', bucket, unpack(gone, i, math.min(i + 999, #gone)))
+      end
+      fill = fill - #gone
+    end
+    return 0, fill
+  end
+  return 0, 0
+end
+local out = {}
+local a, ki, i = 4, 1, 0
+-- Each group: an event's ops (or a chunk of id-less ones), after its head.
 while a <= #A do
-  local h = A[a]
-  local fam, k, cap = h % 8, KEYS[ki], 0
-  a, ki = a + 1, ki + 1
-  if fam == 5 then cap, a = A[a], a + 1 end
-  if h % 16 >= 8 then
-    local sub, sub2 = A[a], ''
-    if fam == 2 then sub2, a = A[a + 1], a + 1 end
-    local v, at, slots, trim_hi = A[a + 1], A[a + 2], 0, 0
-    a = a + 3
-    if fam ~= 6 then slots, trim_hi, a = A[a], A[a + 1], a + 2 end
-    -- A replay's values are read past, and nothing is applied.
-    if dup == 0 then
-      -- A new field is a new sub-window: the only update that may move the key's expiry.
-      if fam == 1 then
-        if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
-      elseif fam == 2 then
-        call('HINCRBY', k, sub, v)
-        if call('HINCRBY', k, sub2, 1) == 1 then call('PEXPIREAT', k, at) end
-      elseif fam == 3 or fam == 4 then
-        local cur = call('HGET', k, sub)
-        local x = tonumber(v)
-        if not cur then
-          call('HSET', k, sub, v)
-          call('PEXPIREAT', k, at)
-        elseif (fam == 3 and x < tonumber(cur)) or (fam == 4 and x > tonumber(cur)) then
-          call('HSET', k, sub, v)
-        end
-      elseif fam == 5 then
-        if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
-          call('PEXPIREAT', k, at)
-          local card = call('ZCARD', k)
-          -- Members that left the window go when the set reaches its cap, before any
-          -- member of the window would.
-          if card >= cap then
-            call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - slots + 1))
-            card = call('ZCARD', k)
-            if card > cap then call('ZPOPMIN', k, card - cap) end
+  local event, until_code, purge, n = A[a], A[a + 1], A[a + 2], A[a + 3]
+  local dup, fill = 0, 0
+  if event ~= '' then dup, fill = remember(KEYS[ki], event, until_code, purge) end
+  out[#out + 1] = dup
+  out[#out + 1] = fill
+  a, ki = a + 4, ki + 1
+  for _ = 1, n do
+    local h = A[a]
+    local fam, k, cap = h % 8, KEYS[ki], 0
+    a, ki = a + 1, ki + 1
+    if fam == 5 then cap, a = A[a], a + 1 end
+    if h % 16 >= 8 then
+      local sub, sub2 = A[a], ''
+      if fam == 2 then sub2, a = A[a + 1], a + 1 end
+      local v, at, slots, trim_hi = A[a + 1], A[a + 2], 0, 0
+      a = a + 3
+      if fam ~= 6 then slots, trim_hi, a = A[a], A[a + 1], a + 2 end
+      -- A replay's values are read past, and nothing is applied.
+      if dup == 0 then
+        -- A new field is a new sub-window: the only update that may move the key's expiry.
+        if fam == 1 then
+          if call('HINCRBY', k, sub, v) == tonumber(v) then call('PEXPIREAT', k, at) end
+        elseif fam == 2 then
+          call('HINCRBY', k, sub, v)
+          if call('HINCRBY', k, sub2, 1) == 1 then call('PEXPIREAT', k, at) end
+        elseif fam == 3 or fam == 4 then
+          local cur = call('HGET', k, sub)
+          local x = tonumber(v)
+          if not cur then
+            call('HSET', k, sub, v)
+            call('PEXPIREAT', k, at)
+          elseif (fam == 3 and x < tonumber(cur)) or (fam == 4 and x > tonumber(cur)) then
+            call('HSET', k, sub, v)
           end
+        elseif fam == 5 then
+          if call('ZADD', k, 'GT', 'CH', sub, v) == 1 then
+            call('PEXPIREAT', k, at)
+            local card = call('ZCARD', k)
+            -- Members that left the window go when the set reaches its cap, before any
+            -- member of the window would.
+            if card >= cap then
+              call('ZREMRANGEBYSCORE', k, '-inf', '(' .. (trim_hi - slots + 1))
+              card = call('ZCARD', k)
+              if card > cap then call('ZPOPMIN', k, card - cap) end
+            end
+          end
+        elseif call('PFADD', k, v) == 1 then
+          -- One HyperLogLog per sub-window: its expiry is that sub-window's.
+          call('PEXPIREAT', k, at)
         end
-      elseif call('PFADD', k, v) == 1 then
-        -- One HyperLogLog per sub-window: its expiry is that sub-window's.
-        call('PEXPIREAT', k, at)
-      end
-      if (seed + i) % 8 == 0 and fam < 5 then
-        local width = 1
-        if fam == 2 then width = 2 end
-        trim(k, width, slots, trim_hi)
+        if (seed + i) % 8 == 0 and fam < 5 then
+          local width = 1
+          if fam == 2 then width = 2 end
+          trim(k, width, slots, trim_hi)
+        end
       end
     end
-  end
-  if h < 16 then
-    out[#out + 1] = 0
-  else
-    local hi, slots = A[a], A[a + 1]
-    local lo = hi - slots + 1
-    a = a + 2
-    if fam == 1 or fam == 3 or fam == 4 then
-      read_window(k, 1, lo, hi, out, false)
-    elseif fam == 2 then
-      read_window(k, 2, lo, hi, out, true)
-    elseif fam == 5 then
-      local capped = 0
-      if call('ZCARD', k) >= cap then capped = 1 end
-      out[#out + 1] = 2
-      out[#out + 1] = call('ZCOUNT', k, lo, hi)
-      out[#out + 1] = capped
+    if h < 16 then
+      out[#out + 1] = 0
     else
-      -- The window's sub-window keys follow the op's own.
-      out[#out + 1] = 1
-      if slots > 0 then
-        out[#out + 1] = call('PFCOUNT', unpack(KEYS, ki, ki + slots - 1))
+      local hi, slots = A[a], A[a + 1]
+      local lo = hi - slots + 1
+      a = a + 2
+      if fam == 1 or fam == 3 or fam == 4 then
+        read_window(k, 1, lo, hi, out, false)
+      elseif fam == 2 then
+        read_window(k, 2, lo, hi, out, true)
+      elseif fam == 5 then
+        local capped = 0
+        if call('ZCARD', k) >= cap then capped = 1 end
+        out[#out + 1] = 2
+        out[#out + 1] = call('ZCOUNT', k, lo, hi)
+        out[#out + 1] = capped
       else
-        out[#out + 1] = 0
+        -- The window's sub-window keys follow the op's own.
+        out[#out + 1] = 1
+        if slots > 0 then
+          out[#out + 1] = call('PFCOUNT', unpack(KEYS, ki, ki + slots - 1))
+        else
+          out[#out + 1] = 0
+        end
+        ki = ki + slots
       end
-      ki = ki + slots
     end
+    i = i + 1
   end
-  i = i + 1
 end
 return out
 ";

@@ -22,40 +22,70 @@ fn weight(op: &MetricOp) -> usize {
 /// converts it to a hashtable, several times the memory (`dedupe_expected_ids` too small).
 pub(super) const EVENT_BUCKET_WARN: i64 = 400;
 
-/// One metric script call: which ops (in order), the event they share, if any.
-pub(super) struct MetricCall {
+/// One event's ops (or a chunk of id-less ones) in a metric script call: which ops, in order,
+/// and the event they share, if any.
+pub(super) struct OpGroup {
     pub(super) ops: Vec<usize>,
     pub(super) event: Option<EventMark>,
+}
+
+/// One metric script call: its groups, in order (`scripts::METRIC_BODY`).
+pub(super) struct MetricCall {
+    pub(super) groups: Vec<OpGroup>,
     /// The ops' `weight`s, summed.
     weight: usize,
 }
 
-/// Groups ops into script calls: one per event and slot (one per event on a single node,
-/// where a script may touch keys of any slot), and id-less ones per slot in chunks of at most
-/// `METRIC_OPS_PER_CALL` in weight.
+impl MetricCall {
+    /// The call's ops, in order.
+    pub(super) fn ops(&self) -> impl Iterator<Item = usize> + '_ {
+        self.groups.iter().flat_map(|g| g.ops.iter().copied())
+    }
+}
+
+/// Groups ops into script calls. Each event's ops on one slot are a group, id-less ones per
+/// slot in chunks of at most `METRIC_OPS_PER_CALL` in weight. On a cluster each group is a
+/// call of its own (a script's keys must share a slot); on a single node, where a script may
+/// touch keys of any slot, an event's ops are one group whatever their slots, and groups
+/// share a call, in order, while they weigh at most `METRIC_OPS_PER_CALL` together: a batch
+/// of events with a few metrics each costs Redis one call's dispatch, argument and guard
+/// for a dozen events instead of one each (a heavier group goes alone).
 pub(super) fn metric_calls(ops: &[MetricOp], idx: &[usize], cluster: bool) -> Vec<MetricCall> {
-    let mut calls: Vec<MetricCall> = Vec::new();
-    // (the event's (seq, hash), the slot on a cluster) → its open call.
-    type Group = (Option<(u32, i64)>, Option<u16>);
-    let mut open: HashMap<Group, usize> = HashMap::new();
+    let mut groups: Vec<(OpGroup, usize)> = Vec::new();
+    // (the event's (seq, hash), the slot on a cluster) → its open group.
+    type Key = (Option<(u32, i64)>, Option<u16>);
+    let mut open: HashMap<Key, usize> = HashMap::new();
     for &i in idx {
         let op = &ops[i];
         let slot = cluster.then(|| key_slot(op.key.as_bytes()));
-        let group = (op.event.map(|e| (e.seq, e.hash)), slot);
+        let key = (op.event.map(|e| (e.seq, e.hash)), slot);
         let w = weight(op);
-        match open.get(&group) {
-            Some(&c) if op.event.is_some() || calls[c].weight + w <= METRIC_OPS_PER_CALL => {
-                calls[c].ops.push(i);
-                calls[c].weight += w;
+        match open.get(&key) {
+            Some(&g) if op.event.is_some() || groups[g].1 + w <= METRIC_OPS_PER_CALL => {
+                groups[g].0.ops.push(i);
+                groups[g].1 += w;
             }
             _ => {
-                open.insert(group, calls.len());
-                calls.push(MetricCall {
+                open.insert(key, groups.len());
+                let group = OpGroup {
                     ops: vec![i],
                     event: op.event,
-                    weight: w,
-                });
+                };
+                groups.push((group, w));
             }
+        }
+    }
+    let mut calls: Vec<MetricCall> = Vec::new();
+    for (group, w) in groups {
+        match calls.last_mut() {
+            Some(call) if !cluster && call.weight + w <= METRIC_OPS_PER_CALL => {
+                call.groups.push(group);
+                call.weight += w;
+            }
+            _ => calls.push(MetricCall {
+                groups: vec![group],
+                weight: w,
+            }),
         }
     }
     calls
@@ -148,26 +178,35 @@ fn pack_op(blob: &mut Vec<u8>, op: &MetricOp) {
     }
 }
 
-/// Interprets a metric call's reply, `{dup, fill, per op: n, n values}`: one answer per op
-/// of `idx`, and the event bucket's length.
+/// Interprets a metric call's reply, per group `{dup, fill, per op: n, n values}`: one answer
+/// per op of the call, in order, and the fullest bucket of event ids it met.
 pub(super) fn answers(
     ops: &[MetricOp],
-    idx: &[usize],
+    call: &MetricCall,
     v: &redis::Value,
 ) -> StoreResult<(Vec<MetricAnswer>, i64)> {
     let all = ints(v)?;
     let short = || StoreError::corrupt("short metric reply".into());
-    let (&dup, rest) = all.split_first().ok_or_else(short)?;
-    let (&fill, mut rest) = rest.split_first().ok_or_else(short)?;
-    let mut out = Vec::with_capacity(idx.len());
-    for op in idx.iter().map(|&i| &ops[i]) {
-        let (&n, tail) = rest.split_first().ok_or_else(short)?;
-        let n = usize::try_from(n).map_err(|_| short())?;
-        let values = tail.get(..n).ok_or_else(short)?;
-        rest = &tail[n..];
-        out.push(answer(op, dup == 1, values));
+    let mut rest = all.as_slice();
+    let mut out = Vec::with_capacity(call.weight);
+    let mut fullest = 0;
+    for group in &call.groups {
+        let (&dup, tail) = rest.split_first().ok_or_else(short)?;
+        let (&fill, tail) = tail.split_first().ok_or_else(short)?;
+        rest = tail;
+        fullest = fullest.max(fill);
+        for op in group.ops.iter().map(|&i| &ops[i]) {
+            let (&n, tail) = rest.split_first().ok_or_else(short)?;
+            let n = usize::try_from(n).map_err(|_| short())?;
+            let values = tail.get(..n).ok_or_else(short)?;
+            rest = &tail[n..];
+            out.push(answer(op, dup == 1, values));
+        }
     }
-    Ok((out, fill))
+    if !rest.is_empty() {
+        return Err(StoreError::corrupt("long metric reply".into()));
+    }
+    Ok((out, fullest))
 }
 
 /// One op's answer from the values it read.
@@ -291,9 +330,8 @@ impl RedisStore {
                     // `PFCOUNT` is a write command (it caches the count in the HyperLogLog):
                     // no `no-writes` script may call it.
                     let approx = calls[c]
-                        .ops
-                        .iter()
-                        .any(|&i| ops[i].family == MetricFamily::Approx);
+                        .ops()
+                        .any(|i| ops[i].family == MetricFamily::Approx);
                     let s = &self.metric_scripts;
                     let script = if approx { &s.write } else { &s.read };
                     self.metric_call_cmd(script, ops, &calls[c], now, false)
@@ -345,7 +383,8 @@ impl RedisStore {
                 Err(e) if first && is_noscript(&e) => again.push(c),
                 Err(e) if is_lost(&e) => {
                     let more = "; the updates were refused before any was applied";
-                    return Err(self.lost_at(ops[calls[c].ops[0]].key.as_bytes(), more));
+                    let first = calls[c].ops().next().map(|i| ops[i].key.as_bytes());
+                    return Err(self.lost_at(first.unwrap_or_default(), more));
                 }
                 Err(e) => return Err(unavailable(e)),
             }
@@ -361,7 +400,7 @@ impl RedisStore {
         call: &MetricCall,
         v: &redis::Value,
     ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
-        let (answers, fill) = answers(ops, &call.ops, v)?;
+        let (answers, fill) = answers(ops, call, v)?;
         if fill > EVENT_BUCKET_WARN {
             static LAST: AtomicI64 = AtomicI64::new(0);
             let now = now_ms();
@@ -380,7 +419,7 @@ impl RedisStore {
                 );
             }
         }
-        Ok(call.ops.iter().copied().zip(answers).collect())
+        Ok(call.ops().zip(answers).collect())
     }
 
     /// Runs a definition script (sent whole: rare, and immune to a flushed script cache) on
@@ -426,8 +465,9 @@ impl RedisStore {
     }
 
     /// One metric call's `EVALSHA` of `script` (see `scripts::METRIC_BODY` for the
-    /// arguments), and the key it is routed by: the event's bucket, in the slot of the
-    /// call's keys on a cluster.
+    /// arguments), and the key it is routed by: its first group's bucket of event ids (in the
+    /// slot of the call's keys on a cluster), or its first op's key when that group has no
+    /// event.
     pub(super) fn metric_call_cmd(
         &self,
         script: &Script,
@@ -436,46 +476,50 @@ impl RedisStore {
         now_ms: i64,
         guard: bool,
     ) -> Keyed {
-        let first = &ops[call.ops[0]].key;
         let cluster = self.conn.is_cluster();
-        let route = match call.event {
-            Some(e) => self
-                .layout
-                .event_bucket_key(e.hash, cluster.then(|| key_slot(first.as_bytes()))),
-            None => first.clone(),
-        };
-        let mut keys: Vec<String> = vec![route];
+        let mut keys: Vec<String> = Vec::with_capacity(call.weight + call.groups.len() + 1);
         // A sequence of MessagePack values (see `scripts::METRIC_BODY` for its layout).
-        let mut blob = Vec::with_capacity(48 + call.ops.len() * 40);
-        match call.event {
-            Some(e) => {
-                let until = ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
-                pack::decimal(&mut blob, e.hash);
-                pack::decimal(&mut blob, until);
-            }
-            None => {
-                pack::text(&mut blob, "");
-                pack::text(&mut blob, "");
-            }
-        }
+        let mut blob = Vec::with_capacity(16 + call.groups.len() * 32 + call.weight * 40);
         pack::int(&mut blob, ExpiryCode::script_now(now_ms));
-        let looks = call.event.is_some_and(|e| looks_at_fill(e.hash));
-        pack::int(&mut blob, if looks { self.id_purge_from.into() } else { 0 });
         pack::int(&mut blob, i64::from(rand::random::<u8>() % 8));
-        for &i in &call.ops {
-            let op = &ops[i];
-            if op.family == MetricFamily::Approx {
-                let sub = op.update.map_or(op.read_hi, |(s, _)| s);
-                keys.push(self.layout.metric_sub_key(&op.key, sub));
-                if op.read {
-                    let lo = op.read_hi - op.slots + 1;
-                    keys.extend((lo..=op.read_hi).map(|i| self.layout.metric_sub_key(&op.key, i)));
+        for group in &call.groups {
+            let first = &ops[group.ops[0]].key;
+            match group.event {
+                Some(e) => {
+                    let slot = cluster.then(|| key_slot(first.as_bytes()));
+                    keys.push(self.layout.event_bucket_key(e.hash, slot));
+                    let until =
+                        ExpiryCode::encode(e.keep_until_ms).map_or(u32::MAX, ExpiryCode::get);
+                    pack::decimal(&mut blob, e.hash);
+                    pack::decimal(&mut blob, until);
                 }
-            } else {
-                keys.push(op.key.clone());
+                None => {
+                    keys.push(first.clone());
+                    pack::text(&mut blob, "");
+                    pack::text(&mut blob, "");
+                }
             }
-            pack_op(&mut blob, op);
+            let looks = group.event.is_some_and(|e| looks_at_fill(e.hash));
+            pack::int(&mut blob, if looks { self.id_purge_from.into() } else { 0 });
+            pack::int(&mut blob, group.ops.len() as i64);
+            for &i in &group.ops {
+                let op = &ops[i];
+                if op.family == MetricFamily::Approx {
+                    let sub = op.update.map_or(op.read_hi, |(s, _)| s);
+                    keys.push(self.layout.metric_sub_key(&op.key, sub));
+                    if op.read {
+                        let lo = op.read_hi - op.slots + 1;
+                        keys.extend(
+                            (lo..=op.read_hi).map(|i| self.layout.metric_sub_key(&op.key, i)),
+                        );
+                    }
+                } else {
+                    keys.push(op.key.clone());
+                }
+                pack_op(&mut blob, op);
+            }
         }
+        let first = &ops[call.groups[0].ops[0]].key;
         if guard {
             keys.push(self.guard_key(first.as_bytes()));
         }
@@ -656,7 +700,7 @@ mod tests {
             let idx: Vec<usize> = (0..ops.len()).collect();
             metric_calls(ops, &idx, false)
                 .iter()
-                .map(|c| c.ops.len())
+                .map(|c| c.ops().count())
                 .collect()
         };
         let plain = vec![read(MetricFamily::Sum, 240); 130];
@@ -669,6 +713,63 @@ mod tests {
             [1, 1],
             "a read heavier than a call goes alone"
         );
+    }
+
+    /// On one node events share calls, whole and in order, up to `METRIC_OPS_PER_CALL`
+    /// ops; on a cluster each event's ops on one slot are a call of their own.
+    #[test]
+    fn events_share_calls_on_one_node_only() {
+        let update = |key: String, seq: u32| MetricOp {
+            family: MetricFamily::Sum,
+            key,
+            slots: 60,
+            resolution_ms: 60_000,
+            update: Some((1, 1)),
+            read_hi: 0,
+            trim_hi: 1,
+            cap: 0,
+            event: Some(EventMark {
+                hash: i64::from(seq) * 7919,
+                keep_until_ms: 1,
+                seq,
+            }),
+            read: false,
+        };
+        // 30 events of 5 updates each, on keys of 5 entities (other slots).
+        let ops: Vec<MetricOp> = (0..30u32)
+            .flat_map(|e| (0..5).map(move |m| update(format!("nl:{{e{e}m{m}}}"), e)))
+            .collect();
+        let idx: Vec<usize> = (0..ops.len()).collect();
+        let one = metric_calls(&ops, &idx, false);
+        let shape: Vec<Vec<usize>> = one
+            .iter()
+            .map(|c| c.groups.iter().map(|g| g.ops.len()).collect())
+            .collect();
+        assert_eq!(shape, [vec![5; 12], vec![5; 12], vec![5; 6]]);
+        let order: Vec<usize> = one.iter().flat_map(MetricCall::ops).collect();
+        assert_eq!(order, idx, "every op once, in order");
+        for g in one.iter().flat_map(|c| &c.groups) {
+            assert!(
+                g.ops.iter().all(|&i| ops[i].event == g.event),
+                "a group is one event"
+            );
+        }
+        let cluster = metric_calls(&ops, &idx, true);
+        assert!(cluster.iter().all(|c| c.groups.len() == 1));
+        let slots: std::collections::HashSet<(u32, u16)> = ops
+            .iter()
+            .map(|o| (o.event.unwrap().seq, key_slot(o.key.as_bytes())))
+            .collect();
+        assert_eq!(cluster.len(), slots.len(), "one call per event and slot");
+        // An event of more ops than a call holds goes whole, alone.
+        let mut wide: Vec<MetricOp> = (0..70).map(|m| update(format!("w{m}"), 0)).collect();
+        wide.push(update("x".into(), 1));
+        let idx: Vec<usize> = (0..wide.len()).collect();
+        let sizes: Vec<usize> = metric_calls(&wide, &idx, false)
+            .iter()
+            .map(|c| c.ops().count())
+            .collect();
+        assert_eq!(sizes, [70, 1]);
     }
 
     #[test]
