@@ -59,6 +59,7 @@ pub mod write_pool;
 
 mod audit;
 mod bus;
+mod coalesce;
 mod entries;
 mod shards;
 mod velocity;
@@ -197,6 +198,9 @@ pub struct RedisStore {
     count_changes: Script,
     counts_page: Script,
     metric_scripts: MetricScripts,
+    /// One node's queue of events waiting to share a metric script call (`coalesce`); none
+    /// on a cluster.
+    coalescer: Option<coalesce::Coalescer>,
     /// Ids a bucket of event ids holds before it drops its expired ones (`velocity::purge_from`).
     id_purge_from: u32,
     pubsub_timeout: Duration,
@@ -690,6 +694,7 @@ impl RedisStore {
             count_changes: Script::new(COUNT_CHANGES),
             counts_page: Script::new(COUNTS_PAGE),
             metric_scripts: MetricScripts::new(),
+            coalescer: (!cluster).then(coalesce::Coalescer::default),
             id_purge_from: velocity::purge_from(opts.dedupe_expected_ids, event_buckets),
             pubsub_timeout: opts.connect_timeout,
             write_replicas: opts.write_replicas,

@@ -1,5 +1,6 @@
 //! `MetricStore` and `DefinitionStore` on Redis: one metric script call per event and slot, definitions.
 
+use super::coalesce::Coalescer;
 use super::*;
 
 /// Most weight in one metric script call without an event (id-less updates, reads), an op
@@ -252,9 +253,28 @@ pub(super) fn answer(op: &MetricOp, duplicate: bool, rest: &[i64]) -> MetricAnsw
 }
 
 impl RedisStore {
+    /// The metric ops at `idx` that update: with other requests' in a shared call when they
+    /// may wait for one (one node, `coalesce`), else `metric_updates_direct`. (index,
+    /// answer) each.
+    pub(super) async fn metric_updates(
+        &self,
+        ops: &[MetricOp],
+        idx: Vec<usize>,
+        deadline: Deadline,
+    ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
+        if let Some(co) = &self.coalescer {
+            let mine: Vec<MetricOp> = idx.iter().map(|&i| ops[i].clone()).collect();
+            if Coalescer::takes(&mine) {
+                let answers = self.coalesced_updates(co, mine, deadline).await?;
+                return Ok(idx.into_iter().zip(answers).collect());
+            }
+        }
+        self.metric_updates_direct(ops, idx, deadline).await
+    }
+
     /// The metric ops at `idx` that update, in calls of `metric_calls`: refused early or
     /// written on the write path, then waited for. (index, answer) each.
-    pub(super) async fn metric_updates(
+    pub(super) async fn metric_updates_direct(
         &self,
         ops: &[MetricOp],
         idx: Vec<usize>,

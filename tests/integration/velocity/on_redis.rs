@@ -777,3 +777,78 @@ async fn a_metric_named_many_times_is_read_once() {
     assert_eq!(read.values[&id].as_f64(), Some(1.0));
     assert_eq!(redis.command_stat("pfcount", "calls") - before, 1);
 }
+
+/// Requests of one event each, sent at once, share script calls on one node
+/// (`store::redis::coalesce`), and every event still counts once: 400 events with ids from 32
+/// tasks, one event a call, 100 of them sent twice at once (a replay racing its original on
+/// the same instance, which may put the two in one call). Exact counts, 100 duplicates, and
+/// fewer `EVALSHA`s than requests. Without the coalescing it is one call a request (500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_events_share_calls_and_count_once() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let v = velocity(store).await;
+    for (id, expr) in [
+        ("n", "COUNT(1d, tx) BY user"),
+        ("amt", "SUM(1d, tx, amount) BY user"),
+        ("dev", "COUNT(1d, tx) BY device"),
+    ] {
+        v.put_metric(mid(id), expr, None).await.unwrap();
+    }
+    let now = now_ms();
+    let tx = |i: i64| {
+        let user = format!("u{}", i % 4);
+        let f = [("user", user.as_str()), ("device", "d"), ("amount", "2")];
+        event(Some(&format!("co-{i}")), "tx", now - i, &f)
+    };
+    // Each of the first 100 right after itself: two tasks send the pair at about once.
+    let sends: Vec<EventInput> = (0..400)
+        .flat_map(|i| {
+            if i < 100 {
+                vec![tx(i), tx(i)]
+            } else {
+                vec![tx(i)]
+            }
+        })
+        .collect();
+    let sends = Arc::new(sends);
+    let before = redis.command_stat("evalsha", "calls");
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let (v, sends) = (v.clone(), sends.clone());
+            tokio::spawn(async move {
+                let (mut applied, mut dups) = (0, 0);
+                for e in sends.iter().skip(t).step_by(32) {
+                    let o = v.ingest(std::slice::from_ref(e)).await.unwrap();
+                    applied += o.applied;
+                    dups += o.duplicates;
+                }
+                (applied, dups)
+            })
+        })
+        .collect();
+    let (mut applied, mut dups) = (0, 0);
+    for t in tasks {
+        let (a, d) = t.await.unwrap();
+        applied += a;
+        dups += d;
+    }
+    let calls = redis.command_stat("evalsha", "calls") - before;
+    println!("500 requests of one event: {calls} script calls");
+    assert_eq!(applied, 400 * 3, "every update exactly once");
+    assert_eq!(dups, 100, "each replay told it is one");
+    for user in 0..4 {
+        let entity = fields(&[("user", &format!("u{user}")), ("device", "d")]);
+        let f = v
+            .features(&[mid("n"), mid("amt"), mid("dev")], &entity, None)
+            .await
+            .unwrap();
+        assert_eq!(f.values[&mid("n")], json!(100), "u{user}");
+        assert_eq!(f.values[&mid("amt")], json!(200));
+        assert_eq!(f.values[&mid("dev")], json!(400));
+    }
+    assert!(
+        calls < 400,
+        "{calls} script calls for 500 requests: they did not share calls"
+    );
+}
