@@ -6,21 +6,23 @@
 //! batch already share calls (`velocity::metric_calls`); this does the same for events of
 //! different requests that arrive together.
 //!
-//! * At most [`SENDERS`] coalesced calls are in flight at once. A request whose updates fit
-//!   one call queues them, then either gets a sender's turn (a permit) or waits for its
-//!   answer. A request with a turn takes every queued request's updates, its own first if
-//!   still queued, up to `METRIC_OPS_PER_CALL` ops, sends them as one write (through the
-//!   same path as any batch: its session, `NOSCRIPT` reload, keyspace guard) and hands each
-//!   request its answers. Nobody waits for a call to fill: when fewer than `SENDERS` calls
-//!   are in flight an event goes at once, alone; under load events queue while calls are in
-//!   flight and the next call takes them all.
+//! * At most [`SENDERS`] coalesced calls are in flight at once. A request that may wait
+//!   (below) queues its updates, then either gets a sender's turn (a permit) or waits for its
+//!   answer. A request with a turn takes the queued requests' updates, oldest first (its own
+//!   among them if still queued), up to `METRIC_OPS_PER_CALL` ops, sends them as one write
+//!   (through the same path as any batch: its session, `NOSCRIPT` reload, keyspace guard) and
+//!   hands each request its answers. Nobody waits for a call to fill: when fewer than
+//!   `SENDERS` calls are in flight an event goes at once, alone; under load events queue
+//!   while calls are in flight and the next call takes them all.
 //! * The queue is first in, first out, and bounded by the writes in flight
-//!   (`max_in_flight_writes`), each of at most `METRIC_OPS_PER_CALL` ops.
-//! * Only updates of events with ids are coalesced. A call is sent by a request, and a
-//!   request that runs out of time drops its call's future: the requests it carried then
-//!   find their answers gone and send their own updates again, alone, and their ids make
-//!   them count once (answered as duplicates if the dropped call had applied them). Id-less
-//!   events (no way to tell) and batches of more than one call go alone as before.
+//!   (`max_in_flight_writes`), each of at most half a call.
+//! * Only updates of events with ids are coalesced, and only requests of at most half a
+//!   call (`METRIC_OPS_PER_CALL / 2` ops: an event of up to 32 metrics), which another can
+//!   join. A call is sent by a request, and a request that runs out of time drops its
+//!   call's future: the requests it carried then find their answers gone and send their
+//!   own updates again, alone, and their ids make them count once (answered as duplicates
+//!   if the dropped call had applied them). Id-less events (no way to tell) and larger
+//!   requests go alone as before (a batch's events already share calls).
 //! * A request that gave up while queued (its deadline passed) is skipped, never sent.
 //!
 //! On a cluster nothing is coalesced: a script's keys share one slot, and events of
@@ -63,9 +65,13 @@ impl Default for Coalescer {
 
 impl Coalescer {
     /// Whether updates `ops` may wait to share a call: each of an event with an id, and
-    /// together at most one call.
+    /// together at most half a call. A request of more could share a call with no other
+    /// like it, and would only queue: events of 50 metrics went 11 % slower through the
+    /// queue (`benches/velocity_engine.sh`, 2,503 against 2,829 events/s).
     pub(super) fn takes(ops: &[MetricOp]) -> bool {
-        !ops.is_empty() && ops.len() <= METRIC_OPS_PER_CALL && ops.iter().all(|o| o.event.is_some())
+        !ops.is_empty()
+            && ops.len() * 2 <= METRIC_OPS_PER_CALL
+            && ops.iter().all(|o| o.event.is_some())
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
@@ -381,7 +387,12 @@ mod tests {
         idless.event = None;
         assert!(!Coalescer::takes(&[update(0, 1), idless]));
         assert!(!Coalescer::takes(&[]));
-        let wide: Vec<MetricOp> = (0..65).map(|i| update(0, i)).collect();
-        assert!(!Coalescer::takes(&wide));
+        let half: Vec<MetricOp> = (0..32).map(|i| update(0, i)).collect();
+        assert!(Coalescer::takes(&half));
+        let wide: Vec<MetricOp> = (0..33).map(|i| update(0, i)).collect();
+        assert!(
+            !Coalescer::takes(&wide),
+            "no other like it would fit its call"
+        );
     }
 }
