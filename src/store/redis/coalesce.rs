@@ -226,26 +226,11 @@ fn in_order(answers: Vec<(usize, MetricAnswer)>, n: usize) -> StoreResult<Vec<Me
 
 #[cfg(test)]
 mod tests {
+    use super::super::velocity::sum_update;
     use super::*;
-    use crate::store::{EventMark, MetricFamily};
 
     fn update(seq: u32, hash: i64) -> MetricOp {
-        MetricOp {
-            family: MetricFamily::Sum,
-            key: format!("k{hash}"),
-            slots: 60,
-            resolution_ms: 60_000,
-            update: Some((1, 1)),
-            read_hi: 0,
-            trim_hi: 1,
-            cap: 0,
-            event: Some(EventMark {
-                hash,
-                keep_until_ms: 1,
-                seq,
-            }),
-            read: false,
-        }
+        sum_update(format!("k{hash}"), seq, hash)
     }
 
     fn job(ops: Vec<MetricOp>) -> (Job, oneshot::Receiver<StoreResult<Vec<MetricAnswer>>>) {

@@ -696,6 +696,28 @@ impl DefinitionStore for RedisStore {
     }
 }
 
+/// A SUM update of `key` by the event of `seq` and hash `hash`: the shape the grouping
+/// tests here and in `coalesce` build calls of.
+#[cfg(test)]
+pub(super) fn sum_update(key: String, seq: u32, hash: i64) -> MetricOp {
+    MetricOp {
+        family: MetricFamily::Sum,
+        key,
+        slots: 60,
+        resolution_ms: 60_000,
+        update: Some((1, 1)),
+        read_hi: 0,
+        trim_hi: 1,
+        cap: 0,
+        event: Some(EventMark {
+            hash,
+            keep_until_ms: 1,
+            seq,
+        }),
+        read: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -739,22 +761,7 @@ mod tests {
     /// ops; on a cluster each event's ops on one slot are a call of their own.
     #[test]
     fn events_share_calls_on_one_node_only() {
-        let update = |key: String, seq: u32| MetricOp {
-            family: MetricFamily::Sum,
-            key,
-            slots: 60,
-            resolution_ms: 60_000,
-            update: Some((1, 1)),
-            read_hi: 0,
-            trim_hi: 1,
-            cap: 0,
-            event: Some(EventMark {
-                hash: i64::from(seq) * 7919,
-                keep_until_ms: 1,
-                seq,
-            }),
-            read: false,
-        };
+        let update = |key: String, seq: u32| sum_update(key, seq, i64::from(seq) * 7919);
         // 30 events of 5 updates each, on keys of 5 entities (other slots).
         let ops: Vec<MetricOp> = (0..30u32)
             .flat_map(|e| (0..5).map(move |m| update(format!("nl:{{e{e}m{m}}}"), e)))
