@@ -14,8 +14,11 @@
 //!   hands each request its answers. Nobody waits for a call to fill: when fewer than
 //!   `SENDERS` calls are in flight an event goes at once, alone; under load events queue
 //!   while calls are in flight and the next call takes them all.
-//! * The queue is first in, first out, and bounded by the writes in flight
-//!   (`max_in_flight_writes`), each of at most half a call.
+//! * The queue is first in, first out, and bounded by the requests in flight
+//!   (`max_in_flight_writes` for `POST /v1/events`, `max_in_flight_requests` for
+//!   `POST /v1/evaluate`), each of at most half a call: a client that floods events delays
+//!   another's by what was queued before it, as Redis's own queue did when each event was
+//!   a call.
 //! * Only updates of events with ids are coalesced, and only requests of at most half a
 //!   call (`METRIC_OPS_PER_CALL / 2` ops: an event of up to 32 metrics), which another can
 //!   join. A call is sent by a request, and a request that runs out of time drops its

@@ -1,4 +1,5 @@
-//! `MetricStore` and `DefinitionStore` on Redis: one metric script call per event and slot, definitions.
+//! `MetricStore` and `DefinitionStore` on Redis: metric script calls (events sharing them on
+//! one node, one per event and slot on a cluster: `metric_calls`, `coalesce`), definitions.
 
 use super::coalesce::Coalescer;
 use super::*;
