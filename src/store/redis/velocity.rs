@@ -263,12 +263,12 @@ impl RedisStore {
         idx: Vec<usize>,
         deadline: Deadline,
     ) -> StoreResult<Vec<(usize, MetricAnswer)>> {
-        if let Some(co) = &self.coalescer {
+        if let Some(co) = &self.coalescer
+            && Coalescer::takes(idx.iter().map(|&i| &ops[i]))
+        {
             let mine: Vec<MetricOp> = idx.iter().map(|&i| ops[i].clone()).collect();
-            if Coalescer::takes(&mine) {
-                let answers = self.coalesced_updates(co, mine, deadline).await?;
-                return Ok(idx.into_iter().zip(answers).collect());
-            }
+            let answers = self.coalesced_updates(co, mine, deadline).await?;
+            return Ok(idx.into_iter().zip(answers).collect());
         }
         self.metric_updates_direct(ops, idx, deadline).await
     }
