@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, oneshot};
 
 use super::RedisStore;
-use super::velocity::METRIC_OPS_PER_CALL;
+use super::velocity::{METRIC_OPS_PER_CALL, in_order};
 use crate::store::{Deadline, MetricAnswer, MetricOp, StoreError, StoreResult};
 
 /// Coalesced calls in flight at once: enough to keep one Redis busy while the service
@@ -210,19 +210,6 @@ impl RedisStore {
         })
         .await
     }
-}
-
-/// (index, answer) pairs of `n` ops as the answers in index order; a missing one is an error.
-fn in_order(answers: Vec<(usize, MetricAnswer)>, n: usize) -> StoreResult<Vec<MetricAnswer>> {
-    let mut out: Vec<Option<MetricAnswer>> = vec![None; n];
-    for (i, a) in answers {
-        if let Some(o) = out.get_mut(i) {
-            *o = Some(a);
-        }
-    }
-    out.into_iter()
-        .map(|a| a.ok_or_else(|| StoreError::corrupt("a metric update went unanswered".into())))
-        .collect()
 }
 
 #[cfg(test)]

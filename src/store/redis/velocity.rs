@@ -573,16 +573,25 @@ impl MetricStore for RedisStore {
             self.metric_updates(ops, updates, deadline),
             self.metric_reads(ops, reads)
         );
-        let mut out: Vec<Option<MetricAnswer>> = vec![None; ops.len()];
-        for (i, a) in written?.into_iter().chain(read?) {
-            if let Some(o) = out.get_mut(i) {
-                *o = Some(a);
-            }
-        }
-        out.into_iter()
-            .map(|r| r.ok_or_else(|| StoreError::unavailable("metric scripts not loaded".into())))
-            .collect()
+        in_order(written?.into_iter().chain(read?), ops.len())
     }
+}
+
+/// (index, answer) pairs of `n` ops as the answers in index order. One missing (its call
+/// never ran: the scripts still not loaded after a reload) makes the call unavailable.
+pub(super) fn in_order(
+    answers: impl IntoIterator<Item = (usize, MetricAnswer)>,
+    n: usize,
+) -> StoreResult<Vec<MetricAnswer>> {
+    let mut out: Vec<Option<MetricAnswer>> = vec![None; n];
+    for (i, a) in answers {
+        if let Some(o) = out.get_mut(i) {
+            *o = Some(a);
+        }
+    }
+    out.into_iter()
+        .map(|r| r.ok_or_else(|| StoreError::unavailable("metric scripts not loaded".into())))
+        .collect()
 }
 
 impl RedisStore {
