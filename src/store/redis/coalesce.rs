@@ -33,7 +33,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use tokio::sync::{Semaphore, oneshot};
 
@@ -47,7 +47,7 @@ pub const SENDERS: usize = 4;
 
 /// One request's updates, waiting to be sent.
 struct Job {
-    ops: Arc<[MetricOp]>,
+    ops: Vec<MetricOp>,
     answer: oneshot::Sender<StoreResult<Vec<MetricAnswer>>>,
 }
 
@@ -100,18 +100,17 @@ impl Coalescer {
     }
 }
 
-/// The ops of `jobs` as one request's: each job's events numbered after the previous job's
-/// (`EventMark::seq` tells a request's events apart, and two requests' first events must
-/// not read as one event), and where each job's ops are in it.
-fn joined(jobs: &[Job]) -> (Vec<MetricOp>, Vec<std::ops::Range<usize>>) {
+/// The ops of `jobs`, moved out of them, as one request's: each job's events numbered after
+/// the previous job's (`EventMark::seq` tells a request's events apart, and two requests'
+/// first events must not read as one event), and where each job's ops are in it.
+fn joined(jobs: &mut [Job]) -> (Vec<MetricOp>, Vec<std::ops::Range<usize>>) {
     let mut all = Vec::with_capacity(jobs.iter().map(|j| j.ops.len()).sum());
     let mut ranges = Vec::with_capacity(jobs.len());
     let mut base = 0u32;
     for job in jobs {
         let start = all.len();
         let mut next = base;
-        for op in job.ops.iter() {
-            let mut op = op.clone();
+        for mut op in std::mem::take(&mut job.ops) {
             if let Some(e) = op.event.as_mut() {
                 e.seq = base.saturating_add(e.seq);
                 next = next.max(e.seq.saturating_add(1));
@@ -127,29 +126,27 @@ fn joined(jobs: &[Job]) -> (Vec<MetricOp>, Vec<std::ops::Range<usize>>) {
 impl Coalescer {
     /// Updates `ops` (see `Coalescer::takes`), sent with other requests' in a shared call
     /// (see the module docs) by `send`, which sends the updates it is given as one request's
-    /// and answers them in order: an answer per op, in order.
+    /// and answers them in order: an answer per op, in order. `again` makes `ops` once more,
+    /// for the rare resend alone (a dropped call), so that the common path moves them.
     pub(super) async fn run<F, Fut>(
         &self,
         ops: Vec<MetricOp>,
         send: F,
+        again: impl FnOnce() -> Vec<MetricOp>,
     ) -> StoreResult<Vec<MetricAnswer>>
     where
         F: Fn(Vec<MetricOp>) -> Fut,
         Fut: Future<Output = StoreResult<Vec<MetricAnswer>>>,
     {
-        let ops: Arc<[MetricOp]> = ops.into();
         let (answer, mut rx) = oneshot::channel();
-        self.queue().push_back(Job {
-            ops: ops.clone(),
-            answer,
-        });
+        self.queue().push_back(Job { ops, answer });
         loop {
             tokio::select! {
                 biased;
                 r = &mut rx => return match r {
                     Ok(r) => r,
                     // Its call was dropped with the request that sent it: sent again, alone.
-                    Err(_) => send(ops.to_vec()).await,
+                    Err(_) => send(again()).await,
                 },
                 permit = self.senders.acquire() => {
                     let _permit = permit.map_err(|_| StoreError::unavailable("closed".into()))?;
@@ -164,18 +161,18 @@ impl Coalescer {
         }
         match rx.await {
             Ok(r) => r,
-            Err(_) => send(ops.to_vec()).await,
+            Err(_) => send(again()).await,
         }
     }
 
     /// Sends the updates of `jobs` as one request's and hands each job its answers (or the
     /// call's error).
-    async fn send_jobs<F, Fut>(jobs: Vec<Job>, send: &F)
+    async fn send_jobs<F, Fut>(mut jobs: Vec<Job>, send: &F)
     where
         F: Fn(Vec<MetricOp>) -> Fut,
         Fut: Future<Output = StoreResult<Vec<MetricAnswer>>>,
     {
-        let (all, ranges) = joined(&jobs);
+        let (all, ranges) = joined(&mut jobs);
         match send(all).await {
             Ok(answers) => {
                 let mut answers = answers.into_iter();
@@ -195,25 +192,29 @@ impl Coalescer {
 }
 
 impl RedisStore {
-    /// Updates `ops` (see `Coalescer::takes`) in a call shared with other requests'
-    /// (`Coalescer::run`) on the write path: an answer per op, in order.
+    /// The updates at `idx` of `ops` (see `Coalescer::takes`) in a call shared with other
+    /// requests' (`Coalescer::run`) on the write path: an answer per op of `idx`, in order.
     pub(super) async fn coalesced_updates(
         &self,
         co: &Coalescer,
-        ops: Vec<MetricOp>,
+        ops: &[MetricOp],
+        idx: &[usize],
         deadline: Deadline,
     ) -> StoreResult<Vec<MetricAnswer>> {
-        co.run(ops, |ops| async move {
+        let mine = || idx.iter().map(|&i| ops[i].clone()).collect();
+        let send = |ops: Vec<MetricOp>| async move {
             let idx = (0..ops.len()).collect();
             let answers = self.metric_updates_direct(&ops, idx, deadline).await?;
             in_order(answers, ops.len())
-        })
-        .await
+        };
+        co.run(mine(), send, mine).await
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::super::velocity::sum_update;
     use super::*;
 
@@ -223,7 +224,6 @@ mod tests {
 
     fn job(ops: Vec<MetricOp>) -> (Job, oneshot::Receiver<StoreResult<Vec<MetricAnswer>>>) {
         let (answer, rx) = oneshot::channel();
-        let ops = ops.into();
         (Job { ops, answer }, rx)
     }
 
@@ -234,7 +234,7 @@ mod tests {
         let (a, _ra) = job(vec![update(0, 7), update(0, 7), update(1, 8)]);
         let (b, _rb) = job(vec![update(0, 7)]);
         let (c, _rc) = job(vec![update(0, 9), update(0, 9)]);
-        let (all, ranges) = joined(&[a, b, c]);
+        let (all, ranges) = joined(&mut [a, b, c]);
         let seqs: Vec<u32> = all.iter().map(|o| o.event.unwrap().seq).collect();
         assert_eq!(seqs, [0, 0, 1, 2, 3, 3]);
         assert_eq!(ranges, [0..3, 3..4, 4..6]);
@@ -319,7 +319,7 @@ mod tests {
         };
         let run = |prefix: &'static str, n: i64| {
             let (co, send) = (co.clone(), send.clone());
-            tokio::spawn(async move { co.run(keyed(prefix, n), send).await })
+            tokio::spawn(async move { co.run(keyed(prefix, n), send, || keyed(prefix, n)).await })
         };
         let blockers: Vec<_> = (0..SENDERS).map(|_| run("b", 1)).collect();
         while sent.lock().unwrap().len() < SENDERS {
@@ -328,7 +328,11 @@ mod tests {
         let short = {
             let (co, send) = (co.clone(), send.clone());
             tokio::spawn(async move {
-                tokio::time::timeout(Duration::from_millis(100), co.run(keyed("s", 1), send)).await
+                tokio::time::timeout(
+                    Duration::from_millis(100),
+                    co.run(keyed("s", 1), send, || keyed("s", 1)),
+                )
+                .await
             })
         };
         tokio::task::yield_now().await;

@@ -266,8 +266,7 @@ impl RedisStore {
         if let Some(co) = &self.coalescer
             && Coalescer::takes(idx.iter().map(|&i| &ops[i]))
         {
-            let mine: Vec<MetricOp> = idx.iter().map(|&i| ops[i].clone()).collect();
-            let answers = self.coalesced_updates(co, mine, deadline).await?;
+            let answers = self.coalesced_updates(co, ops, &idx, deadline).await?;
             return Ok(idx.into_iter().zip(answers).collect());
         }
         self.metric_updates_direct(ops, idx, deadline).await
