@@ -34,6 +34,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{Semaphore, oneshot};
 
@@ -44,6 +45,14 @@ use crate::store::{Deadline, MetricAnswer, MetricOp, StoreError, StoreResult};
 /// Coalesced calls in flight at once: enough to keep one Redis busy while the service
 /// builds and reads the next; few enough that events queue, and share calls, under load.
 pub const SENDERS: usize = 4;
+
+static RESENT: AtomicU64 = AtomicU64::new(0);
+
+/// Requests that found the shared call carrying their updates dropped (its sender ran out
+/// of time) and sent them again alone, since the process started (every store).
+pub fn resent() -> u64 {
+    RESENT.load(Ordering::Relaxed)
+}
 
 /// One request's updates, waiting to be sent.
 struct Job {
@@ -146,7 +155,7 @@ impl Coalescer {
                 r = &mut rx => return match r {
                     Ok(r) => r,
                     // Its call was dropped with the request that sent it: sent again, alone.
-                    Err(_) => send(again()).await,
+                    Err(_) => Self::resend(&send, again).await,
                 },
                 permit = self.senders.acquire() => {
                     let _permit = permit.map_err(|_| StoreError::unavailable("closed".into()))?;
@@ -161,8 +170,21 @@ impl Coalescer {
         }
         match rx.await {
             Ok(r) => r,
-            Err(_) => send(again()).await,
+            Err(_) => Self::resend(&send, again).await,
         }
+    }
+
+    /// A request's updates sent again alone, after the call carrying them was dropped.
+    async fn resend<F, Fut>(
+        send: &F,
+        again: impl FnOnce() -> Vec<MetricOp>,
+    ) -> StoreResult<Vec<MetricAnswer>>
+    where
+        F: Fn(Vec<MetricOp>) -> Fut,
+        Fut: Future<Output = StoreResult<Vec<MetricAnswer>>>,
+    {
+        RESENT.fetch_add(1, Ordering::Relaxed);
+        send(again()).await
     }
 
     /// Sends the updates of `jobs` as one request's and hands each job its answers (or the
@@ -288,6 +310,7 @@ mod tests {
         use std::time::Duration;
         use tokio::sync::Notify;
 
+        let resent_before = resent();
         let co = Arc::new(Coalescer::default());
         let release = Arc::new(Notify::new());
         let shared_sent = Arc::new(Notify::new());
@@ -355,6 +378,7 @@ mod tests {
         assert_eq!(sent[0], "sllllll", "S carried every queued request");
         sent[1..].sort();
         assert_eq!(sent[1..], ["l", "ll", "lll"], "each sent again, alone");
+        assert_eq!(resent() - resent_before, 3, "the resends are counted");
     }
 
     #[test]

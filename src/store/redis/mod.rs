@@ -49,6 +49,7 @@
 
 pub mod bulk;
 pub mod changelog;
+pub mod coalesce;
 pub mod conn;
 pub mod dump;
 pub mod heal;
@@ -59,7 +60,6 @@ pub mod write_pool;
 
 mod audit;
 mod bus;
-mod coalesce;
 mod entries;
 mod shards;
 mod velocity;

@@ -1,6 +1,7 @@
 //! When the store fails: a killed Redis (events refused with 503, evaluate degraded when
 //! fail-open, 503 when fail-closed), and ingestion across store timeouts (an event refused with
-//! 503 is applied by its retry, an update answered after the deadline is not applied twice).
+//! 503 is applied by its retry, events of a shared call dropped by its sender count once, an
+//! update answered after the deadline is not applied twice).
 
 use crate::common;
 
@@ -178,6 +179,91 @@ async fn an_event_refused_with_503_is_applied_by_its_retry() {
         retry == json!({"applied": 1, "duplicates": 0, "late": 0})
             || retry == json!({"applied": 0, "duplicates": 1, "late": 0}),
         "the retry applies it, or finds it applied: {retry}"
+    );
+}
+
+/// Redis pauses past the write deadline while one-event requests keep arriving, so that
+/// they queue behind the calls in flight and share calls (one node:
+/// `store::redis::coalesce`), and a shared call's sender runs out of time with the call
+/// unanswered. The requests it carried send their own updates again, alone; every caller
+/// that got 503 retries the same id. Whatever landed when, each event counts exactly once
+/// and every request ends answered as applied or as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_a_dropped_shared_call_count_once() {
+    const EVENTS: usize = 60;
+    let redis = RedisServer::start();
+    let mut settings = relaxed(redis_settings(&redis));
+    settings.write_deadline_ms = 150;
+    let app = Arc::new(spawn_app(settings).await);
+    put_metric(&app, "cnt", "COUNT(1h, tx) BY device_id", None).await;
+    events(
+        &app,
+        &json!({"id": "warm", "type": "tx", "fields": {"device_id": "w"}}),
+    )
+    .await;
+    let resent_before = namelist::store::redis::coalesce::resent();
+
+    let url = redis.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // One event every 4 ms across the pause; each caller retries its 503s with the same id.
+    let callers: Vec<_> = (0..EVENTS)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(4 * i as u64)).await;
+                let event = json!({"id": format!("e{i}"), "type": "tx",
+                                   "fields": {"device_id": format!("d{i}")}});
+                let mut answers = Vec::new();
+                for _ in 0..100 {
+                    let res = app.post("/v1/events", &event).await;
+                    let status = res.status().as_u16();
+                    let body: Value = res.json().await.unwrap();
+                    answers.push((status, body.clone()));
+                    match status {
+                        200 => return answers,
+                        503 => tokio::time::sleep(Duration::from_millis(25)).await,
+                        _ => panic!("event e{i}: {status} {body}"),
+                    }
+                }
+                panic!("event e{i} never answered 200: {answers:?}");
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for (i, caller) in callers.into_iter().enumerate() {
+        let answers = caller.await.unwrap();
+        refused += answers.len() - 1;
+        let (_, last) = answers.last().unwrap();
+        assert!(
+            *last == json!({"applied": 1, "duplicates": 0, "late": 0})
+                || *last == json!({"applied": 0, "duplicates": 1, "late": 0}),
+            "event e{i} ends applied or found applied: {answers:?}"
+        );
+        for (status, body) in &answers[..answers.len() - 1] {
+            assert_eq!(*status, 503, "only 503s are retried: {body}");
+        }
+    }
+    tokio::task::block_in_place(|| sleeper.join().unwrap());
+    for i in 0..EVENTS {
+        let count = features(&app, &["cnt"], json!({"device_id": format!("d{i}")}), None).await;
+        assert_eq!(count, json!({"cnt": 1}), "event e{i} counted exactly once");
+    }
+    let resent = namelist::store::redis::coalesce::resent() - resent_before;
+    eprintln!(
+        "{refused} requests refused with 503, {resent} sent again after their shared call was dropped"
+    );
+    assert!(
+        refused > 0 && resent > 0,
+        "the window was not reached: {refused} requests refused, {resent} sent again after \
+         their shared call was dropped"
     );
 }
 
