@@ -22,7 +22,10 @@
 # ROWS picks rows (default: tier-off default events mixed). ENTRIES=N (default 0) first has
 # `namelist-tools gen` + `import` load N entries into the mixed row's keyspace, and measures
 # once every bucket answers locally: the production settings at the size users reach.
-# Prints requests/s, p99, and Redis CPU per request (`used_cpu_user + used_cpu_sys` of all six
+# TOPOLOGY=node runs the same rows on one primary and its replica instead of the cluster
+# (`NAMELIST_REDIS_URL`, `write_replicas = 1` waiting for that replica): where one node's
+# events share script calls (`store::redis::coalesce`), which a cluster's do not.
+# Prints requests/s, p99, and Redis CPU per request (`used_cpu_user + used_cpu_sys` of all the
 # nodes around the run). Needs redis-server, redis-cli, python3 and oha ($OHA, PATH, or
 # target/oha/bin, which `cargo bench --bench load` installs).
 set -eu
@@ -37,24 +40,37 @@ ROUNDS=${ROUNDS:-2}
 ROWS=${ROWS:-tier-off default events mixed}
 ENTRIES=${ENTRIES:-0}
 row() { case " $ROWS " in *" $1 "*) return 0 ;; esac; return 1; }
+TOPOLOGY=${TOPOLOGY:-cluster}
+want=6; [ "$TOPOLOGY" = node ] && want=2
 PORTS=""
-while [ "$(echo $PORTS | wc -w)" -lt 6 ]; do
+while [ "$(echo $PORTS | wc -w)" -lt $want ]; do
   p=$(free_port)
   python3 -c "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1', $p + 10000))" 2>/dev/null && PORTS="$PORTS $p"
 done
 stop_all() { for p in $PORTS; do redis-cli -p $p shutdown nosave >/dev/null 2>&1 || true; done; cleanup; }
 trap stop_all EXIT
-for p in $PORTS; do
-  mkdir -p $D/$p
-  redis-server --port $p --cluster-enabled yes --cluster-node-timeout 1000 --cluster-config-file $D/$p/nodes.conf \
-    --save '' --appendonly no --dir $D/$p --daemonize yes --logfile $D/$p/log
-done
-sleep 0.5
-redis-cli --cluster create $(for p in $PORTS; do echo 127.0.0.1:$p; done) --cluster-replicas 1 --cluster-yes >/dev/null
 FIRST=$(echo $PORTS | cut -d' ' -f1)
-for _ in $(seq 100); do redis-cli -p $FIRST cluster info | grep -q cluster_state:ok && break; sleep 0.2; done
-sleep 2
-NODES=$(for p in $PORTS; do printf "redis://127.0.0.1:%s," $p; done | sed 's/,$//')
+if [ "$TOPOLOGY" = node ]; then
+  for p in $PORTS; do
+    mkdir -p $D/$p
+    redis-server --port $p --save '' --appendonly no --dir $D/$p --daemonize yes --logfile $D/$p/log
+  done
+  sleep 0.5
+  redis-cli -p "$(echo $PORTS | cut -d' ' -f2)" replicaof 127.0.0.1 $FIRST >/dev/null
+  for _ in $(seq 100); do redis-cli -p $FIRST info replication | grep -q 'connected_slaves:1' && break; sleep 0.2; done
+  REDIS_ENV="NAMELIST_REDIS_URL=redis://127.0.0.1:$FIRST"
+else
+  for p in $PORTS; do
+    mkdir -p $D/$p
+    redis-server --port $p --cluster-enabled yes --cluster-node-timeout 1000 --cluster-config-file $D/$p/nodes.conf \
+      --save '' --appendonly no --dir $D/$p --daemonize yes --logfile $D/$p/log
+  done
+  sleep 0.5
+  redis-cli --cluster create $(for p in $PORTS; do echo 127.0.0.1:$p; done) --cluster-replicas 1 --cluster-yes >/dev/null
+  for _ in $(seq 100); do redis-cli -p $FIRST cluster info | grep -q cluster_state:ok && break; sleep 0.2; done
+  sleep 2
+  REDIS_ENV="NAMELIST_REDIS_CLUSTER_NODES=$(for p in $PORTS; do printf "redis://127.0.0.1:%s," $p; done | sed 's/,$//')"
+fi
 "$TOOLS" keygen --out $D/fp.key >/dev/null 2>&1
 python3 - $D <<'PY'
 import json, random, sys
@@ -72,7 +88,7 @@ cpu() { local t=0; for p in $PORTS; do t=$(python3 -c "print($t + $(redis-cli -p
 SP=$(free_port)
 start_svc() { # binary prefix extra-env...
   local bin=$1 prefix=$2; shift 2
-  env "$@" NAMELIST_LISTEN=127.0.0.1:$SP NAMELIST_REDIS_CLUSTER_NODES=$NODES NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key \
+  env "$@" NAMELIST_LISTEN=127.0.0.1:$SP $REDIS_ENV NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key \
     NAMELIST_KEY_PREFIX=$prefix RUST_LOG=warn "$bin" >>$D/svc.log 2>&1 &
   SVC=$!
   for _ in $(seq 200); do curl -sf localhost:$SP/readyz >/dev/null && break; sleep 0.1; done
@@ -119,7 +135,7 @@ mixed() { # name binary prefix
   if [ "$ENTRIES" -gt 0 ]; then
     "$TOOLS" gen --rows "$ENTRIES" --out $D/lists.csv >/dev/null 2>&1
     local t0=$(date +%s.%N)
-    env NAMELIST_REDIS_CLUSTER_NODES=$NODES NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key NAMELIST_KEY_PREFIX=$prefix \
+    env $REDIS_ENV NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key NAMELIST_KEY_PREFIX=$prefix \
       NAMELIST_EXPECTED_ENTRIES=$ENTRIES "$TOOLS" import $D/lists.csv >$D/import.json 2>$D/import.log \
       || { echo "import failed:" >&2; grep -m2 -B2 -A6 -i "panicked\|error" $D/import.log >&2; exit 1; }
     rm -f $D/lists.csv
@@ -151,10 +167,10 @@ mixed() { # name binary prefix
   stop_svc
   report "$name: checks (-c 32)" 0 0 $D/mc.json
   report "$name: events (1,000/s)" 0 0 $D/me.json
-  echo "  Redis CPU, six nodes: $(python3 -c "print('%.0f' % (($c1 - $c0) * 100 / $SECS))") % of a core"
+  echo "  Redis CPU, $want nodes: $(python3 -c "print('%.0f' % (($c1 - $c0) * 100 / $SECS))") % of a core"
   [ $v = 0 ] || { echo "$name: the victim's history broke" >&2; exit 1; }
 }
-echo "redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, 6 nodes; $SECS s a run"
+echo "redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, $TOPOLOGY of $want nodes; $SECS s a run"
 for round in $(seq "$ROUNDS"); do
   for which in ${OLD:+old} new; do
     bin=$NEW; [ $which = old ] && bin=$OLD
