@@ -22,6 +22,9 @@
 # ROWS picks rows (default: tier-off default events mixed). ENTRIES=N (default 0) first has
 # `namelist-tools gen` + `import` load N entries into the mixed row's keyspace, and measures
 # once every bucket answers locally: the production settings at the size users reach.
+# INSTANCES=2 gives the `mixed` row a second instance (same settings and keyspace) that the
+# writer writes through: the victim then checks another instance's writes, which must show
+# within the invalidation bound (100 ms) of their acknowledgement.
 # TOPOLOGY=node runs the same rows on one primary and its replica instead of the cluster
 # (`NAMELIST_REDIS_URL`, `write_replicas = 1` waiting for that replica): where one node's
 # events share script calls (`store::redis::coalesce`), which a cluster's do not.
@@ -47,7 +50,12 @@ while [ "$(echo $PORTS | wc -w)" -lt $want ]; do
   p=$(free_port)
   python3 -c "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1', $p + 10000))" 2>/dev/null && PORTS="$PORTS $p"
 done
-stop_all() { for p in $PORTS; do redis-cli -p $p shutdown nosave >/dev/null 2>&1 || true; done; cleanup; }
+SVC2=
+stop_all() {
+  [ -n "$SVC2" ] && kill $SVC2 2>/dev/null
+  for p in $PORTS; do redis-cli -p $p shutdown nosave >/dev/null 2>&1 || true; done
+  cleanup
+}
 trap stop_all EXIT
 FIRST=$(echo $PORTS | cut -d' ' -f1)
 if [ "$TOPOLOGY" = node ]; then
@@ -141,14 +149,23 @@ mixed() { # name binary prefix
     rm -f $D/lists.csv
     echo "  $ENTRIES entries imported in $(python3 -c "print('%.0f' % ($(date +%s.%N) - $t0))") s"
   fi
-  local t1=$(date +%s.%N)
+  local t1=$(date +%s.%N) wp=$SP
   start_svc "$bin" "$prefix" NAMELIST_WRITE_REPLICAS=1
+  if [ "${INSTANCES:-1}" = 2 ]; then
+    wp=$(free_port)
+    env NAMELIST_WRITE_REPLICAS=1 NAMELIST_LISTEN=127.0.0.1:$wp $REDIS_ENV NAMELIST_FINGERPRINT_KEY_FILE=$D/fp.key \
+      NAMELIST_KEY_PREFIX=$prefix RUST_LOG=warn "$bin" >>$D/svc2.log 2>&1 &
+    SVC2=$!
+    for _ in $(seq 200); do curl -sf localhost:$wp/readyz >/dev/null && break; sleep 0.1; done
+  fi
   if [ "$ENTRIES" -gt 0 ]; then
     # Measured once every bucket answers locally, as an instance in service does.
-    for _ in $(seq 1200); do
-      python3 -c "import sys; sys.exit(0 if float(sys.argv[1] or 0) >= 0.999 else 1)" \
-        "$(curl -s localhost:$SP/metrics | awk '$1 == "namelist_tier_answering_ratio" {print $2}')" && break
-      sleep 0.5
+    for port in $SP $wp; do
+      for _ in $(seq 1200); do
+        python3 -c "import sys; sys.exit(0 if float(sys.argv[1] or 0) >= 0.999 else 1)" \
+          "$(curl -s localhost:$port/metrics | awk '$1 == "namelist_tier_answering_ratio" {print $2}')" && break
+        sleep 0.5
+      done
     done
     echo "  every bucket answering locally $(python3 -c "print('%.0f' % ($(date +%s.%N) - $t1))") s after the start"
   fi
@@ -161,10 +178,11 @@ mixed() { # name binary prefix
   load $D/me.json /v1/events $D/events.txt -q 1000 -c 16 &
   local le=$!
   local v=0
-  python3 benches/mixed_victim.py $SP $SECS victim-listed || v=$?
+  python3 benches/mixed_victim.py $SP $SECS victim-listed $wp || v=$?
   wait $lc $le
   local c1=$(cpu)
   stop_svc
+  if [ -n "$SVC2" ]; then kill $SVC2; wait $SVC2 2>/dev/null || true; SVC2=; fi
   report "$name: checks (-c 32)" 0 0 $D/mc.json
   report "$name: events (1,000/s)" 0 0 $D/me.json
   echo "  Redis CPU, $want nodes: $(python3 -c "print('%.0f' % (($c1 - $c0) * 100 / $SECS))") % of a core"
