@@ -359,6 +359,19 @@ impl RedisServer {
         self.restart();
     }
 
+    /// Redis stalls for `secs` (`DEBUG SLEEP`, as in a slow fork or a failover), sent from a
+    /// thread of its own: the returned handle ends when Redis answers again.
+    pub fn debug_sleep(&self, secs: f64) -> std::thread::JoinHandle<()> {
+        let mut conn = self.conn();
+        std::thread::spawn(move || {
+            let _: () = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(secs)
+                .query(&mut conn)
+                .expect("DEBUG SLEEP");
+        })
+    }
+
     /// A digest of the whole dataset (`DEBUG DIGEST`): equal digests, equal data.
     pub fn digest(&self) -> String {
         redis::cmd("DEBUG")

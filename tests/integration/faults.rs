@@ -346,15 +346,7 @@ async fn redis_paused_answers_within_the_deadline() {
     let checks = tokio::spawn(stream_checks(app.clone(), stop.clone()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let paused_at = Instant::now();
-    let url = redis.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.5")
-            .query(&mut conn)
-            .unwrap();
-    });
+    let sleeper = redis.debug_sleep(0.5);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, _) = write_status(&app, "written-while-paused").await;
     sleeper.join().unwrap();

@@ -185,10 +185,7 @@ async fn logs_are_json_in_spans_and_never_hold_a_raw_identifier() {
     assert_eq!(res.status(), 400, "a value without its dimension");
     assert!(!res.text().await.unwrap().contains(PHONE));
     // A store failure inside a span: Redis stalls past the deadline.
-    let mut conn = redis.conn();
-    let sleeper = std::thread::spawn(move || {
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg(1.5).query(&mut conn);
-    });
+    let sleeper = redis.debug_sleep(1.5);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let res = client
         .post(url("/v1/lists/black/entries"))

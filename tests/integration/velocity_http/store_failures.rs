@@ -153,15 +153,7 @@ async fn an_event_refused_with_503_is_applied_by_its_retry() {
     )
     .await;
 
-    let url = redis.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.4")
-            .query(&mut conn)
-            .unwrap();
-    });
+    let sleeper = redis.debug_sleep(0.4);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let event = json!({"id": "e1", "type": "tx", "fields": {"device_id": "d1"}});
     expect_error(
@@ -203,15 +195,7 @@ async fn events_of_a_dropped_shared_call_count_once() {
     .await;
     let resent_before = namelist::store::redis::coalesce::resent();
 
-    let url = redis.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.3")
-            .query(&mut conn)
-            .unwrap();
-    });
+    let sleeper = redis.debug_sleep(0.3);
     tokio::time::sleep(Duration::from_millis(20)).await;
     // One event every 4 ms across the pause; each caller retries its 503s with the same id.
     let callers: Vec<_> = (0..EVENTS)
