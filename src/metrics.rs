@@ -173,9 +173,10 @@ pub struct Metrics {
     pub entries_removed: IntCounter,
     /// Expired fields deleted by lazy expiry.
     pub expired_reclaimed: IntCounter,
-    /// Phones read under rules 2 that the parser could not make valid (kept as typed):
-    /// brought up to `domain::rules::phones_not_e164` at every scrape, under its lock.
-    phones_not_e164: (IntCounter, std::sync::Mutex<()>),
+    /// Counters the process keeps in statics, brought up to them at every scrape: phones
+    /// read under rules 2 that the parser could not make valid, requests sent again after
+    /// their shared metric call was dropped, cluster connections rebuilt.
+    mirrored: Vec<Mirrored>,
     /// The last exposition served, reused by scrapes within `metrics_max_age_ms` of it.
     scrapes: Scrapes,
     /// Checks answered fail-open from the cache alone.
@@ -414,13 +415,29 @@ impl Metrics {
                 "namelist_expired_reclaimed_total",
                 "Expired fields deleted by lazy expiry",
             ),
-            phones_not_e164: (
-                counter(
-                    "namelist_phones_not_e164_total",
-                    "Phones read under normalisation rules 2 that are not valid numbers in their region or country code, kept in their digits-only form",
+            mirrored: vec![
+                Mirrored::new(
+                    counter(
+                        "namelist_phones_not_e164_total",
+                        "Phones read under normalisation rules 2 that are not valid numbers in their region or country code, kept in their digits-only form",
+                    ),
+                    crate::domain::rules::phones_not_e164,
                 ),
-                std::sync::Mutex::new(()),
-            ),
+                Mirrored::new(
+                    counter(
+                        "namelist_velocity_updates_resent_total",
+                        "Requests whose metric updates rode a shared script call dropped with the request that sent it (out of time), and that sent them again alone",
+                    ),
+                    crate::store::redis::coalesce::resent,
+                ),
+                Mirrored::new(
+                    counter(
+                        "namelist_redis_cluster_rebuilds_total",
+                        "Cluster connections replaced after requests went unanswered past the stall bound",
+                    ),
+                    crate::store::redis::heal::rebuilds,
+                ),
+            ],
             scrapes: Scrapes::default(),
             degraded_answers: counter(
                 "namelist_degraded_answers_total",
@@ -638,7 +655,6 @@ impl Metrics {
             Box::new(self.entries_written.clone()),
             Box::new(self.entries_removed.clone()),
             Box::new(self.expired_reclaimed.clone()),
-            Box::new(self.phones_not_e164.0.clone()),
             Box::new(self.degraded_answers.clone()),
             Box::new(self.refused_answers.clone()),
             Box::new(self.subscription_up.clone()),
@@ -661,7 +677,15 @@ impl Metrics {
             Box::new(self.list_hits.clone()),
             Box::new(self.count_errors.clone()),
         ];
-        for c in all.into_iter().chain(self.tier.collectors()) {
+        let mirrored = self
+            .mirrored
+            .iter()
+            .map(|m| Box::new(m.counter.clone()) as _);
+        for c in all
+            .into_iter()
+            .chain(mirrored)
+            .chain(self.tier.collectors())
+        {
             r.register(c).expect("metric names are unique");
         }
     }
@@ -701,16 +725,38 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric, rendered now.
     pub fn render(&self) -> String {
-        {
-            let _one_at_a_time = self.phones_not_e164.1.lock();
-            let c = &self.phones_not_e164.0;
-            c.inc_by(crate::domain::rules::phones_not_e164().saturating_sub(c.get()));
+        for m in &self.mirrored {
+            m.sync();
         }
         let mut buf = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding to a Vec cannot fail");
         String::from_utf8(buf).expect("Prometheus text is UTF-8")
+    }
+}
+
+/// A counter the process keeps in a static (where no `Metrics` reaches), brought up to it at
+/// every scrape under its lock (two scrapes at once must not both add the difference).
+struct Mirrored {
+    counter: IntCounter,
+    source: fn() -> u64,
+    lock: std::sync::Mutex<()>,
+}
+
+impl Mirrored {
+    fn new(counter: IntCounter, source: fn() -> u64) -> Self {
+        Self {
+            counter,
+            source,
+            lock: std::sync::Mutex::new(()),
+        }
+    }
+
+    fn sync(&self) {
+        let _one_at_a_time = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = &self.counter;
+        c.inc_by((self.source)().saturating_sub(c.get()));
     }
 }
 

@@ -249,6 +249,17 @@ async fn events_of_a_dropped_shared_call_count_once() {
         "the window was not reached: {refused} requests refused, {resent} sent again after \
          their shared call was dropped"
     );
+    // Operators see the resends.
+    let exposition = app.get("/metrics").await.text().await.unwrap();
+    let scraped = exposition
+        .lines()
+        .find_map(|l| l.strip_prefix("namelist_velocity_updates_resent_total "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert_eq!(
+        scraped,
+        Some(namelist::store::redis::coalesce::resent()),
+        "the resends in /metrics"
+    );
 }
 
 /// The real Redis store's metric state, except that the answer to a metric update arrives
