@@ -9,7 +9,9 @@ Redis three ways, measured by Redis's own CPU (`INFO cpu`) per event:
   MessagePack argument, keyspace guard, trimming or replies;
 * `multi`: the same commands sent plainly in a `MULTI`/`EXEC` per 9 events: no script, so
   nothing conditional: every update applied (no exactly-once) and every key's expiry set;
-* `plain`: the same without `MULTI`.
+* `plain`: the same without `MULTI`;
+* `merged`: `lua` with the user's SUM and AVG in one hash (fields `s<i>`, `a<2i>`,
+  `a<2i+1>`): a price for option (c), fewer keys per entity.
 
 Each mode runs on a fresh redis-server twice: 200,000 events over 200,000 entities from an
 empty keyspace, then as many again over the same entities (warm). Calls are pipelined 20 at
@@ -54,6 +56,16 @@ for e = 1, #KEYS, 6 do
 end
 return 1
 """
+# `LUA` with the user's SUM and AVG in one hash (KEYS[e+3] unused).
+MERGED = LUA.replace("""    if redis.call('HINCRBY', KEYS[e+2], d, amt) == tonumber(amt) then
+      redis.call('PEXPIREAT', KEYS[e+2], at_d)
+    end
+    redis.call('HINCRBY', KEYS[e+3], d * 2, amt)
+    if redis.call('HINCRBY', KEYS[e+3], d * 2 + 1, 1) == 1 then redis.call('PEXPIREAT', KEYS[e+3], at_d) end""",
+"""    redis.call('HINCRBY', KEYS[e+2], 's' .. d, amt)
+    redis.call('HINCRBY', KEYS[e+2], 'a' .. d * 2, amt)
+    if redis.call('HINCRBY', KEYS[e+2], 'a' .. d * 2 + 1, 1) == 1 then redis.call('PEXPIREAT', KEYS[e+2], at_d) end""")
+assert MERGED != LUA
 
 
 def free_port():
@@ -73,7 +85,7 @@ def measure(mode):
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    sha = r.script_load(LUA)
+    sha = r.script_load(MERGED if mode == "merged" else LUA)
     rnd = random.Random(27)
     now = int(time.time() * 1000)
     c, dsub, dd = now // 120_000, now // 3_600_000, now // 86_400_000
@@ -92,7 +104,7 @@ def measure(mode):
                 eid, amt = str(rnd.getrandbits(63)), str(rnd.randrange(1, 100_000))
                 k = ["e{%d}" % (int(eid) % ENTITIES), "v{d%d}c" % dev, "v{u%d}s" % user,
                      "v{u%d}a" % user, "v{d%d}u" % dev, "v{i%d}h:%d" % (ip, dsub)]
-                if mode == "lua":
+                if mode in ("lua", "merged"):
                     keys += k
                     argv += [c, dsub, dd, "u%d" % user, "d%d" % dev, amt, until, eid] + at
                     continue
@@ -102,7 +114,7 @@ def measure(mode):
                             ("PEXPIREAT", k[3], at[1]), ("ZADD", k[4], "GT", "CH", dd, "u%d" % user),
                             ("PEXPIREAT", k[4], at[2]), ("PFADD", k[5], "d%d" % dev), ("PEXPIREAT", k[5], at[1])):
                     p.execute_command(*cmd)
-            if mode == "lua":
+            if mode in ("lua", "merged"):
                 p.evalsha(sha, len(keys), *keys, *argv)
             elif mode == "multi":
                 p.execute_command("EXEC")
@@ -121,5 +133,5 @@ def measure(mode):
 
 print("%d events over %d entities, %d a call or MULTI, %d rounds" % (N, ENTITIES, GROUP, ROUNDS))
 for _ in range(ROUNDS):
-    for mode in ("lua", "multi", "plain"):
+    for mode in ("lua", "multi", "plain", "merged"):
         measure(mode)
