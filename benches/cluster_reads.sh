@@ -34,10 +34,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
-NEW=${BIN:-target/release/namelist}
+NEW=$BIN
 OLD=${OLD:-}
-TOOLS=target/release/namelist-tools
-OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
 ROWS=${ROWS:-tier-off default events mixed}

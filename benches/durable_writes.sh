@@ -13,8 +13,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
-BIN=${BIN:-target/release/namelist}
-OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 SECS=${SECS:-10}
 CONC=${CONC:-1 8 64}
 python3 - "$D/upserts" <<'PY'

@@ -15,9 +15,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
-BIN=${BIN:-target/release/namelist}
-TOOLS=${TOOLS:-target/release/namelist-tools}
-OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 start_redis
 "$TOOLS" keygen --out "$D/fp.key" >/dev/null
 python3 - "$D" <<'PY'

@@ -1,6 +1,11 @@
 # Shared by the shell benches (`. benches/lib.sh` from the repository's root): a free port,
 # a scratch directory `$D`, a throwaway redis-server on `$RPORT` (`start_redis`), and on exit
-# the service `$SVC` (if set) killed, Redis stopped and `$D` removed.
+# the service `$SVC` (if set) killed, Redis stopped and `$D` removed; and the binaries a bench
+# runs unless the caller names others: `$BIN`, `$TOOLS` (the release builds) and `$OHA` (PATH,
+# else target/oha/bin, which `cargo bench --bench load` installs).
+BIN=${BIN:-target/release/namelist}
+TOOLS=${TOOLS:-target/release/namelist-tools}
+OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 D=$(mktemp -d -p "${TMPDIR:-/tmp}")
 RPORT=$(free_port)

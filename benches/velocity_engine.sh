@@ -36,9 +36,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
-BIN=${BIN:-target/release/namelist}
-TOOLS=${TOOLS:-target/release/namelist-tools}
-OHA=${OHA:-$(command -v oha || echo target/oha/bin/oha)}
 SECS=${SECS:-10}
 ENTITIES=${ENTITIES:-200000}
 LINES=${LINES:-600000}

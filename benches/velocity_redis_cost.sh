@@ -26,8 +26,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 . benches/lib.sh
-BIN=${BIN:-target/release/namelist}
-TOOLS=target/release/namelist-tools
 EVENTS=${EVENTS:-5000}
 VENV=target/bench-venv
 [ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q redis; }
