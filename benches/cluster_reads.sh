@@ -186,7 +186,7 @@ mixed() { # name binary prefix
   echo "  Redis CPU, $want nodes: $(python3 -c "print('%.0f' % (($c1 - $c0) * 100 / $SECS))") % of a core"
   [ $v = 0 ] || { echo "$name: the victim's history broke" >&2; exit 1; }
 }
-echo "redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, $TOPOLOGY of $want nodes; $SECS s a run"
+echo "redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, $TOPOLOGY of $want nodes; ${INSTANCES:-1} instance(s) in the mixed row; $SECS s a run"
 for round in $(seq "$ROUNDS"); do
   for which in ${OLD:+old} new; do
     bin=$NEW; [ $which = old ] && bin=$OLD
