@@ -35,6 +35,11 @@ fn new(dim: &str, value: &str, sb: &str, expiry: Expiry) -> NewEntry {
     }
 }
 
+/// Upserts `entries` into `list` as the actor "t", which must succeed.
+async fn put(h: &Harness, list: &ListName, entries: Vec<NewEntry>) {
+    h.lists.upsert(list, entries, "t").await.unwrap();
+}
+
 fn entry_ref(dim: &str, value: &str, sb: &str) -> EntryRef {
     let dimension: Dimension = dim.parse().unwrap();
     EntryRef {
@@ -195,14 +200,7 @@ async fn refresh_last_write_wins(h: &Harness) {
     let black = list("black");
     let r = entry_ref("uid", "u-refresh", "default");
     let q = query("default", &["black"], &[("uid", &["u-refresh"])]);
-    h.lists
-        .upsert(
-            &black,
-            vec![new("uid", "u-refresh", "default", ttl(60))],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(h, &black, vec![new("uid", "u-refresh", "default", ttl(60))]).await;
     assert!(matches!(
         h.lists.lookup(&black, &r).await.unwrap(),
         Some(Expiry::At(_))
@@ -213,14 +211,12 @@ async fn refresh_last_write_wins(h: &Harness) {
             .is_some()
     );
 
-    h.lists
-        .upsert(
-            &black,
-            vec![new("uid", "u-refresh", "default", Expiry::Never)],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![new("uid", "u-refresh", "default", Expiry::Never)],
+    )
+    .await;
     assert_eq!(
         h.lists.lookup(&black, &r).await.unwrap(),
         Some(Expiry::Never)
@@ -236,7 +232,7 @@ async fn refresh_last_write_wins(h: &Harness) {
         new("uid", "u-refresh", "default", ttl(10)),
         new("uid", "u-refresh", "default", later),
     ];
-    h.lists.upsert(&black, batch, "t").await.unwrap();
+    put(h, &black, batch).await;
     assert_eq!(
         h.lists.lookup(&black, &r).await.unwrap(),
         Some(later),
@@ -247,18 +243,16 @@ async fn refresh_last_write_wins(h: &Harness) {
 async fn delete_counts_present_and_live(h: &Harness) {
     let black = list("black");
     let expiring = soon(200);
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("device", "a", "default", Expiry::Never),
-                new("device", "b", "default", Expiry::Never),
-                new("device", "old", "default", expiring),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new("device", "a", "default", Expiry::Never),
+            new("device", "b", "default", Expiry::Never),
+            new("device", "old", "default", expiring),
+        ],
+    )
+    .await;
     let q = query("default", &["black"], &[("device", &["a", "b"])]);
     assert_eq!(hits(h, &q).await.len(), 2, "both listed (and now cached)");
     sleep_past(expiring).await;
@@ -311,14 +305,12 @@ async fn delete_counts_present_and_live(h: &Harness) {
 async fn expiry_with_short_ttls(h: &Harness) {
     let black = list("black");
     let e = soon(300);
-    h.lists
-        .upsert(
-            &black,
-            vec![new("imei", "490154203237518", "default", e)],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![new("imei", "490154203237518", "default", e)],
+    )
+    .await;
     let r = entry_ref("imei", "49-015420-323751-8", "default");
     let q = query("default", &["black"], &[("imei", &["490154203237518"])]);
     assert_eq!(h.lists.lookup(&black, &r).await.unwrap(), Some(e));
@@ -339,18 +331,16 @@ async fn expiry_with_short_ttls(h: &Harness) {
 
 async fn sandbox_isolation(h: &Harness) {
     let black = list("black");
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("uid", "shared", "loan", Expiry::Never),
-                new("uid", "shared", "pay", Expiry::Never),
-                new("ip", "10.9.0.0/16", "loan", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new("uid", "shared", "loan", Expiry::Never),
+            new("uid", "shared", "pay", Expiry::Never),
+            new("ip", "10.9.0.0/16", "loan", Expiry::Never),
+        ],
+    )
+    .await;
     let q = |sb: &str| {
         query(
             sb,
@@ -387,19 +377,17 @@ async fn sandbox_isolation(h: &Harness) {
 
 async fn ipv4_ranges(h: &Harness) {
     let black = list("black");
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("ip", "10.1.2.77/24", "default", Expiry::Never),
-                new("ip", "10.0.0.0/8", "default", Expiry::Never),
-                new("ip", "192.168.1.7", "default", Expiry::Never),
-                new("ip", "172.16.0.0/12", "other", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new("ip", "10.1.2.77/24", "default", Expiry::Never),
+            new("ip", "10.0.0.0/8", "default", Expiry::Never),
+            new("ip", "192.168.1.7", "default", Expiry::Never),
+            new("ip", "172.16.0.0/12", "other", Expiry::Never),
+        ],
+    )
+    .await;
     assert_eq!(
         hits(h, &ip_check("10.1.2.3")).await,
         vec![
@@ -438,14 +426,12 @@ async fn ipv4_ranges(h: &Harness) {
     );
 
     // A range added later is seen at once (the prefix registry cache is invalidated).
-    h.lists
-        .upsert(
-            &black,
-            vec![new("ip", "11.0.0.0/9", "default", Expiry::Never)],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![new("ip", "11.0.0.0/9", "default", Expiry::Never)],
+    )
+    .await;
     assert_eq!(
         hits(h, &ip_check("11.0.0.1")).await,
         vec![triple("black", "ip", "11.0.0.0/9")]
@@ -454,19 +440,17 @@ async fn ipv4_ranges(h: &Harness) {
 
 async fn ipv6_ranges(h: &Harness) {
     let black = list("black");
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("ip", "2001:db8:1::/48", "default", Expiry::Never),
-                new("ip", "2001:DB8:1:2:ffff::/64", "default", Expiry::Never),
-                new("ip", "2001:db8::1", "default", Expiry::Never),
-                new("ip", "0.0.0.0/1", "default", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new("ip", "2001:db8:1::/48", "default", Expiry::Never),
+            new("ip", "2001:DB8:1:2:ffff::/64", "default", Expiry::Never),
+            new("ip", "2001:db8::1", "default", Expiry::Never),
+            new("ip", "0.0.0.0/1", "default", Expiry::Never),
+        ],
+    )
+    .await;
     assert_eq!(
         hits(h, &ip_check("2001:db8:1:2::99")).await,
         vec![
@@ -492,30 +476,26 @@ async fn ipv6_ranges(h: &Harness) {
 async fn multi_valued_subjects(h: &Harness) {
     let black = list("black");
     let grey = list("grey");
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("ip", "172.16.0.1", "default", Expiry::Never),
-                new("phone", "13900000000", "default", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
-    h.lists
-        .upsert(
-            &grey,
-            vec![new(
-                "wifi_mac",
-                "aa:bb:cc:dd:ee:ff",
-                "default",
-                Expiry::Never,
-            )],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new("ip", "172.16.0.1", "default", Expiry::Never),
+            new("phone", "13900000000", "default", Expiry::Never),
+        ],
+    )
+    .await;
+    put(
+        h,
+        &grey,
+        vec![new(
+            "wifi_mac",
+            "aa:bb:cc:dd:ee:ff",
+            "default",
+            Expiry::Never,
+        )],
+    )
+    .await;
     let q = query(
         "default",
         &["black", "grey"],
@@ -538,10 +518,7 @@ async fn multi_valued_subjects(h: &Harness) {
 async fn lazy_delete_removes_the_field(h: &Harness) {
     let black = list("black");
     let e = soon(200);
-    h.lists
-        .upsert(&black, vec![new("uid", "lazy", "default", e)], "t")
-        .await
-        .unwrap();
+    put(h, &black, vec![new("uid", "lazy", "default", e)]).await;
     let key = h.store.layout().entry_key(
         &black,
         &Dimension::Uid,
@@ -574,10 +551,7 @@ async fn lazy_delete_removes_the_field(h: &Harness) {
 
     // Compare-and-delete keeps a refreshed entry.
     let fresh = ttl(600);
-    h.lists
-        .upsert(&black, vec![new("uid", "lazy", "default", fresh)], "t")
-        .await
-        .unwrap();
+    put(h, &black, vec![new("uid", "lazy", "default", fresh)]).await;
     assert!(
         !h.store
             .remove_if_unchanged(key, e.code(), Deadline::after(Duration::from_secs(10)))
@@ -699,14 +673,12 @@ async fn own_writes_are_seen_through_the_cache(h: &Harness) {
     let q = query("default", &["black"], &[("device", &["fresh"])]);
     assert!(hits(h, &q).await.is_empty());
     assert!(hits(h, &q).await.is_empty(), "the miss is now cached");
-    h.lists
-        .upsert(
-            &black,
-            vec![new("device", "fresh", "default", Expiry::Never)],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![new("device", "fresh", "default", Expiry::Never)],
+    )
+    .await;
     assert_eq!(hits(h, &q).await, vec![triple("black", "device", "fresh")]);
     h.lists
         .remove(&black, vec![entry_ref("device", "fresh", "default")], "t")

@@ -21,20 +21,18 @@ fn email_check(address: &str) -> CheckQuery {
 
 pub(crate) async fn phone_segments(h: &Harness) {
     let black = list("black");
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("phone", "170*", "default", Expiry::Never),
-                new("phone", "1703*", "default", ttl(3600)),
-                new("phone", "+86 (171) *", "default", Expiry::Never),
-                new("phone", "17012345678", "default", Expiry::Never),
-                new("phone", "162*", "other", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new("phone", "170*", "default", Expiry::Never),
+            new("phone", "1703*", "default", ttl(3600)),
+            new("phone", "+86 (171) *", "default", Expiry::Never),
+            new("phone", "17012345678", "default", Expiry::Never),
+            new("phone", "162*", "other", Expiry::Never),
+        ],
+    )
+    .await;
     let registered = h
         .store
         .prefix_lengths(&[Scope::new(&black, &sandbox("default"))])
@@ -123,14 +121,12 @@ pub(crate) async fn phone_segments(h: &Harness) {
         hits(h, &phone_check("17031234567")).await,
         vec![triple("black", "phone", "+861703*")]
     );
-    h.lists
-        .upsert(
-            &black,
-            vec![new("phone", "+8616*", "default", Expiry::Never)],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![new("phone", "+8616*", "default", Expiry::Never)],
+    )
+    .await;
     assert_eq!(
         hits(h, &phone_check("+8616212345678")).await,
         vec![triple("black", "phone", "+8616*")]
@@ -139,25 +135,23 @@ pub(crate) async fn phone_segments(h: &Harness) {
 
 pub(crate) async fn email_addresses_and_domains(h: &Harness) {
     let black = list("black");
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new(
-                    "email",
-                    " John.Smith+promo@Example.COM ",
-                    "default",
-                    Expiry::Never,
-                ),
-                new("email", "@Example.org", "default", ttl(3600)),
-                new("email", "@b.example.net", "default", Expiry::Never),
-                new("email", "j.o.h.n@googlemail.com", "default", Expiry::Never),
-                new("email", "@example.com", "other", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(
+        h,
+        &black,
+        vec![
+            new(
+                "email",
+                " John.Smith+promo@Example.COM ",
+                "default",
+                Expiry::Never,
+            ),
+            new("email", "@Example.org", "default", ttl(3600)),
+            new("email", "@b.example.net", "default", Expiry::Never),
+            new("email", "j.o.h.n@googlemail.com", "default", Expiry::Never),
+            new("email", "@example.com", "other", Expiry::Never),
+        ],
+    )
+    .await;
     let registered = h
         .store
         .prefix_lengths(&[Scope::new(&black, &sandbox("default"))])
@@ -225,33 +219,22 @@ pub(crate) async fn email_addresses_and_domains(h: &Harness) {
 
 pub(crate) async fn precedence_decides(h: &Harness) {
     let (white, black, grey) = (list("white"), list("black"), list("grey"));
-    h.lists
-        .upsert(
-            &white,
-            vec![new("uid", "vip", "default", Expiry::Never)],
-            "t",
-        )
-        .await
-        .unwrap();
-    h.lists
-        .upsert(
-            &black,
-            vec![
-                new("phone", "138*", "default", Expiry::Never),
-                new("email", "@fraud.example", "default", Expiry::Never),
-            ],
-            "t",
-        )
-        .await
-        .unwrap();
-    h.lists
-        .upsert(
-            &grey,
-            vec![new("uid", "watch", "default", Expiry::Never)],
-            "t",
-        )
-        .await
-        .unwrap();
+    put(h, &white, vec![new("uid", "vip", "default", Expiry::Never)]).await;
+    put(
+        h,
+        &black,
+        vec![
+            new("phone", "138*", "default", Expiry::Never),
+            new("email", "@fraud.example", "default", Expiry::Never),
+        ],
+    )
+    .await;
+    put(
+        h,
+        &grey,
+        vec![new("uid", "watch", "default", Expiry::Never)],
+    )
+    .await;
     let check = |uid: &'static str, order: &[&str]| {
         let q = query(
             "default",
@@ -361,7 +344,7 @@ pub(crate) async fn segment_and_domain_probes_count_against_the_limit(h: &Harnes
                 )
             })
             .collect();
-        h.lists.upsert(&list(name), segments, "t").await.unwrap();
+        put(h, &list(name), segments).await;
     }
     let phones: Vec<String> = (0..64).map(|i| format!("+1111{i:016}")).collect();
     let refs: Vec<&str> = phones.iter().map(String::as_str).collect();
