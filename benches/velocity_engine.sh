@@ -16,11 +16,13 @@
 #    * Redis CPU per event applied: `used_cpu_user + used_cpu_sys` around the events' max run,
 #      and where it went: `INFO commandstats` per event applied (calls, µs a call);
 #    * the events' max again on a warm keyspace, as in service: every device, user and IP
-#      first sends one event (200 bodies of 1,000), and every event-id bucket is topped up to
+#      first sends one event (in bodies of 1,000), and every event-id bucket is topped up to
 #      ID_FILL live ids (default: what the default dedupe_expected_ids sizes it for); then
 #      bodies with new ids over the same entities. The first run starts from an empty
 #      keyspace, so most updates create their keys and find their id buckets nearly empty; a
-#      production keyspace has seen most of its entities, and its id buckets are full.
+#      production keyspace has seen most of its entities, and its id buckets are full. Its
+#      Redis `used_memory` is printed then, per entity. With ENTITIES=5000000 the warm
+#      keyspace holds 25M keys and 10M ids, as a production one might (~15 min in all).
 # 2. The same events with 50 metrics (45 more, the same five kinds with other windows).
 # 3. Memory at 1,000 events per entity: a fresh keyspace whose event-id buckets are sized
 #    for the ids this step sends (NAMELIST_DEDUPE_EXPECTED_IDS = 20,000, printed: at the
@@ -193,6 +195,10 @@ events_run 5-metrics
 prefill
 fill_id_buckets
 echo "  warm, as in service: every entity has sent one event, and its $(wc -l <"$D/id-buckets") event-id buckets hold ~$FILL live ids each (ID_FILL); $($R dbsize) keys"
+# What that keyspace costs Redis: the five metrics' keys of every entity and the id buckets.
+used=$($R info memory | awk -F: '/^used_memory:/ {print $2}' | tr -d '\r')
+echo "  Redis used_memory $used B: $((used / ENTITIES)) B an entity (device, user and IP), ids included"
+echo "{\"warm_used_memory\": $used, \"warm_entities\": $ENTITIES}" >>"$SUMMARY"
 events_run 5-metrics-warm "$D/events_warm.txt"
 run events-2000qps /v1/events "$D/events.txt" -q 2000 --latency-correction -c 16
 run evaluate-max /v1/evaluate "$D/evaluate.txt" -c 64
