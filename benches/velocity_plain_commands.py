@@ -13,6 +13,9 @@ Redis three ways, measured by Redis's own CPU (`INFO cpu`) per event:
 * `merged`: `lua` with the user's SUM and AVG in one hash (fields `s<i>`, `a<2i>`,
   `a<2i+1>`): a price for option (c), fewer keys per entity.
 
+Then (`bridge`) what one `redis.call` costs Redis beyond its command: 200 `HINCRBY`s in one
+script call against the same pipelined plainly.
+
 Each mode runs on a fresh redis-server twice: 200,000 events over 200,000 entities from an
 empty keyspace, then as many again over the same entities (warm). Calls are pipelined 20 at
 a time on one connection, so the network costs Redis little: this prices the commands and
@@ -74,7 +77,8 @@ def free_port():
     return s.getsockname()[1]
 
 
-def measure(mode):
+def start():
+    """A fresh redis-server, and a client of it once it answers."""
     port, d = free_port(), tempfile.mkdtemp()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
                              "--dir", d], stdout=subprocess.DEVNULL)
@@ -85,6 +89,47 @@ def measure(mode):
             break
         except redis.ConnectionError:
             time.sleep(0.05)
+    return proc, r
+
+
+def redis_cpu(r):
+    i = r.info("cpu")
+    return i["used_cpu_user"] + i["used_cpu_sys"]
+
+
+def bridge(calls=200, rounds=500):
+    """One command from a script against the same sent plainly: `calls` HINCRBYs on one small
+    hash, in one script call or pipelined, `rounds` times on fresh keys. Prints Redis's CPU per
+    HINCRBY both ways, and the script's time per HINCRBY beside the command's own."""
+    proc, r = start()
+    sha = r.script_load("for i = 1, tonumber(ARGV[1]) do "
+                        "redis.call('HINCRBY', KEYS[1], 'f' .. (i % 50), 1) end")
+    for mode in ("script", "plain"):
+        r.config_resetstat()
+        c0 = redis_cpu(r)
+        for k in range(rounds):
+            if mode == "script":
+                r.evalsha(sha, 1, "b%d" % k, calls)
+                continue
+            p = r.pipeline(transaction=False)
+            for i in range(1, calls + 1):
+                p.hincrby("b%d" % k, "f%d" % (i % 50), 1)
+            p.execute()
+        n = calls * rounds
+        stats = r.info("commandstats")
+        own = stats["cmdstat_hincrby"]["usec"] / n
+        line = "bridge %-6s Redis CPU %.2f us a HINCRBY (the command itself %.2f us)" % (
+            mode, (redis_cpu(r) - c0) / n * 1e6, own)
+        if mode == "script":
+            line += "; the script %.2f us a HINCRBY: %.2f us a redis.call beyond the command" % (
+                stats["cmdstat_evalsha"]["usec"] / n, stats["cmdstat_evalsha"]["usec"] / n - own)
+        print(line)
+    proc.terminate()
+    proc.wait()
+
+
+def measure(mode):
+    proc, r = start()
     sha = r.script_load(MERGED if mode == "merged" else LUA)
     rnd = random.Random(27)
     now = int(time.time() * 1000)
@@ -93,7 +138,7 @@ def measure(mode):
     at = [str((c + 31) * 120_000), str((dsub + 25) * 3_600_000), str((dd + 31) * 86_400_000)]
     out = []
     for label in ("empty", "warm"):
-        i0 = r.info("cpu")
+        c0 = redis_cpu(r)
         p, pending = r.pipeline(transaction=False), 0
         for _ in range(0, N, GROUP):
             keys, argv = [], []
@@ -123,8 +168,7 @@ def measure(mode):
                 p.execute()
                 pending = 0
         p.execute()
-        i1 = r.info("cpu")
-        cpu = sum(i1[k] - i0[k] for k in ("used_cpu_user", "used_cpu_sys"))
+        cpu = redis_cpu(r) - c0
         out.append("%s %.1f" % (label, cpu / N * 1e6))
     proc.terminate()
     proc.wait()
@@ -135,3 +179,4 @@ print("%d events over %d entities, %d a call or MULTI, %d rounds" % (N, ENTITIES
 for _ in range(ROUNDS):
     for mode in ("lua", "multi", "plain", "merged"):
         measure(mode)
+    bridge()
