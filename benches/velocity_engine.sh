@@ -10,7 +10,8 @@
 #    with an id (LINES bodies, 600,000: oha picks a random line per request, so some
 #    requests repeat an id; the replays are counted from the service's own counter and left
 #    out of the per-event Redis CPU).
-#    * `POST /v1/check` max (7 never-seen subjects, lists black and grey): the reference;
+#    * `POST /v1/check` max (7 never-seen subjects, lists black and grey): the reference,
+#      run before and after the events' maximum (the ratio is to their mean);
 #    * `POST /v1/events` max (oha -c 64) and at 2,000/s (p99);
 #    * `POST /v1/evaluate` (the event, 2 lists, the 5 metrics read back) max and at 2,000/s;
 #    * Redis CPU per event applied: `used_cpu_user + used_cpu_sys` around the events' max run,
@@ -192,6 +193,9 @@ fill_id_buckets() {
 }
 run check-max /v1/check "$D/checks.txt" -c 64
 events_run 5-metrics
+# The checks again right after: this machine's speed swings by a third within minutes, so
+# the ratio is taken against the mean of the check maxima on either side of the events'.
+run check-max-after /v1/check "$D/checks.txt" -c 64
 prefill
 fill_id_buckets
 echo "  warm, as in service: every entity has sent one event, and its $(wc -l <"$D/id-buckets") event-id buckets hold ~$FILL live ids each (ID_FILL); $($R dbsize) keys"
@@ -205,8 +209,9 @@ run evaluate-max /v1/evaluate "$D/evaluate.txt" -c 64
 run evaluate-2000qps /v1/evaluate "$D/evaluate.txt" -q 2000 --latency-correction -c 16
 python3 -c "
 import json, os
-r = $(rps events-max-5-metrics) / $(rps check-max)
-print('events max / check max = %.2f (target >= 0.6)' % r)
+c = ($(rps check-max) + $(rps check-max-after)) / 2
+r = $(rps events-max-5-metrics) / c
+print('events max / check max = %.2f (target >= 0.6; the mean check max, %.0f/s, of the runs before and after)' % (r, c))
 open(os.environ['SUMMARY'], 'a').write(json.dumps({'events_over_check': r}) + '\n')"
 
 # 45 more metrics: 9 more windows of each kind.
